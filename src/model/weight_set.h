@@ -1,0 +1,46 @@
+// WeightSet: what a model file holds, before any conversion — the config, the tokenizer vocabulary and every
+// tensor as stored (dtype, shape, pointer into the mapped file). Tensor names are canonical Hugging Face names
+// ("model.layers.3.self_attn.q_proj.weight"), whatever the source format. `lowbit inspect` prints a WeightSet;
+// Model::load turns one into fp32 runtime weights.
+#pragma once
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/mmap_file.h"
+#include "core/tensor.h"
+#include "model/config.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lowbit {
+
+enum class ModelFormat { HuggingFace, Gguf, Llama2c };
+const char* model_format_name(ModelFormat f);
+
+struct WeightSet {
+  std::string path;                        // what the user passed
+  ModelFormat format = ModelFormat::HuggingFace;
+  ModelConfig config;
+  std::optional<VocabData> vocab;          // absent when the source has no tokenizer we can read
+  std::map<std::string, TensorView> tensors;
+  std::map<std::string, std::string> source_names;  // canonical name -> name in the file (for messages)
+  // q_proj/k_proj rows are stored in the interleaved-pair RoPE order (GGUF "llama", llama2.c);
+  // Model::load permutes them back to the Hugging Face half-split order so one RoPE serves all formats.
+  bool qk_interleaved = false;
+  std::vector<std::shared_ptr<MappedFile>> files;   // keep the mappings alive
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // buffers some views point into
+};
+
+struct LoadOptions {
+  std::string tokenizer_path;   // llama2.c: tokenizer.bin (default: tokenizer.bin / tok512.bin beside the model)
+};
+
+// Detects the format (directory = Hugging Face, "GGUF" magic, llama2.c header) and reads it.
+WeightSet read_weights(const std::string& path, const LoadOptions& opts = {});
+WeightSet read_hf_dir(const std::string& dir);
+WeightSet read_gguf_model(const std::string& path);
+WeightSet read_llama2c(const std::string& path, const std::string& tokenizer_path);
+
+}  // namespace lowbit

@@ -1,0 +1,27 @@
+// Evaluation text: how a file becomes the documents that perplexity is measured on.
+//   Plain     — the file as is, one document.
+//   WikiText  — GPTQ/SqueezeLLM/QUIK protocol for wiki.test.raw: each line (with its "\n") is a row, blank
+//               lines become "", rows joined with "\n\n", one document (1,294,336 characters for WikiText-2 test).
+//   Jsonl     — one document per JSON line, field --jsonl-field (C4-style); documents joined with "\n\n".
+//   Documents — split on a separator line (e.g. "<|endoftext|>"), each stripped and scored on its own with BOS.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace lowbit {
+
+enum class TextMode { Auto, Plain, WikiText, Jsonl, Documents };
+
+struct EvalText {
+  TextMode mode = TextMode::Plain;   // resolved mode
+  std::vector<std::string> docs;     // one entry unless mode == Documents
+  std::string describe() const;      // e.g. "wikitext rows joined with \\n\\n (1294336 chars)"
+};
+
+TextMode parse_text_mode(const std::string& s);   // auto|plain|wikitext|jsonl|docs
+// Auto picks WikiText for *.raw files whose name contains "wiki", Jsonl for *.jsonl, Documents when a
+// separator is given, else Plain.
+EvalText load_eval_text(const std::string& path, TextMode mode, const std::string& jsonl_field,
+                        const std::string& doc_separator);
+
+}  // namespace lowbit

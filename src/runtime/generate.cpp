@@ -1,0 +1,62 @@
+#include "runtime/generate.h"
+
+#include <chrono>
+
+#include "core/error.h"
+
+namespace lowbit {
+
+GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
+                        const std::function<void(const std::string&)>& on_text) {
+  const ModelConfig& c = model.config();
+  const Tokenizer& tok = model.tokenizer();
+  LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
+  LOWBIT_CHECK(opts.max_new_tokens >= 0, "--max-tokens must be >= 0");
+  const int want = static_cast<int>(prompt_ids.size()) + opts.max_new_tokens;
+  const int capacity = opts.ctx > 0 ? opts.ctx : std::min(c.max_seq_len, want);
+  LOWBIT_CHECK(static_cast<int>(prompt_ids.size()) < capacity || opts.max_new_tokens == 0,
+               "the prompt has ", prompt_ids.size(), " tokens, which fills the context of ", capacity);
+  KVCache cache = model.new_cache(std::max(capacity, static_cast<int>(prompt_ids.size())));
+
+  // End-of-turn tokens of chat models count as EOS too.
+  std::vector<int32_t> stops;
+  if (c.eos_id >= 0) stops.push_back(c.eos_id);
+  if (tok.eos_id() >= 0) stops.push_back(tok.eos_id());
+  for (const char* s : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"}) {
+    const int32_t id = tok.piece_to_id(s);
+    if (id >= 0) stops.push_back(id);
+  }
+
+  GenerateResult r;
+  r.prompt_ids = prompt_ids;
+  Sampler sampler(opts.sampling);
+  std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+  std::vector<int32_t> history = prompt_ids;
+  auto t0 = std::chrono::steady_clock::now();
+  model.forward(prompt_ids.data(), static_cast<int>(prompt_ids.size()), cache, logits.data(), false);
+  auto t1 = std::chrono::steady_clock::now();
+  r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  r.stop_reason = "length";
+  for (int i = 0; i < opts.max_new_tokens; ++i) {
+    const int32_t next = sampler.sample(logits.data(), c.vocab_size, history);
+    if (opts.stop_at_eos && std::find(stops.begin(), stops.end(), next) != stops.end()) {
+      r.stop_reason = "eos";
+      break;
+    }
+    r.new_ids.push_back(next);
+    history.push_back(next);
+    const std::string piece = tok.token_bytes(next);
+    r.text += piece;
+    if (on_text) on_text(piece);
+    if (i + 1 == opts.max_new_tokens) break;
+    if (cache.len >= cache.capacity) {
+      r.stop_reason = "context";
+      break;
+    }
+    model.forward(&next, 1, cache, logits.data(), false);
+  }
+  r.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+  return r;
+}
+
+}  // namespace lowbit

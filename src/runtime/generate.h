@@ -1,0 +1,31 @@
+// Text generation on the CPU: prefill the prompt in one batched forward, then decode token by token with the
+// KV cache, streaming each token's bytes to a callback. Stops at EOS (or the template's end-of-turn token),
+// at max_new_tokens, or when the context is full.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+#include "runtime/sampler.h"
+
+namespace lowbit {
+
+struct GenerateOptions {
+  int max_new_tokens = 128;
+  SamplingParams sampling;
+  bool stop_at_eos = true;
+  int ctx = 0;   // KV cache capacity; 0 = min(model max, prompt + max_new_tokens)
+};
+
+struct GenerateResult {
+  std::vector<int32_t> prompt_ids, new_ids;
+  std::string text;                 // decoded new tokens
+  std::string stop_reason;          // "eos" | "length" | "context"
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
+                        const std::function<void(const std::string&)>& on_text = nullptr);
+
+}  // namespace lowbit

@@ -1,0 +1,67 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <unordered_set>
+
+#include "core/error.h"
+
+namespace lowbit {
+
+void validate_sampling(const SamplingParams& p) {
+  LOWBIT_CHECK(p.temperature >= 0 && std::isfinite(p.temperature), "--temperature must be >= 0");
+  LOWBIT_CHECK(p.top_k >= 0, "--top-k must be >= 0");
+  LOWBIT_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1]");
+  LOWBIT_CHECK(p.repetition_penalty > 0 && std::isfinite(p.repetition_penalty), "--repetition-penalty must be > 0");
+}
+
+Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate_sampling(p); }
+
+int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& history) {
+  if (p_.repetition_penalty != 1.0f) {
+    std::unordered_set<int32_t> seen(history.begin(), history.end());
+    for (int32_t t : seen) {
+      if (t < 0 || t >= vocab) continue;
+      logits[t] = logits[t] > 0 ? logits[t] / p_.repetition_penalty : logits[t] * p_.repetition_penalty;
+    }
+  }
+  if (p_.temperature == 0.0f) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+
+  cand_.resize(static_cast<size_t>(vocab));
+  for (int i = 0; i < vocab; ++i) cand_[static_cast<size_t>(i)] = {logits[i] / p_.temperature, i};
+  size_t n = cand_.size();
+  auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); };
+  if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
+    std::partial_sort(cand_.begin(), cand_.begin() + p_.top_k, cand_.end(), by_logit);
+    n = static_cast<size_t>(p_.top_k);
+  } else {
+    std::sort(cand_.begin(), cand_.end(), by_logit);
+  }
+  // softmax over the kept candidates (sorted descending)
+  const float mx = cand_[0].first;
+  double sum = 0;
+  std::vector<double> prob(n);
+  for (size_t i = 0; i < n; ++i) sum += (prob[i] = std::exp(static_cast<double>(cand_[i].first - mx)));
+  for (double& q : prob) q /= sum;
+  if (p_.top_p < 1.0f) {  // smallest prefix whose mass reaches top_p (at least one token)
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < n) {
+      cum += prob[keep++];
+      if (cum >= p_.top_p) break;
+    }
+    n = keep;
+    double s = 0;
+    for (size_t i = 0; i < n; ++i) s += prob[i];
+    for (size_t i = 0; i < n; ++i) prob[i] /= s;
+  }
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  double r = u(rng_), cum = 0;
+  for (size_t i = 0; i < n; ++i) {
+    cum += prob[i];
+    if (r < cum) return cand_[i].second;
+  }
+  return cand_[n - 1].second;
+}
+
+}  // namespace lowbit

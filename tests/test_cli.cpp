@@ -1,0 +1,95 @@
+// The CLI end to end: misuse gives a one-line error and a non-zero exit; real runs print what they promise.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "test_util.h"
+
+namespace lowbit {
+namespace {
+
+using test::run_cli;
+
+std::string stories() { return test::shared_path("models/stories260K/stories260K.bin"); }
+
+// Misuse must fail with a message, never crash (exit codes >= 128 are signals).
+void expect_usage_error(const std::string& args, const std::string& phrase) {
+  std::string out;
+  const int rc = run_cli(args, &out);
+  EXPECT_NE(rc, 0) << args << "\n" << out;
+  EXPECT_LT(rc, 128) << "crashed: " << args << "\n" << out;
+  EXPECT_NE(out.find(phrase), std::string::npos) << args << "\n" << out;
+}
+
+TEST(Cli, Misuse) {
+  expect_usage_error("", "A subcommand is required");
+  expect_usage_error("frobnicate", "frobnicate");
+  expect_usage_error("ppl", "model is required");
+  expect_usage_error("ppl /nonexistent/model.gguf --text /dev/null", "/nonexistent/model.gguf: no such file");
+  expect_usage_error("generate /nonexistent.gguf --prompt hi", "no such file");
+  expect_usage_error("ppl x --text y --ctx 1", "--ctx");
+  expect_usage_error("ppl x --text y --max-windows -3", "--max-windows");
+  expect_usage_error("generate x --prompt hi --top-p 2", "--top-p");
+  expect_usage_error("generate x --prompt hi --temperature -1", "--temperature");
+  expect_usage_error("convert x y --dtype q4", "--dtype");
+  expect_usage_error("inspect " + test::source_dir() + "/README.md", "not a model file");
+}
+
+TEST(Cli, ErrorsOnRealModel) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  expect_usage_error("ppl " + stories() + " --text /nonexistent.txt", "/nonexistent.txt: no such text file");
+  expect_usage_error("generate " + stories() + " --prompt hi --chat", "chat template");
+  expect_usage_error("generate " + stories() + " --prompt hi --tokenizer /nonexistent.bin", "/nonexistent.bin");
+  const std::string dir = test::temp_dir();
+  test::write_file(dir + "/keep.txt", "x");
+  expect_usage_error("convert " + stories() + " " + dir, "not empty");
+  EXPECT_TRUE(test::file_exists(dir + "/keep.txt"));   // never lose the user's files
+}
+
+TEST(Cli, InspectStories) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  std::string out;
+  ASSERT_EQ(run_cli("inspect " + stories(), &out), 0) << out;
+  EXPECT_NE(out.find("format: llama2.c"), std::string::npos) << out;
+  EXPECT_NE(out.find("dim 64, ffn 172, layers 5, heads 8, kv heads 4"), std::string::npos) << out;
+  EXPECT_NE(out.find("model.layers.4.mlp.down_proj.weight"), std::string::npos) << out;
+  EXPECT_NE(out.find("tokenizer: SentencePiece BPE, 512 tokens"), std::string::npos) << out;
+}
+
+TEST(Cli, PplAndGenerateStories) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  LOWBIT_REQUIRE_FILE(text, "tinystories sample");
+  std::string out;
+  ASSERT_EQ(run_cli("ppl " + stories() + " --text " + text + " --doc-separator '<|endoftext|>' --ctx 512", &out), 0) << out;
+  EXPECT_NE(out.find("predicted tokens: 2586"), std::string::npos) << out;
+  EXPECT_NE(out.find("perplexity: 3.13"), std::string::npos) << out;
+  ASSERT_EQ(run_cli("generate " + stories() + " --prompt 'Once upon a time' -n 12 --temperature 0.8 --top-k 40 "
+                    "--top-p 0.9 --seed 7 --no-stats", &out), 0) << out;
+  std::string again;
+  ASSERT_EQ(run_cli("generate " + stories() + " --prompt 'Once upon a time' -n 12 --temperature 0.8 --top-k 40 "
+                    "--top-p 0.9 --seed 7 --no-stats", &again), 0);
+  EXPECT_EQ(out, again) << "same seed must give the same text";
+  EXPECT_GT(out.size(), std::string("Once upon a time").size() + 10) << out;
+}
+
+// convert llama2.c -> HF directory; the converted model gives identical logits (ppl to the last digit).
+TEST(Cli, ConvertRoundTrip) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  LOWBIT_REQUIRE_FILE(text, "tinystories sample");
+  const std::string dir = test::temp_dir() + "/hf";
+  std::string out;
+  ASSERT_EQ(run_cli("convert " + stories() + " " + dir, &out), 0) << out;
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    EXPECT_TRUE(test::file_exists(dir + "/" + f)) << f;
+  std::string a, b;
+  const std::string args = " --text " + text + " --doc-separator '<|endoftext|>' --ctx 512";
+  ASSERT_EQ(run_cli("ppl " + stories() + args, &a), 0) << a;
+  ASSERT_EQ(run_cli("ppl " + dir + args, &b), 0) << b;
+  auto ppl_line = [](const std::string& s) { return s.substr(s.find("mean NLL"), s.find("speed") - s.find("mean NLL")); };
+  EXPECT_EQ(ppl_line(a), ppl_line(b));
+}
+
+}  // namespace
+}  // namespace lowbit

@@ -1,0 +1,269 @@
+// Model loading and the CPU forward: against transformers (golden fixtures), against the scalar oracle, and
+// against the reference figures of stories260K.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "runtime/eval_text.h"
+#include "runtime/generate.h"
+#include "runtime/perplexity.h"
+#include "test_util.h"
+
+namespace lowbit {
+namespace {
+
+using test::fixture;
+using test::shared_path;
+
+// Error budget of our fp32 forward vs transformers' fp32 forward on the same weights (issue: 1e-3 max abs).
+constexpr double kMaxLogitAbsDiffVsHF = 1e-3;
+// BLAS forward vs scalar double-accumulating oracle: only fp32 summation order differs.
+constexpr double kMaxLogitAbsDiffVsRef = 2e-4;
+
+std::string stories_bin() { return shared_path("models/stories260K/stories260K.bin"); }
+
+double max_abs_diff(const float* a, const float* b, size_t n) {
+  double m = 0;
+  for (size_t i = 0; i < n; ++i) m = std::max(m, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return m;
+}
+
+std::vector<std::string> nlohmann_prompts(const SafetensorsFile& f) {
+  return nlohmann::json::parse(f.metadata().at("prompts")).get<std::vector<std::string>>();
+}
+
+std::vector<int32_t> ids_of(const TensorView& t) {
+  const auto* p = reinterpret_cast<const int32_t*>(t.data);
+  return std::vector<int32_t>(p, p + t.numel());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Tiny random HF models (tools/make_golden.py --tiny): config-driven features vs transformers.
+class TinyHF : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TinyHF, AllPositionLogitsMatchTransformers) {
+  const std::string dir = fixture(std::string("tiny_") + GetParam());
+  auto model = Model::load(dir);
+  SafetensorsFile golden = SafetensorsFile::open(dir + "/golden.safetensors");
+  const std::vector<int32_t> ids = ids_of(*golden.find("ids"));
+  const TensorView& want = *golden.find("logits");
+  const int V = model->config().vocab_size;
+  ASSERT_EQ(want.numel(), static_cast<int64_t>(ids.size()) * V);
+  std::vector<float> logits(ids.size() * V), ref(ids.size() * V);
+  KVCache cache = model->new_cache(static_cast<int>(ids.size()));
+  model->forward(ids.data(), static_cast<int>(ids.size()), cache, logits.data(), true);
+  EXPECT_LT(max_abs_diff(logits.data(), reinterpret_cast<const float*>(want.data), logits.size()), kMaxLogitAbsDiffVsHF);
+  KVCache cache2 = model->new_cache(static_cast<int>(ids.size()));
+  model->forward_ref(ids.data(), static_cast<int>(ids.size()), cache2, ref.data(), true);
+  EXPECT_LT(max_abs_diff(logits.data(), ref.data(), logits.size()), kMaxLogitAbsDiffVsRef);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, TinyHF, ::testing::Values("llama3", "qwen2", "mistral"));
+
+TEST(TinyHF, ConfigFeaturesAreRead) {
+  EXPECT_EQ(Model::load(fixture("tiny_llama3"))->config().rope_scaling, RopeScaling::Llama3);
+  auto q = Model::load(fixture("tiny_qwen2"));
+  EXPECT_TRUE(q->config().qkv_bias);
+  EXPECT_TRUE(q->config().tie_embeddings);
+  auto m = Model::load(fixture("tiny_mistral"));
+  EXPECT_EQ(m->config().head_dim, 16);   // explicit head_dim != dim / heads
+  EXPECT_GT(m->weights().files.size(), 1u);   // sharded
+}
+
+// Incremental decoding through the KV cache gives the same logits as one batched prefill.
+TEST(Forward, KVCacheDecodeMatchesPrefill) {
+  auto model = Model::load(fixture("tiny_mistral"));
+  const int V = model->config().vocab_size;
+  const std::vector<int32_t> ids = {5, 17, 3, 88, 41, 2, 60, 9, 33, 71, 12, 0};
+  const int n = static_cast<int>(ids.size());
+  std::vector<float> all(static_cast<size_t>(n) * V), step(V);
+  KVCache c1 = model->new_cache(n);
+  model->forward(ids.data(), n, c1, all.data(), true);
+  KVCache c2 = model->new_cache(n);
+  model->forward(ids.data(), 5, c2, nullptr, false);   // prefill 5, then one at a time
+  for (int t = 5; t < n; ++t) {
+    model->forward(&ids[static_cast<size_t>(t)], 1, c2, step.data(), false);
+    EXPECT_LT(max_abs_diff(step.data(), all.data() + static_cast<size_t>(t) * V, V), 1e-4) << "position " << t;
+  }
+  EXPECT_EQ(c2.len, n);
+  EXPECT_THROW(model->forward(ids.data(), 1, c2, step.data(), false), Error);   // cache full
+  const int32_t bad = V;
+  KVCache c3 = model->new_cache(4);
+  EXPECT_THROW(model->forward(&bad, 1, c3, step.data(), false), Error);        // token out of range
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Hugging Face directory error paths: built from a valid fixture with one thing broken.
+class BrokenHF : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::temp_dir();
+    std::filesystem::copy(fixture("tiny_llama3"), dir_, std::filesystem::copy_options::recursive);
+    std::filesystem::remove(dir_ + "/golden.safetensors");
+  }
+  // Rewrites model.safetensors with `edit` applied to the tensor list.
+  void rewrite(const std::function<void(std::vector<SafetensorsWriteTensor>&)>& edit) {
+    SafetensorsFile st = SafetensorsFile::open(dir_ + "/model.safetensors");
+    std::vector<SafetensorsWriteTensor> ts;
+    for (const auto& [name, v] : st.tensors()) ts.push_back({name, v.dtype, v.shape, v.data});
+    edit(ts);
+    write_safetensors(dir_ + "/model2.safetensors", ts, {});
+    std::filesystem::rename(dir_ + "/model2.safetensors", dir_ + "/model.safetensors");
+  }
+  void expect_error(const std::string& phrase) {
+    try {
+      Model::load(dir_);
+      FAIL() << "expected an error containing '" << phrase << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  }
+  std::string dir_;
+};
+
+TEST_F(BrokenHF, MissingTensor) {
+  rewrite([](auto& ts) {
+    ts.erase(std::remove_if(ts.begin(), ts.end(), [](auto& t) { return t.name == "model.layers.1.mlp.up_proj.weight"; }), ts.end());
+  });
+  expect_error("missing tensor model.layers.1.mlp.up_proj.weight");
+}
+
+TEST_F(BrokenHF, WrongShape) {
+  rewrite([](auto& ts) {
+    for (auto& t : ts)
+      if (t.name == "model.norm.weight") t.shape = {16};
+  });
+  expect_error("model.norm.weight has shape [16], expected [32]");
+}
+
+TEST_F(BrokenHF, UnexpectedTensor) {
+  static float extra[4] = {1, 2, 3, 4};
+  rewrite([](auto& ts) { ts.push_back({"model.layers.0.mlp.extra.weight", DType::F32, {4}, extra}); });
+  expect_error("unexpected tensor model.layers.0.mlp.extra.weight");
+}
+
+TEST_F(BrokenHF, UnsupportedArchitecture) {
+  std::string cfg = test::read_file(dir_ + "/config.json");
+  cfg.replace(cfg.find("\"llama\""), 7, "\"gemma2\"");
+  test::write_file(dir_ + "/config.json", cfg);
+  expect_error("unsupported model_type 'gemma2'");
+}
+
+TEST_F(BrokenHF, UnsupportedRopeScaling) {
+  std::string cfg = test::read_file(dir_ + "/config.json");
+  cfg.replace(cfg.find("\"llama3\""), 8, "\"yarn\"");
+  test::write_file(dir_ + "/config.json", cfg);
+  expect_error("unsupported rope scaling type 'yarn'");
+}
+
+TEST_F(BrokenHF, MissingWeightsFile) {
+  std::filesystem::remove(dir_ + "/model.safetensors");
+  expect_error("no model.safetensors");
+}
+
+TEST(LoadErrors, MissingPathAndUnknownFormat) {
+  EXPECT_THROW(Model::load("/nonexistent/model.gguf"), Error);
+  const std::string dir = test::temp_dir();
+  test::write_file(dir + "/junk.bin", std::string(100, '\x07'));
+  try {
+    Model::load(dir + "/junk.bin");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("junk.bin: not a model file"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Model::load(dir), Error);   // directory without config.json
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// stories260K (llama2.c checkpoint): reference figures from shared/models/stories260K/PROVENANCE.md.
+TEST(Stories260K, ForwardMatchesScalarReference) {
+  LOWBIT_REQUIRE_FILE(stories_bin(), "shared/models/stories260K/stories260K.bin");
+  auto model = Model::load(stories_bin());
+  const std::vector<int32_t> ids = {1, 403, 407, 261, 378, 430, 271, 280, 343, 395, 270, 378, 343, 281, 500, 44};
+  const int n = static_cast<int>(ids.size()), V = model->config().vocab_size;
+  std::vector<float> a(static_cast<size_t>(n) * V), b(a.size());
+  KVCache c1 = model->new_cache(n), c2 = model->new_cache(n);
+  model->forward(ids.data(), n, c1, a.data(), true);
+  model->forward_ref(ids.data(), n, c2, b.data(), true);
+  EXPECT_LT(max_abs_diff(a.data(), b.data(), a.size()), kMaxLogitAbsDiffVsRef);
+}
+
+TEST(Stories260K, PerplexityOnTinyStoriesSample) {
+  LOWBIT_REQUIRE_FILE(stories_bin(), "shared/models/stories260K/stories260K.bin");
+  const std::string text = shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  LOWBIT_REQUIRE_FILE(text, "shared/data/tinystories sample");
+  auto model = Model::load(stories_bin());
+  const EvalText et = load_eval_text(text, TextMode::Documents, "text", "<|endoftext|>");
+  ASSERT_EQ(et.docs.size(), 8u);
+  std::vector<std::vector<int32_t>> docs;
+  for (const auto& d : et.docs) docs.push_back(model->tokenizer().encode(d, true, false));
+  PplOptions po;
+  po.ctx = 512;
+  const PplResult r = perplexity(*model, make_windows_documents(docs, po.ctx), po);
+  EXPECT_EQ(r.predicted, 2586);
+  EXPECT_NEAR(r.ppl, 3.138, 0.002);
+  EXPECT_NEAR(r.mean_nll, 1.1435, 0.0005);
+  EXPECT_NEAR(r.top1, 0.684, 0.001);
+}
+
+TEST(Stories260K, GreedyContinuation) {
+  LOWBIT_REQUIRE_FILE(stories_bin(), "shared/models/stories260K/stories260K.bin");
+  auto model = Model::load(stories_bin());
+  const std::string prompt = "Once upon a time, there was a little girl named Lily.";
+  const std::string want =
+      " She loved to play outside in the park. One day, she saw a big, red ball. She wanted to play with it, but it was";
+  GenerateOptions go;
+  go.max_new_tokens = 64;
+  const auto ids = model->tokenizer().encode(prompt, true, false);
+  const GenerateResult r = generate(*model, ids, go);
+  ASSERT_GE(r.text.size(), want.size()) << r.text;
+  EXPECT_EQ(r.text.substr(0, want.size()), want);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// SmolLM2-135M-Instruct (GGUF Q4_1): last-position logits vs transformers (tools/make_golden.py).
+TEST(SmolLM2, LastLogitsMatchTransformers) {
+  const std::string gguf = test::smollm2_gguf();
+  LOWBIT_REQUIRE_FILE(gguf, "SmolLM2 GGUF");
+  auto model = Model::load(gguf);
+  SafetensorsFile golden = SafetensorsFile::open(fixture("smollm2_golden.safetensors"));
+  const int V = model->config().vocab_size;
+  int checked = 0;
+  for (int i = 0;; ++i) {
+    const TensorView* ids_t = golden.find("ids." + std::to_string(i));
+    if (ids_t == nullptr) break;
+    const std::vector<int32_t> ids = ids_of(*ids_t);
+    const TensorView& want = *golden.find("logits." + std::to_string(i));
+    ASSERT_EQ(want.numel(), V);
+    std::vector<float> logits(static_cast<size_t>(V));
+    KVCache cache = model->new_cache(static_cast<int>(ids.size()));
+    model->forward(ids.data(), static_cast<int>(ids.size()), cache, logits.data(), false);
+    const double d = max_abs_diff(logits.data(), reinterpret_cast<const float*>(want.data), logits.size());
+    EXPECT_LT(d, kMaxLogitAbsDiffVsHF) << "prompt " << i;
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+}
+
+// Our tokenizer gives the ids transformers gave for the same prompts (special tokens parsed, as HF does).
+TEST(SmolLM2, PromptIdsMatchTransformers) {
+  const std::string gguf = test::smollm2_gguf();
+  LOWBIT_REQUIRE_FILE(gguf, "SmolLM2 GGUF");
+  auto model = Model::load(gguf);
+  SafetensorsFile golden = SafetensorsFile::open(fixture("smollm2_golden.safetensors"));
+  const auto prompts = nlohmann_prompts(golden);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(model->tokenizer().encode(prompts[i], model->tokenizer().add_bos_default(), true),
+              ids_of(*golden.find("ids." + std::to_string(i))))
+        << prompts[i];
+}
+
+}  // namespace
+}  // namespace lowbit

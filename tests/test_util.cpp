@@ -1,0 +1,73 @@
+#include "test_util.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+namespace lowbit::test {
+
+std::string source_dir() { return LOWBIT_SOURCE_DIR; }
+std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
+
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string shared_path(const std::string& rel) {
+  std::string base;
+  if (const char* env = std::getenv("LOWBIT_SHARED_DIR")) base = env;
+  else base = source_dir() + "/../shared";
+  std::string p = base + "/" + rel;
+  return file_exists(p) ? p : std::string();
+}
+
+std::string smollm2_gguf() {
+  std::string cache;
+  if (const char* env = std::getenv("LOWBIT_CACHE")) cache = env;
+  else if (const char* home = std::getenv("HOME")) cache = std::string(home) + "/.cache/lowbit";
+  std::string p = cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return file_exists(p) ? p : std::string();
+}
+
+std::string temp_dir() {
+  static std::mt19937_64 rng(std::random_device{}());
+  auto p = std::filesystem::temp_directory_path() / ("lowbit-test-" + std::to_string(rng()));
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+int run_cli(const std::string& args, std::string* output) {
+  std::string cmd = std::string(LOWBIT_CLI_PATH) + " " + args + " 2>&1";
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (!pipe) return -1;
+  std::array<char, 4096> buf;
+  std::string out;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  int status = ::pclose(pipe);
+  if (output) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+}  // namespace lowbit::test

@@ -1,0 +1,102 @@
+// lowbit bench MODEL: CPU prefill and decode speed, each beside a ceiling measured in the same run:
+//   prefill — model FLOP/s vs OpenBLAS sgemm FLOP/s on the model's own largest linear shape at the same m;
+//   decode  — weight bytes streamed per second vs a measured memcpy bandwidth (decode is bandwidth-bound).
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include "commands.h"
+#include "core/error.h"
+#include "model/model.h"
+
+namespace lowbit::cli {
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+template <typename F>
+double median_seconds(int reps, F&& f) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const double a = now_s();
+    f();
+    t.push_back(now_s() - a);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app, Common& common) {
+  auto path = std::make_shared<std::string>();
+  auto prefill = std::make_shared<int>(512);
+  auto decode = std::make_shared<int>(64);
+  auto reps = std::make_shared<int>(3);
+  CLI::App* sub = app.add_subcommand("bench", "CPU prefill/decode speed vs sgemm and memory-bandwidth ceilings");
+  sub->add_option("model", *path, "Model: HF directory, .gguf, or llama2.c .bin")->required();
+  sub->add_option("--prefill", *prefill, "Prompt tokens for the prefill measurement")->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--decode", *decode, "Tokens for the decode measurement")->check(CLI::Range(1, 1 << 16));
+  sub->add_option("--reps", *reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
+  sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
+  sub->callback([=, &common] {
+    apply_threads(common);
+    LoadOptions lo;
+    lo.tokenizer_path = common.tokenizer;
+    auto model = Model::load(*path, lo);
+    const ModelConfig& c = model->config();
+    const int P = std::min(*prefill, c.max_seq_len - *decode);
+    LOWBIT_CHECK(P >= 1, "--prefill + --decode exceed the model context of ", c.max_seq_len);
+    // Linear-layer FLOPs per token (2 per multiply-add) plus the head; attention added per position.
+    const double lin = 2.0 * c.n_layers * (static_cast<double>(c.dim) * (c.q_dim() + 2 * c.kv_dim()) +
+                                           static_cast<double>(c.q_dim()) * c.dim + 3.0 * c.dim * c.hidden_dim) +
+                       2.0 * c.dim * c.vocab_size;
+    const double attn_per_pair = 2.0 * 2.0 * c.n_layers * c.q_dim();   // QK and PV, per (query, key) pair
+    std::mt19937 rng(1);
+    std::vector<int32_t> toks(static_cast<size_t>(P + *decode));
+    for (auto& t : toks) t = static_cast<int32_t>(rng() % static_cast<unsigned>(c.vocab_size));
+
+    // Ceiling 1: sgemm at the model's widest FFN shape, m = P.
+    const int m = P, n = c.hidden_dim, k = c.dim;
+    std::vector<float> A(static_cast<size_t>(m) * k, 0.5f), B(static_cast<size_t>(n) * k, 0.25f), C(static_cast<size_t>(m) * n);
+    const double t_gemm = median_seconds(*reps + 2, [&] {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, A.data(), k, B.data(), k, 0.0f, C.data(), n);
+    });
+    const double gemm_flops = 2.0 * m * n * k / t_gemm;
+
+    // Ceiling 2: memcpy bandwidth over a buffer far larger than the caches (bytes read + written).
+    const size_t bytes = 256u << 20;
+    std::vector<char> src(bytes, 1), dst(bytes, 0);
+    const double t_copy = median_seconds(*reps + 2, [&] { std::memcpy(dst.data(), src.data(), bytes); });
+    const double copy_bw = 2.0 * bytes / t_copy;
+
+    // Model prefill (fresh cache each time) and decode.
+    const double t_prefill = median_seconds(*reps, [&] {
+      KVCache cache = model->new_cache(P + *decode);
+      model->forward(toks.data(), P, cache, nullptr, false);
+    });
+    const double prefill_flops = (lin * P + attn_per_pair * P * (P + 1) / 2.0) / t_prefill;
+    KVCache cache = model->new_cache(P + *decode);
+    model->forward(toks.data(), P, cache, nullptr, false);
+    std::vector<float> logits(static_cast<size_t>(c.vocab_size));
+    const double t0 = now_s();
+    for (int i = 0; i < *decode; ++i) model->forward(&toks[static_cast<size_t>(P + i)], 1, cache, logits.data(), false);
+    const double t_decode = (now_s() - t0) / *decode;
+    const double weight_bytes = 4.0 * (lin / 2.0);   // fp32 weights read once per token
+    std::printf("model: %s (%d layers, dim %d, %.1f M linear params, fp32 on CPU)\n", path->c_str(), c.n_layers,
+                c.dim, lin / 2.0 / 1e6);
+    std::printf("sgemm ceiling   (m=%d n=%d k=%d): %8.1f GFLOP/s\n", m, n, k, gemm_flops / 1e9);
+    std::printf("prefill         (%d tokens):      %8.1f tokens/s  %8.1f GFLOP/s = %.0f%% of sgemm\n", P, P / t_prefill,
+                prefill_flops / 1e9, 100.0 * prefill_flops / gemm_flops);
+    std::printf("memcpy ceiling:                      %8.2f GB/s\n", copy_bw / 1e9);
+    std::printf("decode          (%d tokens):       %8.1f tokens/s  %8.2f GB/s of weights = %.0f%% of memcpy\n",
+                *decode, 1.0 / t_decode, weight_bytes / t_decode / 1e9, 100.0 * weight_bytes / t_decode / copy_bw);
+  });
+}
+
+}  // namespace lowbit::cli

@@ -1,0 +1,61 @@
+// lowbit inspect MODEL: architecture, tokenizer, every tensor with dtype/shape/bytes, totals.
+#include <cstdio>
+#include <map>
+
+#include "commands.h"
+#include "model/weight_set.h"
+
+namespace lowbit::cli {
+
+void register_inspect(CLI::App& app, Common& common) {
+  auto path = std::make_shared<std::string>();
+  auto quiet = std::make_shared<bool>(false);
+  CLI::App* sub = app.add_subcommand("inspect", "Show a model's architecture, tensors, dtypes, parameters and bytes");
+  sub->add_option("model", *path, "Model: HF directory, .gguf, or llama2.c .bin")->required();
+  sub->add_flag("--summary", *quiet, "Only the summary, not every tensor");
+  sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
+  sub->callback([path, quiet, &common] {
+    LoadOptions lo;
+    lo.tokenizer_path = common.tokenizer;
+    const WeightSet ws = read_weights(*path, lo);
+    const ModelConfig& c = ws.config;
+    std::printf("model: %s\nformat: %s\narchitecture: %s%s\n", ws.path.c_str(), model_format_name(ws.format),
+                c.arch.c_str(), c.name.empty() ? "" : (" (" + c.name + ")").c_str());
+    std::printf("dim %d, ffn %d, layers %d, heads %d, kv heads %d, head_dim %d, vocab %d, context %d\n", c.dim,
+                c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.max_seq_len);
+    std::printf("rope theta %g%s, rms eps %g, tied embeddings %s, qkv bias %s\n", c.rope_theta,
+                c.rope_scaling == RopeScaling::Llama3 ? " (llama3 scaling)" : "", c.rms_eps,
+                c.tie_embeddings ? "yes" : "no", c.qkv_bias ? "yes" : "no");
+    if (ws.vocab) {
+      std::printf("tokenizer: %s, %zu tokens, bos %d, eos %d%s\n",
+                  ws.vocab->kind == TokenizerKind::ByteLevelBpe ? ("byte-level BPE (pre: " + ws.vocab->pre + ")").c_str()
+                                                                : "SentencePiece BPE",
+                  ws.vocab->tokens.size(), ws.vocab->bos_id, ws.vocab->eos_id,
+                  ws.vocab->chat_template.empty() ? "" : ", chat template");
+    } else {
+      std::printf("tokenizer: none\n");
+    }
+    int64_t params = 0;
+    uint64_t bytes = 0;
+    std::map<std::string, std::pair<int64_t, uint64_t>> by_type;
+    if (!*quiet) std::printf("\n%-48s %-6s %-16s %12s\n", "tensor", "dtype", "shape", "bytes");
+    for (const auto& [name, t] : ws.tensors) {
+      params += t.numel();
+      bytes += t.nbytes;
+      auto& bt = by_type[std::string(dtype_info(t.dtype).name)];
+      bt.first += t.numel();
+      bt.second += t.nbytes;
+      if (!*quiet)
+        std::printf("%-48s %-6s %-16s %12llu\n", name.c_str(), std::string(dtype_info(t.dtype).name).c_str(),
+                    shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.nbytes));
+    }
+    std::printf("\n%zu tensors, %lld parameters (%.2f M), %llu bytes (%.2f MiB), %.3f bits/weight\n",
+                ws.tensors.size(), static_cast<long long>(params), params / 1e6,
+                static_cast<unsigned long long>(bytes), bytes / 1048576.0, params ? 8.0 * bytes / params : 0.0);
+    for (const auto& [type, pb] : by_type)
+      std::printf("  %-6s %12lld params %12llu bytes\n", type.c_str(), static_cast<long long>(pb.first),
+                  static_cast<unsigned long long>(pb.second));
+  });
+}
+
+}  // namespace lowbit::cli

@@ -1,0 +1,82 @@
+// lowbit ppl MODEL --text FILE: perplexity (see src/runtime/perplexity.h for the protocol).
+#include <cstdio>
+
+#include "commands.h"
+#include "core/error.h"
+#include "runtime/eval_text.h"
+#include "runtime/perplexity.h"
+
+namespace lowbit::cli {
+
+namespace {
+struct PplArgs {
+  std::string model, text, mode = "auto", jsonl_field = "text", doc_separator;
+  int ctx = 2048, max_windows = 0;
+  bool reference = false;
+};
+}  // namespace
+
+void register_ppl(CLI::App& app, Common& common) {
+  auto args = std::make_shared<PplArgs>();
+  CLI::App* sub = app.add_subcommand("ppl", "Perplexity of a model on a text (GPTQ/SqueezeLLM/QUIK protocol)");
+  sub->add_option("model", args->model, "Model: HF directory, .gguf, or llama2.c .bin")->required();
+  sub->add_option("--text", args->text, "Evaluation text (e.g. ../shared/data/wikitext-2-raw/wiki.test.raw)")->required();
+  sub->add_option("--ctx", args->ctx, "Window length in tokens (default 2048, capped by the model)")->check(CLI::Range(2, 1 << 20));
+  sub->add_option("--max-windows", args->max_windows, "Score only the first N windows (quick runs; 0 = all)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--text-mode", args->mode, "auto|plain|wikitext|jsonl|docs");
+  sub->add_option("--jsonl-field", args->jsonl_field, "Field holding the text in a .jsonl file");
+  sub->add_option("--doc-separator", args->doc_separator, "Score documents separately, split on this string, each with BOS");
+  sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
+  sub->add_flag("--reference", args->reference, "Use the scalar reference forward (slow; for checking)");
+  sub->callback([args, &common] {
+    apply_threads(common);
+    LoadOptions lo;
+    lo.tokenizer_path = common.tokenizer;
+    auto model = Model::load(args->model, lo);
+    const Tokenizer& tok = model->tokenizer();
+    const EvalText text = load_eval_text(args->text, parse_text_mode(args->mode), args->jsonl_field, args->doc_separator);
+    int ctx = args->ctx;
+    if (ctx > model->config().max_seq_len) {
+      std::fprintf(stderr, "note: --ctx %d capped to the model's %d positions\n", ctx, model->config().max_seq_len);
+      ctx = model->config().max_seq_len;
+    }
+    std::vector<std::vector<int32_t>> windows;
+    int64_t text_tokens = 0;
+    if (text.mode == TextMode::Documents) {
+      LOWBIT_CHECK(tok.bos_id() >= 0, args->model, ": documents mode needs a BOS token, the tokenizer has none");
+      std::vector<std::vector<int32_t>> docs;
+      for (const auto& d : text.docs) {
+        docs.push_back(tok.encode(d, /*add_bos=*/true, /*parse_special=*/false));
+        text_tokens += static_cast<int64_t>(docs.back().size());
+      }
+      windows = make_windows_documents(docs, ctx);
+    } else {
+      // parse_special=false: evaluation text is data, never control tokens.
+      const std::vector<int32_t> ids = tok.encode(text.docs[0], tok.add_bos_default(), /*parse_special=*/false);
+      text_tokens = static_cast<int64_t>(ids.size());
+      windows = make_windows_contiguous(ids, ctx);
+    }
+    std::printf("model: %s (%s)\ntext: %s — %s, %lld tokens, %zu windows of <= %d\n", args->model.c_str(),
+                model_format_name(model->weights().format), args->text.c_str(), text.describe().c_str(),
+                static_cast<long long>(text_tokens), windows.size(), ctx);
+    std::fflush(stdout);
+    PplOptions po;
+    po.ctx = ctx;
+    po.max_windows = args->max_windows;
+    po.reference_path = args->reference;
+    po.progress = [](int done, int total, int64_t predicted, double secs) {
+      char extra[96];
+      std::snprintf(extra, sizeof(extra), "%.0f tok/s", secs > 0 ? static_cast<double>(predicted + done) / secs : 0.0);
+      progress_line("ppl", done, total, extra);
+    };
+    const PplResult r = perplexity(*model, windows, po);
+    std::printf("windows: %d of %d%s\n", r.windows, r.windows_total,
+                r.windows < r.windows_total ? " (SUBSET: --max-windows)" : "");
+    std::printf("predicted tokens: %lld\nmean NLL: %.6f\ntop-1 accuracy: %.4f\nperplexity: %.4f\n",
+                static_cast<long long>(r.predicted), r.mean_nll, r.top1, r.ppl);
+    std::printf("speed: %.1f tokens/s (%lld tokens in %.2f s)\n", r.tokens_per_s(),
+                static_cast<long long>(r.evaluated), r.seconds);
+  });
+}
+
+}  // namespace lowbit::cli
