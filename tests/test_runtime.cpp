@@ -25,7 +25,7 @@ TEST(EvalText, WikiTextRowsJoinedAsGPTQ) {
   for (unsigned char ch : t.docs[0]) code_points += (ch & 0xC0) != 0x80;
   EXPECT_EQ(code_points, 1294336u);
   EXPECT_EQ(t.docs[0].size(), 1296370u);
-  EXPECT_EQ(t.docs[0].substr(0, 33), "\n\n = Robert Boulter = \n\n\n\n\n Robert");
+  EXPECT_EQ(t.docs[0].substr(0, 34), "\n\n = Robert Boulter = \n\n\n\n\n Robert");
 }
 
 TEST(EvalText, ModesAndErrors) {
