@@ -57,10 +57,13 @@ TEST(Windows, NonOverlappingTailDropped) {
   auto w = make_windows_contiguous(ids, 4);
   ASSERT_EQ(w.size(), 2u);
   EXPECT_EQ(w[1], (std::vector<int32_t>{4, 5, 6, 7}));
-  auto d = make_windows_documents({{1, 2, 3, 4, 5}, {1}, {1, 9}}, 2);
-  // doc 0 -> [1,2] [3,4] ([5] alone predicts nothing), doc 1 -> nothing, doc 2 -> [1,9]
-  ASSERT_EQ(d.size(), 3u);
-  EXPECT_EQ(d[2], (std::vector<int32_t>{1, 9}));
+  int64_t dropped = -1;
+  auto d = make_windows_documents({{1, 2, 3, 4, 5}, {1}, {1, 9}}, 2, &dropped);
+  // doc 0 -> [1,2] (3 tokens past ctx dropped), doc 1 predicts nothing, doc 2 -> [1,9]
+  ASSERT_EQ(d.size(), 2u);
+  EXPECT_EQ(d[0], (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(d[1], (std::vector<int32_t>{1, 9}));
+  EXPECT_EQ(dropped, 3);
   EXPECT_THROW(make_windows_contiguous(ids, 1), Error);
 }
 

@@ -12,9 +12,13 @@ namespace lowbit {
 
 namespace {
 
+// Element-wise loops fork threads only above this many elements: below it the fork/join costs more than the work
+// (stories260K has dim 64; a decode step of SmolLM2 touches 576..1536 elements per op).
+constexpr int64_t kMinParallelElems = 1 << 16;
+
 // y = x / rms(x) * w, accumulated in double (HF computes the variance in fp32; double keeps us closer to exact).
 void rmsnorm_rows(const float* x, const float* w, float* y, int64_t rows, int64_t dim, float eps) {
-#pragma omp parallel for schedule(static) if (rows > 1)
+#pragma omp parallel for schedule(static) if (rows * dim >= kMinParallelElems)
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     float* yr = y + r * dim;
@@ -32,7 +36,7 @@ inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 // Rotates rows x[n][heads][head_dim] in the Hugging Face half-split convention, row t at position pos0 + t.
 void Model::rope(float* x, int row_stride, int pos0, int n, int heads) const {
   const int hd = config().head_dim, half = hd / 2;
-#pragma omp parallel for collapse(2) schedule(static) if (n > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (static_cast<int64_t>(n) * heads * hd >= kMinParallelElems)
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < heads; ++h) {
       float* v = x + static_cast<int64_t>(t) * row_stride + h * hd;
@@ -62,7 +66,7 @@ void Model::attention(int layer, const float* q, int n, int pos0, KVCache& cache
     const int kvh = h / group;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, total, hd, scale, q + h * hd, qd, kbase + kvh * hd,
                 kvd, 0.0f, scores.data(), total);
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(n) * total >= kMinParallelElems)
     for (int t = 0; t < n; ++t) {
       float* s = scores.data() + static_cast<size_t>(t) * total;
       const int last = pos0 + t;   // inclusive
@@ -110,15 +114,15 @@ void Model::forward(const int32_t* tokens, int n, KVCache& cache, float* logits,
     }
     attention(l, q.data(), n, pos0, cache, att.data());
     L.o->forward(att.data(), n, xn.data());
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
     for (int64_t i = 0; i < n * dim; ++i) x[static_cast<size_t>(i)] += xn[static_cast<size_t>(i)];
     rmsnorm_rows(x.data(), L.ffn_norm, xn.data(), n, dim, c.rms_eps);
     L.gate->forward(xn.data(), n, g.data());
     L.up->forward(xn.data(), n, u.data());
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (n * hid >= kMinParallelElems)
     for (int64_t i = 0; i < n * hid; ++i) g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
     L.down->forward(g.data(), n, xn.data());
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
     for (int64_t i = 0; i < n * dim; ++i) x[static_cast<size_t>(i)] += xn[static_cast<size_t>(i)];
   }
   cache.len = pos0 + n;

@@ -15,15 +15,17 @@ std::vector<std::vector<int32_t>> make_windows_contiguous(const std::vector<int3
   return w;
 }
 
-std::vector<std::vector<int32_t>> make_windows_documents(const std::vector<std::vector<int32_t>>& docs, int ctx) {
+std::vector<std::vector<int32_t>> make_windows_documents(const std::vector<std::vector<int32_t>>& docs, int ctx,
+                                                         int64_t* truncated_tokens) {
   LOWBIT_CHECK(ctx >= 2, "--ctx must be at least 2");
   std::vector<std::vector<int32_t>> w;
+  int64_t dropped = 0;
   for (const auto& d : docs) {
-    for (size_t i = 0; i < d.size(); i += static_cast<size_t>(ctx)) {
-      const size_t end = std::min(d.size(), i + static_cast<size_t>(ctx));
-      if (end - i >= 2) w.emplace_back(d.begin() + static_cast<std::ptrdiff_t>(i), d.begin() + static_cast<std::ptrdiff_t>(end));
-    }
+    const size_t len = std::min(d.size(), static_cast<size_t>(ctx));
+    dropped += static_cast<int64_t>(d.size() - len);
+    if (len >= 2) w.emplace_back(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(len));
   }
+  if (truncated_tokens != nullptr) *truncated_tokens = dropped;
   return w;
 }
 
@@ -47,7 +49,7 @@ PplResult perplexity(const Model& model, const std::vector<std::vector<int32_t>>
     else model.forward(toks.data(), n, cache, logits.data(), true);
     double window_nll = 0;
     int64_t window_correct = 0;
-#pragma omp parallel for reduction(+ : window_nll, window_correct) schedule(static)
+#pragma omp parallel for reduction(+ : window_nll, window_correct) schedule(static) if (static_cast<int64_t>(n) * V >= (1 << 16))
     for (int t = 0; t < n - 1; ++t) {
       const float* lg = logits.data() + static_cast<size_t>(t) * V;
       float mx = lg[0];

@@ -2,7 +2,8 @@
 // tokenizer's default says so, as Hugging Face tokenizers do), cut into non-overlapping windows of ctx tokens
 // (the tail shorter than ctx is dropped, as in GPTQ's nsamples = numel // ctx), and every window is scored from a
 // fresh context; perplexity = exp(mean NLL over all predicted tokens, i.e. ctx - 1 per window).
-// Documents mode scores each document separately ([BOS] + tokens, chunks of ctx when longer).
+// Documents mode scores each document separately ([BOS] + tokens), truncated to ctx tokens as the stories260K
+// reference does (its 2,586 predicted tokens come from cutting the 620-token first story to seq_len 512).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -34,6 +35,8 @@ struct PplResult {
 PplResult perplexity(const Model& model, const std::vector<std::vector<int32_t>>& windows, const PplOptions& opts);
 // Builds the windows for a tokenized single text (GPTQ protocol) or for separate documents.
 std::vector<std::vector<int32_t>> make_windows_contiguous(const std::vector<int32_t>& ids, int ctx);
-std::vector<std::vector<int32_t>> make_windows_documents(const std::vector<std::vector<int32_t>>& docs, int ctx);
+// truncated_tokens (optional) receives how many tokens past ctx were dropped.
+std::vector<std::vector<int32_t>> make_windows_documents(const std::vector<std::vector<int32_t>>& docs, int ctx,
+                                                         int64_t* truncated_tokens = nullptr);
 
 }  // namespace lowbit

@@ -49,7 +49,11 @@ void register_ppl(CLI::App& app, Common& common) {
         docs.push_back(tok.encode(d, /*add_bos=*/true, /*parse_special=*/false));
         text_tokens += static_cast<int64_t>(docs.back().size());
       }
-      windows = make_windows_documents(docs, ctx);
+      int64_t dropped = 0;
+      windows = make_windows_documents(docs, ctx, &dropped);
+      if (dropped > 0)
+        std::printf("note: documents longer than --ctx %d are truncated: %lld tokens not scored\n", ctx,
+                    static_cast<long long>(dropped));
     } else {
       // parse_special=false: evaluation text is data, never control tokens.
       const std::vector<int32_t> ids = tok.encode(text.docs[0], tok.add_bos_default(), /*parse_special=*/false);
