@@ -66,8 +66,11 @@ def make_tiny(out):
         os.makedirs(d, exist_ok=True)
         kw = {"max_shard_size": shard} if shard else {}
         model.save_pretrained(d, safe_serialization=True, **kw)
+        # Reload from disk in fp32: casting the in-memory model to bf16 and back would also round the RoPE
+        # inv_freq buffer, which a fresh load (and lowbit) computes in fp32.
+        fresh = cls.from_pretrained(d, dtype=torch.float32).eval()
         with torch.no_grad():
-            logits = model.to(torch.float32)(torch.tensor([ids])).logits[0].numpy()
+            logits = fresh(torch.tensor([ids])).logits[0].numpy()
         save_file({"ids": np.array(ids, dtype=np.int32), "logits": logits.astype(np.float32)},
                   os.path.join(d, "golden.safetensors"))
         for junk in ("generation_config.json",):
@@ -91,7 +94,7 @@ def main():
     if args.gguf and os.path.exists(args.gguf):
         d, f = os.path.split(os.path.abspath(args.gguf))
         tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32)
         model.eval()
         tensors, meta = {}, {"prompts": json.dumps(PROMPTS), "source": "transformers " + __import__("transformers").__version__}
         for i, p in enumerate(PROMPTS):
@@ -101,7 +104,7 @@ def main():
             print(f"prompt {i}: {len(ids)} tokens, argmax {int(tensors[f'logits.{i}'].argmax())}", file=sys.stderr)
         save_file(tensors, os.path.join(args.out, "smollm2_golden.safetensors"), metadata=meta)
     if args.stories_hf:
-        model = AutoModelForCausalLM.from_pretrained(args.stories_hf, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(args.stories_hf, dtype=torch.float32)
         model.eval()
         tok = AutoTokenizer.from_pretrained(args.stories_hf)
         prompts = ["Once upon a time, there was a little girl named Lily.", "The cat sat on the mat and"]
