@@ -23,7 +23,7 @@ void expect_usage_error(const std::string& args, const std::string& phrase) {
 
 TEST(Cli, Misuse) {
   expect_usage_error("", "A subcommand is required");
-  expect_usage_error("frobnicate", "frobnicate");
+  expect_usage_error("frobnicate", "subcommand");
   expect_usage_error("ppl", "model is required");
   expect_usage_error("ppl /nonexistent/model.gguf --text /dev/null", "/nonexistent/model.gguf: no such file");
   expect_usage_error("generate /nonexistent.gguf --prompt hi", "no such file");
