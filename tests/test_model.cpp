@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -263,6 +264,61 @@ TEST(SmolLM2, PromptIdsMatchTransformers) {
     EXPECT_EQ(model->tokenizer().encode(prompts[i], model->tokenizer().add_bos_default(), true),
               ids_of(*golden.find("ids." + std::to_string(i))))
         << prompts[i];
+}
+
+}  // namespace
+}  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+// llama2.c checkpoints have no magic: the header must be plausible and agree with the file size exactly.
+class BrokenLlama2c : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    src_ = test::shared_path("models/stories260K/stories260K.bin");
+    if (src_.empty()) GTEST_SKIP() << "missing stories260K (shared/models)";
+    bytes_ = test::read_file(src_);
+    dir_ = test::temp_dir();
+  }
+  void expect_error(const std::string& bytes, const std::string& phrase) {
+    const std::string p = dir_ + "/model.bin";
+    test::write_file(p, bytes);
+    try {
+      Model::load(p);
+      FAIL() << "expected an error containing '" << phrase << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  }
+  std::string src_, bytes_, dir_;
+};
+
+TEST_F(BrokenLlama2c, Truncated) { expect_error(bytes_.substr(0, bytes_.size() / 2), "truncated llama2.c checkpoint"); }
+TEST_F(BrokenLlama2c, TrailingBytes) { expect_error(bytes_ + "junk", "size mismatch"); }
+TEST_F(BrokenLlama2c, TooShort) { expect_error(bytes_.substr(0, 10), "too short for a llama2.c header"); }
+TEST_F(BrokenLlama2c, ImplausibleHeader) {
+  std::string b = bytes_;
+  const int32_t heads = 7;   // dim 64 is not a multiple of 7
+  std::memcpy(&b[12], &heads, 4);
+  expect_error(b, "header is implausible");
+  const int32_t huge = 1 << 30;
+  b = bytes_;
+  std::memcpy(&b[0], &huge, 4);
+  expect_error(b, "header is implausible");
+}
+TEST_F(BrokenLlama2c, MissingTokenizerIsReported) {
+  const std::string p = dir_ + "/alone.bin";
+  test::write_file(p, bytes_);
+  auto m = Model::load(p);   // weights load without a tokenizer...
+  EXPECT_FALSE(m->has_tokenizer());
+  try {
+    m->tokenizer();          // ...but asking for one names the fix
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--tokenizer"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
