@@ -323,3 +323,32 @@ TEST_F(BrokenLlama2c, MissingTokenizerIsReported) {
 
 }  // namespace
 }  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+// GGUF -> Hugging Face directory -> load: identical logits (bit for bit) and identical token ids.
+TEST(SmolLM2, ConvertedDirectoryIsIdentical) {
+  const std::string gguf = test::smollm2_gguf();
+  LOWBIT_REQUIRE_FILE(gguf, "SmolLM2 GGUF");
+  const std::string dir = test::temp_dir() + "/smollm2-hf";
+  std::string out;
+  ASSERT_EQ(test::run_cli("convert " + gguf + " " + dir, &out), 0) << out;
+  auto a = Model::load(gguf);
+  auto b = Model::load(dir);
+  EXPECT_EQ(b->weights().format, ModelFormat::HuggingFace);
+  EXPECT_EQ(b->config().tie_embeddings, a->config().tie_embeddings);
+  const std::string text = "<|im_start|>user\nConvert me: naïve café 1234 日本<|im_end|>\n";
+  const auto ids = a->tokenizer().encode(text, false, true);
+  EXPECT_EQ(b->tokenizer().encode(text, false, true), ids);
+  const int V = a->config().vocab_size;
+  std::vector<float> la(static_cast<size_t>(V)), lb(static_cast<size_t>(V));
+  KVCache ca = a->new_cache(static_cast<int>(ids.size())), cb = b->new_cache(static_cast<int>(ids.size()));
+  a->forward(ids.data(), static_cast<int>(ids.size()), ca, la.data(), false);
+  b->forward(ids.data(), static_cast<int>(ids.size()), cb, lb.data(), false);
+  EXPECT_EQ(max_abs_diff(la.data(), lb.data(), la.size()), 0.0);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace lowbit
