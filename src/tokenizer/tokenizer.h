@@ -31,6 +31,12 @@ struct VocabData {
   int32_t bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;
   bool add_bos = false;                // prepend BOS in encode(text, /*add_bos=*/default)
   bool add_space_prefix = true;        // spm: prepend a space (dummy prefix) before encoding
+  // spm: where the dummy prefix goes. Default (sentencepiece, llama.cpp, HF Prepend normalizer): every text
+  // fragment, i.e. the text start and the text after each control token. HF's Metaspace pre-tokenizer instead
+  // never prefixes text that already starts with a space, and with prepend_scheme "first" only the text at
+  // offset 0 of the input.
+  bool space_prefix_first_only = false;
+  bool space_prefix_unless_space = false;
   std::string chat_template;           // jinja source when the file carries one
 };
 
