@@ -26,40 +26,7 @@ namespace {
 // Helpers
 // ----------------------------------------------------------------------------------------------------------------
 
-GgufValue int_value(GgufType t, int64_t v) {
-  GgufValue x;
-  x.type = t;
-  x.scalar = v;
-  return x;
-}
-GgufValue float_value(GgufType t, double v) {
-  GgufValue x;
-  x.type = t;
-  x.scalar = v;
-  return x;
-}
-GgufValue bool_value(bool v) {
-  GgufValue x;
-  x.type = GgufType::BOOL;
-  x.scalar = v;
-  return x;
-}
-GgufValue string_value(const std::string& v) {
-  GgufValue x;
-  x.type = GgufType::STRING;
-  x.scalar = v;
-  return x;
-}
-GgufValue array_value(GgufType elem, std::vector<int64_t> ints, std::vector<double> floats = {},
-                      std::vector<std::string> strings = {}) {
-  GgufValue x;
-  x.type = GgufType::ARRAY;
-  x.array_type = elem;
-  x.ints = std::move(ints);
-  x.floats = std::move(floats);
-  x.strings = std::move(strings);
-  return x;
-}
+// Metadata constructors (gguf_int, gguf_float, gguf_bool, gguf_string, gguf_array) live in src/io/gguf.h.
 
 void expect_same_value(const GgufValue& a, const GgufValue& b, const std::string& key) {
   SCOPED_TRACE(key);
@@ -165,10 +132,10 @@ constexpr uint32_t kGgmlF32 = 0, kGgmlQ4_0 = 2;
 // A small valid file with metadata of several kinds and three tensor types, for round trips and fuzzing.
 std::string write_small_gguf(const std::string& path) {
   std::map<std::string, GgufValue> kv;
-  kv["general.architecture"] = string_value("llama");
-  kv["llama.block_count"] = int_value(GgufType::U32, 2);
-  kv["tokenizer.ggml.tokens"] = array_value(GgufType::STRING, {}, {}, {"<s>", "a", "bc"});
-  kv["tokenizer.ggml.scores"] = array_value(GgufType::F32, {}, {0.5, -1.25, 2.0});
+  kv["general.architecture"] = gguf_string("llama");
+  kv["llama.block_count"] = gguf_int(GgufType::U32, 2);
+  kv["tokenizer.ggml.tokens"] = gguf_array(GgufType::STRING, {}, {}, {"<s>", "a", "bc"});
+  kv["tokenizer.ggml.scores"] = gguf_array(GgufType::F32, {}, {0.5, -1.25, 2.0});
   std::vector<float> x(64);
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(static_cast<float>(i)) * 3.0f;
   std::vector<uint8_t> q4(2 * 18), q8(2 * 34);
@@ -188,30 +155,30 @@ std::string write_small_gguf(const std::string& path) {
 TEST(GgufRoundTrip, EveryValueTypeAndTensor) {
   const std::string path = test::temp_dir() + "/all.gguf";
   std::map<std::string, GgufValue> kv;
-  kv["u8"] = int_value(GgufType::U8, 255);
-  kv["i8"] = int_value(GgufType::I8, -128);
-  kv["u16"] = int_value(GgufType::U16, 65535);
-  kv["i16"] = int_value(GgufType::I16, -32768);
-  kv["u32"] = int_value(GgufType::U32, 4294967295);
-  kv["i32"] = int_value(GgufType::I32, -2147483647 - 1);
-  kv["u64"] = int_value(GgufType::U64, std::numeric_limits<int64_t>::max());
-  kv["i64"] = int_value(GgufType::I64, std::numeric_limits<int64_t>::min());
-  kv["f32"] = float_value(GgufType::F32, -0.15625);  // exactly representable in fp32
-  kv["f64"] = float_value(GgufType::F64, 3.141592653589793);
-  kv["bool"] = bool_value(true);
-  kv["str"] = string_value("h\xc3\xa9llo\nworld");
-  kv["str.empty"] = string_value("");
-  kv["arr.u8"] = array_value(GgufType::U8, {0, 7, 255});
-  kv["arr.i16"] = array_value(GgufType::I16, {-5, 300});
-  kv["arr.u32"] = array_value(GgufType::U32, {1, 2, 3});
-  kv["arr.i32"] = array_value(GgufType::I32, {-1, 0, 1});
-  kv["arr.u64"] = array_value(GgufType::U64, {1ll << 40});
-  kv["arr.i64"] = array_value(GgufType::I64, {-(1ll << 50)});
-  kv["arr.bool"] = array_value(GgufType::BOOL, {1, 0, 1});
-  kv["arr.f32"] = array_value(GgufType::F32, {}, {0.5, -2.25});
-  kv["arr.f64"] = array_value(GgufType::F64, {}, {1e-300, 1e300});
-  kv["arr.str"] = array_value(GgufType::STRING, {}, {}, {"a", "", "long string with spaces"});
-  kv["arr.empty"] = array_value(GgufType::I32, {});
+  kv["u8"] = gguf_int(GgufType::U8, 255);
+  kv["i8"] = gguf_int(GgufType::I8, -128);
+  kv["u16"] = gguf_int(GgufType::U16, 65535);
+  kv["i16"] = gguf_int(GgufType::I16, -32768);
+  kv["u32"] = gguf_int(GgufType::U32, 4294967295);
+  kv["i32"] = gguf_int(GgufType::I32, -2147483647 - 1);
+  kv["u64"] = gguf_int(GgufType::U64, std::numeric_limits<int64_t>::max());
+  kv["i64"] = gguf_int(GgufType::I64, std::numeric_limits<int64_t>::min());
+  kv["f32"] = gguf_float(GgufType::F32, -0.15625);  // exactly representable in fp32
+  kv["f64"] = gguf_float(GgufType::F64, 3.141592653589793);
+  kv["bool"] = gguf_bool(true);
+  kv["str"] = gguf_string("h\xc3\xa9llo\nworld");
+  kv["str.empty"] = gguf_string("");
+  kv["arr.u8"] = gguf_array(GgufType::U8, {0, 7, 255});
+  kv["arr.i16"] = gguf_array(GgufType::I16, {-5, 300});
+  kv["arr.u32"] = gguf_array(GgufType::U32, {1, 2, 3});
+  kv["arr.i32"] = gguf_array(GgufType::I32, {-1, 0, 1});
+  kv["arr.u64"] = gguf_array(GgufType::U64, {1ll << 40});
+  kv["arr.i64"] = gguf_array(GgufType::I64, {-(1ll << 50)});
+  kv["arr.bool"] = gguf_array(GgufType::BOOL, {1, 0, 1});
+  kv["arr.f32"] = gguf_array(GgufType::F32, {}, {0.5, -2.25});
+  kv["arr.f64"] = gguf_array(GgufType::F64, {}, {1e-300, 1e300});
+  kv["arr.str"] = gguf_array(GgufType::STRING, {}, {}, {"a", "", "long string with spaces"});
+  kv["arr.empty"] = gguf_array(GgufType::I32, {});
 
   std::vector<GgufWriteTensor> tensors = {
       {"f32.3d", DType::F32, {2, 3, 5}, {}}, {"f16", DType::F16, {4, 2}, {}},  {"bf16", DType::BF16, {3}, {}},
@@ -279,7 +246,7 @@ TEST(GgufRoundTrip, WriterRejectsInconsistentInput) {
                path, "tensor t has 15 bytes, shape [4] of F32 needs 16");
   expect_error([](const std::string& p) { write_gguf(p, {}, {{"t", DType::Q4_0, {16}, std::vector<uint8_t>(9)}}); },
                path, "tensor t row length 16 is not a multiple of the Q4_0 block size 32");
-  expect_error([](const std::string& p) { write_gguf(p, {{"k", int_value(GgufType::U8, 256)}}, {}); }, path,
+  expect_error([](const std::string& p) { write_gguf(p, {{"k", gguf_int(GgufType::U8, 256)}}, {}); }, path,
                "does not fit its type");
   expect_error([](const std::string& p) { write_gguf(p, {}, {}, 48); }, path, "not a power of two");
   EXPECT_FALSE(test::file_exists(path));

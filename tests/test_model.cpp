@@ -66,7 +66,28 @@ TEST_P(TinyHF, AllPositionLogitsMatchTransformers) {
   EXPECT_LT(max_abs_diff(logits.data(), ref.data(), logits.size()), kMaxLogitAbsDiffVsRef);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, TinyHF, ::testing::Values("llama3", "qwen2", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Archs, TinyHF, ::testing::Values("llama3", "qwen2", "mistral", "mistral_sw"));
+
+// The sliding window must matter on the 40-token fixture, or the test above could not catch a broken window.
+TEST(TinyHF, SlidingWindowChangesLogits) {
+  const std::string dir = test::temp_dir();
+  std::filesystem::copy(fixture("tiny_mistral_sw"), dir, std::filesystem::copy_options::recursive);
+  auto windowed = Model::load(dir);
+  EXPECT_EQ(windowed->config().sliding_window, 6);
+  std::string cfg = test::read_file(dir + "/config.json");
+  cfg.replace(cfg.find("\"sliding_window\": 6"), 19, "\"sliding_window\": null");
+  test::write_file(dir + "/config.json", cfg);
+  auto full = Model::load(dir);
+  EXPECT_EQ(full->config().sliding_window, 0);
+  const std::vector<int32_t> ids = {3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79};
+  const int n = static_cast<int>(ids.size()), V = full->config().vocab_size;
+  std::vector<float> a(static_cast<size_t>(n) * V), b(a.size());
+  KVCache ca = windowed->new_cache(n), cb = full->new_cache(n);
+  windowed->forward(ids.data(), n, ca, a.data(), true);
+  full->forward(ids.data(), n, cb, b.data(), true);
+  EXPECT_EQ(max_abs_diff(a.data(), b.data(), static_cast<size_t>(6) * V), 0.0);   // inside the window: same
+  EXPECT_GT(max_abs_diff(a.data() + 6 * V, b.data() + 6 * V, static_cast<size_t>(n - 6) * V), 1e-2);
+}
 
 TEST(TinyHF, ConfigFeaturesAreRead) {
   EXPECT_EQ(Model::load(fixture("tiny_llama3"))->config().rope_scaling, RopeScaling::Llama3);
@@ -349,6 +370,94 @@ TEST(SmolLM2, ConvertedDirectoryIsIdentical) {
   EXPECT_EQ(max_abs_diff(la.data(), lb.data(), la.size()), 0.0);
   std::filesystem::remove_all(dir);
 }
+
+}  // namespace
+}  // namespace lowbit
+
+#include "io/gguf.h"
+
+namespace lowbit {
+namespace {
+
+// Writes a tiny HF fixture model as a llama.cpp-style GGUF (names, metadata, and for arch "llama" the q/k row
+// permutation convert_hf_to_gguf applies), then checks the GGUF loads to the transformers logits: this exercises
+// the GGUF name map, the metadata reader and the RoPE un-permutation against an independent oracle.
+void write_gguf_like_llama_cpp(const Model& hf, const std::string& arch, const std::string& path) {
+  const ModelConfig& c = hf.config();
+  std::map<std::string, GgufValue> kv;
+  kv["general.architecture"] = gguf_string(arch);
+  kv[arch + ".embedding_length"] = gguf_int(GgufType::U32, c.dim);
+  kv[arch + ".feed_forward_length"] = gguf_int(GgufType::U32, c.hidden_dim);
+  kv[arch + ".block_count"] = gguf_int(GgufType::U32, c.n_layers);
+  kv[arch + ".attention.head_count"] = gguf_int(GgufType::U32, c.n_heads);
+  kv[arch + ".attention.head_count_kv"] = gguf_int(GgufType::U32, c.n_kv_heads);
+  kv[arch + ".attention.key_length"] = gguf_int(GgufType::U32, c.head_dim);
+  kv[arch + ".context_length"] = gguf_int(GgufType::U32, c.max_seq_len);
+  kv[arch + ".rope.freq_base"] = gguf_float(GgufType::F32, c.rope_theta);
+  kv[arch + ".attention.layer_norm_rms_epsilon"] = gguf_float(GgufType::F32, c.rms_eps);
+  const std::vector<std::pair<std::string, std::string>> block = {
+      {"input_layernorm.weight", "attn_norm.weight"},   {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},     {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},         {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},         {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"}, {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},          {"mlp.down_proj.weight", "ffn_down.weight"}};
+  std::vector<GgufWriteTensor> ts;
+  for (const std::string& name : hf.tensor_names()) {
+    std::string g;
+    if (name == "model.embed_tokens.weight") g = "token_embd.weight";
+    else if (name == "model.norm.weight") g = "output_norm.weight";
+    else if (name == "lm_head.weight") g = "output.weight";
+    else {
+      const size_t dot = name.find('.', 13);   // "model.layers." is 13 chars
+      const std::string layer = name.substr(13, dot - 13), rest = name.substr(dot + 1);
+      for (const auto& [h, gg] : block)
+        if (rest == h) g = "blk." + layer + "." + gg;
+    }
+    const auto& shape = hf.tensor_shape(name);
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    const float* src = hf.tensor_f32(name);
+    std::vector<float> data(src, src + numel);
+    const bool qk = name.find("q_proj") != std::string::npos || name.find("k_proj") != std::string::npos;
+    if (arch == "llama" && qk) {   // HF half-split rows -> interleaved pairs (convert_hf_to_gguf's permute)
+      const int64_t cols = numel / shape[0], hd = c.head_dim, half = hd / 2;
+      for (int64_t r = 0; r < shape[0]; ++r) {
+        const int64_t h = r / hd, w = r % hd, i = w / 2, j = w % 2;
+        std::copy_n(src + (h * hd + j * half + i) * cols, cols, data.data() + r * cols);
+      }
+    }
+    GgufWriteTensor t{g, DType::F32, shape, {}};
+    t.bytes.resize(static_cast<size_t>(numel) * 4);
+    std::memcpy(t.bytes.data(), data.data(), t.bytes.size());
+    ts.push_back(std::move(t));
+  }
+  write_gguf(path, kv, ts);
+}
+
+class GgufFromHF : public ::testing::TestWithParam<std::pair<const char*, const char*>> {};
+
+TEST_P(GgufFromHF, LogitsMatchTransformers) {
+  const auto [fixture_name, arch] = GetParam();
+  const std::string dir = fixture(std::string("tiny_") + fixture_name);
+  auto hf = Model::load(dir);
+  const std::string path = test::temp_dir() + "/tiny.gguf";
+  write_gguf_like_llama_cpp(*hf, arch, path);
+  auto g = Model::load(path);
+  EXPECT_EQ(g->weights().format, ModelFormat::Gguf);
+  EXPECT_EQ(g->weights().qk_interleaved, std::string(arch) == "llama");
+  SafetensorsFile golden = SafetensorsFile::open(dir + "/golden.safetensors");
+  const std::vector<int32_t> ids = ids_of(*golden.find("ids"));
+  const int n = static_cast<int>(ids.size());
+  std::vector<float> logits(static_cast<size_t>(n) * g->config().vocab_size);
+  KVCache cache = g->new_cache(n);
+  g->forward(ids.data(), n, cache, logits.data(), true);
+  EXPECT_LT(max_abs_diff(logits.data(), reinterpret_cast<const float*>(golden.find("logits")->data), logits.size()),
+            kMaxLogitAbsDiffVsHF);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, GgufFromHF,
+                         ::testing::Values(std::make_pair("mistral", "llama"), std::make_pair("qwen2", "qwen2")));
 
 }  // namespace
 }  // namespace lowbit

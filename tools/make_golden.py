@@ -51,6 +51,8 @@ def make_tiny(out):
             torch.float16, None),
         ("mistral", MistralForCausalLM, MistralConfig(**common, rope_theta=10000.0, tie_word_embeddings=False,
             head_dim=16, sliding_window=None), torch.float32, "20KB"),
+        ("mistral_sw", MistralForCausalLM, MistralConfig(**common, rope_theta=10000.0, tie_word_embeddings=True,
+            sliding_window=6), torch.float32, None),
     ]
     ids = [int(x) for x in np.random.RandomState(7).randint(0, 96, size=40)]
     for name, cls, cfg, dtype, shard in specs:
@@ -68,7 +70,7 @@ def make_tiny(out):
         model.save_pretrained(d, safe_serialization=True, **kw)
         # Reload from disk in fp32: casting the in-memory model to bf16 and back would also round the RoPE
         # inv_freq buffer, which a fresh load (and lowbit) computes in fp32.
-        fresh = cls.from_pretrained(d, dtype=torch.float32).eval()
+        fresh = cls.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
         with torch.no_grad():
             logits = fresh(torch.tensor([ids])).logits[0].numpy()
         save_file({"ids": np.array(ids, dtype=np.int32), "logits": logits.astype(np.float32)},

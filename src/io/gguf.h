@@ -30,6 +30,42 @@ struct GgufValue {
   std::vector<std::string> strings;        // ARRAY of STRING
 };
 
+// Constructors for writing metadata (tests, exporters).
+inline GgufValue gguf_int(GgufType t, int64_t v) {
+  GgufValue x;
+  x.type = t;
+  x.scalar = v;
+  return x;
+}
+inline GgufValue gguf_float(GgufType t, double v) {
+  GgufValue x;
+  x.type = t;
+  x.scalar = v;
+  return x;
+}
+inline GgufValue gguf_bool(bool v) {
+  GgufValue x;
+  x.type = GgufType::BOOL;
+  x.scalar = v;
+  return x;
+}
+inline GgufValue gguf_string(const std::string& v) {
+  GgufValue x;
+  x.type = GgufType::STRING;
+  x.scalar = v;
+  return x;
+}
+inline GgufValue gguf_array(GgufType elem, std::vector<int64_t> ints, std::vector<double> floats = {},
+                            std::vector<std::string> strings = {}) {
+  GgufValue x;
+  x.type = GgufType::ARRAY;
+  x.array_type = elem;
+  x.ints = std::move(ints);
+  x.floats = std::move(floats);
+  x.strings = std::move(strings);
+  return x;
+}
+
 struct GgufTensorInfo {
   std::string name;
   DType dtype;

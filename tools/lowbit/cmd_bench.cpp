@@ -39,6 +39,7 @@ void register_bench(CLI::App& app, Common& common) {
   auto decode = std::make_shared<int>(64);
   auto reps = std::make_shared<int>(3);
   CLI::App* sub = app.add_subcommand("bench", "CPU prefill/decode speed vs sgemm and memory-bandwidth ceilings");
+  // FLOPs counted: every linear layer and the head for every prompt token, attention over the causal half only.
   sub->add_option("model", *path, "Model: HF directory, .gguf, or llama2.c .bin")->required();
   sub->add_option("--prefill", *prefill, "Prompt tokens for the prefill measurement")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--decode", *decode, "Tokens for the decode measurement")->check(CLI::Range(1, 1 << 16));
@@ -75,10 +76,11 @@ void register_bench(CLI::App& app, Common& common) {
     const double t_copy = median_seconds(*reps + 2, [&] { std::memcpy(dst.data(), src.data(), bytes); });
     const double copy_bw = 2.0 * bytes / t_copy;
 
-    // Model prefill (fresh cache each time) and decode.
+    // Model prefill with logits for every position, as `ppl` runs it (fresh cache each time), then decode.
+    std::vector<float> all_logits(static_cast<size_t>(P) * c.vocab_size);
     const double t_prefill = median_seconds(*reps, [&] {
       KVCache cache = model->new_cache(P + *decode);
-      model->forward(toks.data(), P, cache, nullptr, false);
+      model->forward(toks.data(), P, cache, all_logits.data(), true);
     });
     const double prefill_flops = (lin * P + attn_per_pair * P * (P + 1) / 2.0) / t_prefill;
     KVCache cache = model->new_cache(P + *decode);
