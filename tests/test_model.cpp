@@ -461,3 +461,32 @@ INSTANTIATE_TEST_SUITE_P(Archs, GgufFromHF,
 
 }  // namespace
 }  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+// transformers loaded `lowbit convert stories260K.bin DIR` (tools/make_golden.py --stories-hf): its logits on the
+// converted directory equal ours on the original llama2.c file, and its tokenizer (our tokenizer.json) gave the
+// ids ours gives. This is the check that converted models flow to other tools.
+TEST(Stories260K, TransformersOnConvertedDirectoryAgrees) {
+  LOWBIT_REQUIRE_FILE(stories_bin(), "shared/models/stories260K/stories260K.bin");
+  auto model = Model::load(stories_bin());
+  SafetensorsFile golden = SafetensorsFile::open(fixture("stories260k_golden.safetensors"));
+  const auto prompts = nlohmann_prompts(golden);
+  ASSERT_EQ(prompts.size(), 2u);
+  const int V = model->config().vocab_size;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const std::vector<int32_t> ids = ids_of(*golden.find("ids." + std::to_string(i)));
+    EXPECT_EQ(model->tokenizer().encode(prompts[i], true, false), ids) << prompts[i];
+    std::vector<float> logits(static_cast<size_t>(V));
+    KVCache cache = model->new_cache(static_cast<int>(ids.size()));
+    model->forward(ids.data(), static_cast<int>(ids.size()), cache, logits.data(), false);
+    EXPECT_LT(max_abs_diff(logits.data(), reinterpret_cast<const float*>(golden.find("logits." + std::to_string(i))->data),
+                           logits.size()),
+              kMaxLogitAbsDiffVsRef)
+        << prompts[i];
+  }
+}
+
+}  // namespace
+}  // namespace lowbit
