@@ -8,6 +8,7 @@ scripts/build.sh
 CACHE="${LOWBIT_CACHE:-$HOME/.cache/lowbit}"
 SMOL="$CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 SHARED="${LOWBIT_SHARED_DIR:-$(cd .. && pwd)/shared}"
+[ -d "$SHARED" ] || SHARED=/work/shared   # a clone outside the workplace layout
 WIKI="$SHARED/data/wikitext-2-raw/wiki.test.raw"
 echo
 if [ -f "$SMOL" ]; then

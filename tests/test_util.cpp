@@ -11,6 +11,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <vector>
 
 namespace lowbit::test {
 
@@ -22,12 +23,18 @@ bool file_exists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+// The shared data directory sits beside the checkout (../shared); a clone made elsewhere (CI) finds it through
+// $LOWBIT_SHARED_DIR or the workplace's fixed location.
 std::string shared_path(const std::string& rel) {
-  std::string base;
-  if (const char* env = std::getenv("LOWBIT_SHARED_DIR")) base = env;
-  else base = source_dir() + "/../shared";
-  std::string p = base + "/" + rel;
-  return file_exists(p) ? p : std::string();
+  std::vector<std::string> bases;
+  if (const char* env = std::getenv("LOWBIT_SHARED_DIR")) bases.push_back(env);
+  bases.push_back(source_dir() + "/../shared");
+  bases.push_back("/work/shared");
+  for (const std::string& base : bases) {
+    const std::string p = base + "/" + rel;
+    if (file_exists(p)) return p;
+  }
+  return std::string();
 }
 
 std::string smollm2_gguf() {
