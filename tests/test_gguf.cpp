@@ -67,19 +67,7 @@ std::vector<float> dequantize(DType t, const uint8_t* data, int64_t n) {
   return ::testing::AssertionSuccess();
 }
 
-// Expects `open(path)` to throw one lowbit::Error naming the path and containing `phrase`.
-template <typename Open>
-void expect_error(Open open, const std::string& path, const std::string& phrase) {
-  try {
-    open(path);
-    ADD_FAILURE() << "no error for " << path << " (expected '" << phrase << "')";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    EXPECT_NE(msg.find(phrase), std::string::npos) << "expected '" << phrase << "' in: " << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  }
-}
+using test::expect_error;
 
 void expect_gguf_error(const std::string& path, const std::string& phrase) {
   expect_error([](const std::string& p) { GgufFile::open(p); }, path, phrase);

@@ -16,19 +16,7 @@
 namespace lowbit {
 namespace {
 
-// Expects `open(path)` to throw one lowbit::Error naming the path and containing `phrase`.
-template <typename Open>
-void expect_error(Open open, const std::string& path, const std::string& phrase) {
-  try {
-    open(path);
-    ADD_FAILURE() << "no error for " << path << " (expected '" << phrase << "')";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(path), std::string::npos) << msg;
-    EXPECT_NE(msg.find(phrase), std::string::npos) << "expected '" << phrase << "' in: " << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  }
-}
+using test::expect_error;
 
 void expect_st_error(const std::string& path, const std::string& phrase) {
   expect_error([](const std::string& p) { SafetensorsFile::open(p); }, path, phrase);

@@ -1,6 +1,10 @@
 // Shared helpers for tests: where the fixtures and the shared data live, and how to skip out loud.
 #pragma once
+#include <gtest/gtest.h>
+
 #include <string>
+
+#include "core/error.h"
 
 namespace lowbit::test {
 
@@ -16,6 +20,20 @@ int run_cli(const std::string& args, std::string* output);
 bool file_exists(const std::string& path);
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);
+
+// Expects open(path) to throw one single-line lowbit::Error naming the path and containing phrase.
+template <typename Open>
+void expect_error(Open open, const std::string& path, const std::string& phrase) {
+  try {
+    open(path);
+    ADD_FAILURE() << "no error for " << path << " (expected '" << phrase << "')";
+  } catch (const lowbit::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find(phrase), std::string::npos) << "expected '" << phrase << "' in: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
 
 }  // namespace lowbit::test
 

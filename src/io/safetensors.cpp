@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/atomic_write.h"
 #include "core/error.h"
 
 namespace lowbit {
@@ -198,30 +199,6 @@ const TensorView* SafetensorsFile::find(const std::string& name) const {
   return it == tensors_.end() ? nullptr : &it->second;
 }
 
-namespace {
-
-// Writes `pieces` to a temp file next to `path` and renames it over `path`, so readers never see a half file.
-// (gguf.cpp has the same helper; each reader/writer pair stays self-contained.)
-void write_atomically(const std::string& path, const std::vector<std::pair<const void*, size_t>>& pieces) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  FILE* out = std::fopen(tmp.c_str(), "wb");
-  if (out == nullptr) fail(path, ": cannot write: ", std::strerror(errno));
-  bool ok = true;
-  for (const auto& [data, size] : pieces) {
-    if (size > 0 && std::fwrite(data, 1, size, out) != size) ok = false;
-  }
-  ok = std::fflush(out) == 0 && ok;
-  ok = ::fsync(::fileno(out)) == 0 && ok;
-  const int err = errno;
-  ok = std::fclose(out) == 0 && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = ok ? errno : err;
-    std::remove(tmp.c_str());
-    fail(path, ": cannot write: ", std::strerror(e));
-  }
-}
-
-}  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsWriteTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {

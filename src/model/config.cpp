@@ -20,7 +20,7 @@ void ModelConfig::validate(const std::string& src) const {
                arch, "' (supported: llama, mistral, qwen2)");
 }
 
-std::string ModelConfig::to_hf_json() const {
+std::string ModelConfig::to_hf_json(const std::string& torch_dtype) const {
   nlohmann::ordered_json j;
   const bool qwen = arch == "qwen2";
   j["architectures"] = {qwen ? "Qwen2ForCausalLM" : arch == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"};
@@ -51,7 +51,7 @@ std::string ModelConfig::to_hf_json() const {
     j["rope_scaling"] = nullptr;
   }
   if (arch == "mistral" || qwen) j["sliding_window"] = sliding_window > 0 ? nlohmann::ordered_json(sliding_window) : nullptr;
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = torch_dtype;
   return j.dump(2) + "\n";
 }
 

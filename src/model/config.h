@@ -36,7 +36,7 @@ struct ModelConfig {
   int kv_dim() const { return n_kv_heads * head_dim; }
   // Throws lowbit::Error("<source>: <problem>") for inconsistent or unsupported settings.
   void validate(const std::string& source) const;
-  std::string to_hf_json() const;  // config.json for `lowbit convert`
+  std::string to_hf_json(const std::string& torch_dtype) const;  // config.json for `lowbit convert`
 };
 
 // Parses a Hugging Face config.json. Unsupported architectures/options are refused with a clear message.

@@ -12,10 +12,10 @@
 //     them like llama.cpp; sentencepiece keeps them inside its dummy-prefix text (see spm_bpe.cpp).
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "core/atomic_write.h"
 #include "core/error.h"
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer_internal.h"
@@ -97,13 +97,6 @@ ojson bos_template(const VocabData& v) {
                {"single", ojson::array({special(0), seq("A", 0)})},
                {"pair", ojson::array({special(0), seq("A", 0), special(1), seq("B", 1)})},
                {"special_tokens", {{bos, {{"id", bos}, {"ids", ojson::array({v.bos_id})}, {"tokens", {bos}}}}}}};
-}
-
-void write_text(const std::filesystem::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary);
-  f.write(text.data(), static_cast<std::streamsize>(text.size()));
-  f.close();
-  LOWBIT_CHECK(f.good(), p.string(), ": cannot write");
 }
 
 }  // namespace
@@ -205,8 +198,8 @@ void write_tokenizer_json(const VocabData& v, const std::string& out_dir) {
   } catch (const nlohmann::json::exception& e) {  // a piece that is not valid UTF-8 cannot be a JSON string
     fail(out_dir, ": cannot write tokenizer.json: ", e.what());
   }
-  write_text(std::filesystem::path(out_dir) / "tokenizer.json", tokenizer_text);
-  write_text(std::filesystem::path(out_dir) / "tokenizer_config.json", config_text);
+  write_atomically((std::filesystem::path(out_dir) / "tokenizer.json").string(), tokenizer_text);
+  write_atomically((std::filesystem::path(out_dir) / "tokenizer_config.json").string(), config_text);
 }
 
 }  // namespace lowbit

@@ -3,9 +3,9 @@
 // so transformers and lowbit load the result with identical logits.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 
 #include "commands.h"
+#include "core/atomic_write.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "io/safetensors.h"
@@ -56,8 +56,7 @@ void register_convert(CLI::App& app, Common& common) {
       }
     }
     write_safetensors((fs::path(*out) / "model.safetensors").string(), tensors, {{"format", "pt"}});
-    ModelConfig outc = c;
-    std::ofstream((fs::path(*out) / "config.json").string()) << outc.to_hf_json();
+    write_atomically((fs::path(*out) / "config.json").string(), c.to_hf_json(f16 ? "float16" : "float32"));
     if (model->has_tokenizer()) write_tokenizer_json(model->tokenizer().vocab(), *out);
     std::printf("wrote %s: config.json, model.safetensors (%zu tensors, %s)%s\n", out->c_str(), tensors.size(),
                 dtype->c_str(), model->has_tokenizer() ? ", tokenizer.json, tokenizer_config.json" : "");
