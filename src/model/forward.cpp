@@ -139,54 +139,70 @@ void Model::attention(int layer, const float* q, int n, int pos0, KVCache& cache
   }
 }
 
+void Model::embed(const int32_t* tokens, int n, float* x) const {
+  const ModelConfig& c = config();
+  for (int t = 0; t < n; ++t) {
+    LOWBIT_CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size, "forward: token id ", tokens[t], " out of range [0, ",
+                 c.vocab_size, ")");
+    std::copy_n(tok_emb_ + static_cast<int64_t>(tokens[t]) * c.dim, c.dim, x + static_cast<int64_t>(t) * c.dim);
+  }
+}
+
+void Model::layer_forward(int l, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook) const {
+  const ModelConfig& c = config();
+  const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
+  std::vector<float> xn(static_cast<size_t>(n * dim)), q(static_cast<size_t>(n * qd)), att(q.size()),
+      k(static_cast<size_t>(n * kvd)), v(k.size()), g(static_cast<size_t>(n * hid)), u(g.size());
+  const LayerWeights& L = layers_[static_cast<size_t>(l)];
+  rmsnorm_rows(x, L.attn_norm, xn.data(), n, dim, c.rms_eps);
+  if (hook) (*hook)(l, LinearSlot::Qkv, xn.data(), n, dim);
+  L.q->forward(xn.data(), n, q.data());
+  L.k->forward(xn.data(), n, k.data());
+  L.v->forward(xn.data(), n, v.data());
+  rope(q.data(), static_cast<int>(qd), pos0, n, c.n_heads);
+  rope(k.data(), static_cast<int>(kvd), pos0, n, c.n_kv_heads);
+  for (int t = 0; t < n; ++t) {
+    std::copy_n(k.data() + t * kvd, kvd, cache.k_at(l, pos0 + t));
+    std::copy_n(v.data() + t * kvd, kvd, cache.v_at(l, pos0 + t));
+  }
+  attention(l, q.data(), n, pos0, cache, att.data());
+  if (hook) (*hook)(l, LinearSlot::O, att.data(), n, qd);
+  L.o->forward(att.data(), n, xn.data());
+#pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
+  for (int64_t i = 0; i < n * dim; ++i) x[i] += xn[static_cast<size_t>(i)];
+  rmsnorm_rows(x, L.ffn_norm, xn.data(), n, dim, c.rms_eps);
+  if (hook) (*hook)(l, LinearSlot::GateUp, xn.data(), n, dim);
+  L.gate->forward(xn.data(), n, g.data());
+  L.up->forward(xn.data(), n, u.data());
+#pragma omp parallel for schedule(static) if (n * hid >= kMinParallelElems)
+  for (int64_t i = 0; i < n * hid; ++i) g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+  if (hook) (*hook)(l, LinearSlot::Down, g.data(), n, hid);
+  L.down->forward(g.data(), n, xn.data());
+#pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
+  for (int64_t i = 0; i < n * dim; ++i) x[i] += xn[static_cast<size_t>(i)];
+}
+
+void Model::head_forward(const float* x, int n, float* logits) const {
+  const int64_t dim = config().dim;
+  std::vector<float> xn(static_cast<size_t>(n * dim));
+  rmsnorm_rows(x, final_norm_, xn.data(), n, dim, config().rms_eps);
+  head_->forward(xn.data(), n, logits);
+}
+
 void Model::forward(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits) const {
   const ModelConfig& c = config();
   LOWBIT_CHECK(n > 0, "forward: no tokens");
   LOWBIT_CHECK(cache.len + n <= cache.capacity, "forward: ", cache.len + n, " positions exceed the KV cache of ",
                cache.capacity);
-  const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
-  for (int t = 0; t < n; ++t)
-    LOWBIT_CHECK(tokens[t] >= 0 && tokens[t] < c.vocab_size, "forward: token id ", tokens[t],
-                 " out of range [0, ", c.vocab_size, ")");
-  std::vector<float> x(static_cast<size_t>(n * dim)), xn(x.size()), q(static_cast<size_t>(n * qd)),
-      att(q.size()), k(static_cast<size_t>(n * kvd)), v(k.size()), g(static_cast<size_t>(n * hid)), u(g.size());
-  for (int t = 0; t < n; ++t)
-    std::copy_n(tok_emb_ + static_cast<int64_t>(tokens[t]) * dim, dim, x.data() + t * dim);
+  const int64_t dim = c.dim;
+  std::vector<float> x(static_cast<size_t>(n * dim));
+  embed(tokens, n, x.data());
   const int pos0 = cache.len;
-  for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = layers_[static_cast<size_t>(l)];
-    rmsnorm_rows(x.data(), L.attn_norm, xn.data(), n, dim, c.rms_eps);
-    L.q->forward(xn.data(), n, q.data());
-    L.k->forward(xn.data(), n, k.data());
-    L.v->forward(xn.data(), n, v.data());
-    rope(q.data(), static_cast<int>(qd), pos0, n, c.n_heads);
-    rope(k.data(), static_cast<int>(kvd), pos0, n, c.n_kv_heads);
-    for (int t = 0; t < n; ++t) {
-      std::copy_n(k.data() + t * kvd, kvd, cache.k_at(l, pos0 + t));
-      std::copy_n(v.data() + t * kvd, kvd, cache.v_at(l, pos0 + t));
-    }
-    attention(l, q.data(), n, pos0, cache, att.data());
-    L.o->forward(att.data(), n, xn.data());
-#pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
-    for (int64_t i = 0; i < n * dim; ++i) x[static_cast<size_t>(i)] += xn[static_cast<size_t>(i)];
-    rmsnorm_rows(x.data(), L.ffn_norm, xn.data(), n, dim, c.rms_eps);
-    L.gate->forward(xn.data(), n, g.data());
-    L.up->forward(xn.data(), n, u.data());
-#pragma omp parallel for schedule(static) if (n * hid >= kMinParallelElems)
-    for (int64_t i = 0; i < n * hid; ++i) g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
-    L.down->forward(g.data(), n, xn.data());
-#pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
-    for (int64_t i = 0; i < n * dim; ++i) x[static_cast<size_t>(i)] += xn[static_cast<size_t>(i)];
-  }
+  for (int l = 0; l < c.n_layers; ++l) layer_forward(l, x.data(), n, pos0, cache, nullptr);
   cache.len = pos0 + n;
   if (logits == nullptr) return;
-  if (all_logits) {
-    rmsnorm_rows(x.data(), final_norm_, xn.data(), n, dim, c.rms_eps);
-    head_->forward(xn.data(), n, logits);
-  } else {
-    rmsnorm_rows(x.data() + (n - 1) * dim, final_norm_, xn.data(), 1, dim, c.rms_eps);
-    head_->forward(xn.data(), 1, logits);
-  }
+  if (all_logits) head_forward(x.data(), n, logits);
+  else head_forward(x.data() + (n - 1) * dim, 1, logits);
 }
 
 // The oracle: llama2.c-style single-token loop, no BLAS, no threads, double accumulators.

@@ -1,9 +1,11 @@
 #include "model/model.h"
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
+#include "formats/format_table.h"
 #include "io/ggml_quants.h"
 
 namespace lowbit {
@@ -79,6 +81,17 @@ std::unique_ptr<Model> Model::load(WeightSet ws) {
     return out;
   };
 
+  // A linear layer: packed (quantized) weights become their format's LinearOp, fp weights a DenseLinear.
+  auto lin = [&](const std::string& name, int64_t n, int64_t k, const float* bias,
+                 bool qk_rows) -> std::unique_ptr<LinearOp> {
+    auto pit = w.packed.find(name);
+    if (pit == w.packed.end()) return std::make_unique<DenseLinear>(get(name, {n, k}, qk_rows), bias, n, k);
+    LOWBIT_CHECK(pit->second.shape == (std::vector<int64_t>{n, k}), w.path, ": packed weight ", name, " has shape ",
+                 shape_str(pit->second.shape), ", expected ", shape_str({n, k}));
+    LOWBIT_CHECK(!(qk_rows && w.qk_interleaved), w.path, ": packed q/k weights must be in Hugging Face row order");
+    m->packed_names_.push_back(name);
+    return make_packed_linear(pit->second, bias, w.path + ": " + name);
+  };
   const int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim(), V = c.vocab_size;
   m->tok_emb_ = get("model.embed_tokens.weight", {V, dim});
   m->layers_.resize(static_cast<size_t>(c.n_layers));
@@ -89,14 +102,14 @@ std::unique_ptr<Model> Model::load(WeightSet ws) {
     const float* bq = c.qkv_bias ? get(p + "self_attn.q_proj.bias", {qd}, true) : nullptr;
     const float* bk = c.qkv_bias ? get(p + "self_attn.k_proj.bias", {kvd}, true) : nullptr;
     const float* bv = c.qkv_bias ? get(p + "self_attn.v_proj.bias", {kvd}) : nullptr;
-    L.q = std::make_unique<DenseLinear>(get(p + "self_attn.q_proj.weight", {qd, dim}, true), bq, qd, dim);
-    L.k = std::make_unique<DenseLinear>(get(p + "self_attn.k_proj.weight", {kvd, dim}, true), bk, kvd, dim);
-    L.v = std::make_unique<DenseLinear>(get(p + "self_attn.v_proj.weight", {kvd, dim}), bv, kvd, dim);
-    L.o = std::make_unique<DenseLinear>(get(p + "self_attn.o_proj.weight", {dim, qd}), nullptr, dim, qd);
+    L.q = lin(p + "self_attn.q_proj.weight", qd, dim, bq, true);
+    L.k = lin(p + "self_attn.k_proj.weight", kvd, dim, bk, true);
+    L.v = lin(p + "self_attn.v_proj.weight", kvd, dim, bv, false);
+    L.o = lin(p + "self_attn.o_proj.weight", dim, qd, nullptr, false);
     L.ffn_norm = get(p + "post_attention_layernorm.weight", {dim});
-    L.gate = std::make_unique<DenseLinear>(get(p + "mlp.gate_proj.weight", {hid, dim}), nullptr, hid, dim);
-    L.up = std::make_unique<DenseLinear>(get(p + "mlp.up_proj.weight", {hid, dim}), nullptr, hid, dim);
-    L.down = std::make_unique<DenseLinear>(get(p + "mlp.down_proj.weight", {dim, hid}), nullptr, dim, hid);
+    L.gate = lin(p + "mlp.gate_proj.weight", hid, dim, nullptr, false);
+    L.up = lin(p + "mlp.up_proj.weight", hid, dim, nullptr, false);
+    L.down = lin(p + "mlp.down_proj.weight", dim, hid, nullptr, false);
   }
   m->final_norm_ = get("model.norm.weight", {dim});
   const float* head = c.tie_embeddings ? m->tok_emb_ : get("lm_head.weight", {V, dim});
@@ -104,6 +117,7 @@ std::unique_ptr<Model> Model::load(WeightSet ws) {
   // Anything left over means a different architecture or a misnamed tensor: refuse rather than ignore it.
   for (const auto& [name, t] : w.tensors) {
     if (m->f32_.count(name)) continue;
+    if (std::find(m->packed_names_.begin(), m->packed_names_.end(), name) != m->packed_names_.end()) continue;
     if (name == "lm_head.weight" && c.tie_embeddings) continue;
     if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // old HF checkpoints store it
     fail(w.path, ": unexpected tensor ", name, " (not part of a ", c.arch, " model with this config)");
@@ -164,5 +178,43 @@ const std::vector<int64_t>& Model::tensor_shape(const std::string& name) const {
 }
 
 std::vector<std::string> Model::tensor_names() const { return order_; }
+
+std::vector<std::string> Model::linear_names(int layer) const {
+  const std::string p = "model.layers." + std::to_string(layer) + ".";
+  return {p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight",
+          p + "self_attn.o_proj.weight", p + "mlp.gate_proj.weight",    p + "mlp.up_proj.weight",
+          p + "mlp.down_proj.weight"};
+}
+
+std::unique_ptr<LinearOp>& Model::linear_slot(const std::string& name) {
+  const std::string prefix = "model.layers.";
+  if (name.rfind(prefix, 0) == 0) {
+    const size_t dot = name.find('.', prefix.size());
+    const int l = std::stoi(name.substr(prefix.size(), dot - prefix.size()));
+    if (l >= 0 && l < config().n_layers) {
+      LayerWeights& L = layers_[static_cast<size_t>(l)];
+      const std::string rest = name.substr(dot + 1);
+      if (rest == "self_attn.q_proj.weight") return L.q;
+      if (rest == "self_attn.k_proj.weight") return L.k;
+      if (rest == "self_attn.v_proj.weight") return L.v;
+      if (rest == "self_attn.o_proj.weight") return L.o;
+      if (rest == "mlp.gate_proj.weight") return L.gate;
+      if (rest == "mlp.up_proj.weight") return L.up;
+      if (rest == "mlp.down_proj.weight") return L.down;
+    }
+  }
+  fail(ws_.path, ": ", name, " is not a linear layer weight");
+}
+
+const LinearOp& Model::linear(const std::string& name) const {
+  return *const_cast<Model*>(this)->linear_slot(name);
+}
+
+void Model::replace_linear(const std::string& name, std::unique_ptr<LinearOp> op) {
+  std::unique_ptr<LinearOp>& slot = linear_slot(name);
+  LOWBIT_CHECK(op && op->n() == slot->n() && op->k() == slot->k(), ws_.path, ": replacement for ", name,
+               " has the wrong shape");
+  slot = std::move(op);
+}
 
 }  // namespace lowbit

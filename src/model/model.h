@@ -6,6 +6,7 @@
 //                   OpenMP threads for the element-wise work.
 //   forward_ref() — plain scalar loops, one token at a time, double accumulation: the oracle for tests.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,12 @@
 #include "tokenizer/tokenizer.h"
 
 namespace lowbit {
+
+// Which linear layers read a captured activation: q/k/v share the attention-norm output, gate/up share the
+// ffn-norm output, o reads the attention output, down reads silu(gate)·up.
+enum class LinearSlot { Qkv, O, GateUp, Down };
+// Called by layer_forward with each slot's input rows x [n, k] before the linears consume it (calibration).
+using LinearInputHook = std::function<void(int layer, LinearSlot slot, const float* x, int n, int64_t k)>;
 
 struct LayerWeights {
   const float* attn_norm = nullptr;   // [dim]
@@ -43,14 +50,34 @@ class Model {
   // Scalar oracle: same result, one token at a time.
   void forward_ref(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits) const;
 
+  // The forward split into its stages, for calibration (src/quantize runs blocks one at a time):
+  //   embed: x [n, dim] = rows of the embedding;  layer_forward: x <- block l (x) at positions pos0..,
+  //   writing K/V into cache at layer l (cache.len is not advanced);  head_forward: logits [n, vocab].
+  void embed(const int32_t* tokens, int n, float* x) const;
+  void layer_forward(int layer, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook) const;
+  void head_forward(const float* x, int n, float* logits) const;
+
+  // The linear layer for a canonical weight name ("model.layers.3.mlp.down_proj.weight"), and replacing it
+  // (quantizers swap in the quantized layer so later blocks see quantized earlier blocks).
+  const LinearOp& linear(const std::string& weight_name) const;
+  void replace_linear(const std::string& weight_name, std::unique_ptr<LinearOp> op);
+  // Canonical names of the linear weights of layer l, in slot order: q, k, v, o, gate, up, down.
+  std::vector<std::string> linear_names(int layer) const;
+
   // fp32 runtime tensors (after dequantization and RoPE un-permutation), by canonical name.
   const float* tensor_f32(const std::string& name) const;
   const std::vector<int64_t>& tensor_shape(const std::string& name) const;
-  std::vector<std::string> tensor_names() const;   // in canonical order (embeddings, layers, norm, head)
+  std::vector<std::string> tensor_names() const;   // fp tensors in canonical order (embeddings, layers, norm, head)
+  bool has_packed_weights() const { return !packed_names_.empty(); }
+  // RoPE tables as the forward uses them (fp32, Hugging Face convention, llama3 scaling applied):
+  // [max_seq_len][head_dim/2], entry (pos, i) = cos/sin(pos * inv_freq[i]). The backward pass reads them.
+  const float* rope_cos() const { return rope_cos_.data(); }
+  const float* rope_sin() const { return rope_sin_.data(); }
 
  private:
   Model() = default;
   void attention(int layer, const float* q, int n, int pos0, KVCache& cache, float* out) const;
+  std::unique_ptr<LinearOp>& linear_slot(const std::string& weight_name);
   void rope(float* x, int row_stride, int pos0, int n, int heads) const;
 
   WeightSet ws_;
@@ -58,6 +85,7 @@ class Model {
   std::vector<std::unique_ptr<std::vector<float>>> owned_;
   std::map<std::string, std::pair<const float*, std::vector<int64_t>>> f32_;
   std::vector<std::string> order_;
+  std::vector<std::string> packed_names_;   // linear weights built from packed formats
   const float* tok_emb_ = nullptr;    // [vocab, dim]
   const float* final_norm_ = nullptr; // [dim]
   std::unique_ptr<LinearOp> head_;    // [vocab, dim]

@@ -16,15 +16,25 @@
 
 namespace lowbit {
 
-enum class ModelFormat { HuggingFace, Gguf, Llama2c };
+enum class ModelFormat { HuggingFace, Gguf, Llama2c, Lowbit };
 const char* model_format_name(ModelFormat f);
+
+// A linear weight stored in a packed (quantized) format: its format, logical shape, integer parameters, and the
+// tensors ("parts") that hold it. src/formats/ validates the parts and builds the runtime LinearOp.
+struct PackedWeight {
+  std::string format;                       // a name from the format table (src/formats/format_table.h)
+  std::vector<int64_t> shape;               // logical [n_out, k_in]
+  std::map<std::string, int64_t> params;    // e.g. bits, group_size, symmetric, act_order
+  std::map<std::string, TensorView> parts;  // e.g. qweight, scales, zeros, g_idx
+};
 
 struct WeightSet {
   std::string path;                        // what the user passed
   ModelFormat format = ModelFormat::HuggingFace;
   ModelConfig config;
   std::optional<VocabData> vocab;          // absent when the source has no tokenizer we can read
-  std::map<std::string, TensorView> tensors;
+  std::map<std::string, TensorView> tensors;           // plain (fp) tensors
+  std::map<std::string, PackedWeight> packed;          // quantized linear weights (.lowbit files)
   std::map<std::string, std::string> source_names;  // canonical name -> name in the file (for messages)
   // q_proj/k_proj rows are stored in the interleaved-pair RoPE order (GGUF "llama", llama2.c);
   // Model::load permutes them back to the Hugging Face half-split order so one RoPE serves all formats.

@@ -35,6 +35,7 @@ void register_convert(CLI::App& app, Common& common) {
     LoadOptions lo;
     lo.tokenizer_path = common.tokenizer;
     auto model = Model::load(*in, lo);
+    LOWBIT_CHECK(!model->has_packed_weights(), *in, ": holds quantized weights; convert exports fp models only");
     const ModelConfig& c = model->config();
     fs::create_directories(*out, ec);
     LOWBIT_CHECK(!ec, *out, ": cannot create directory: ", ec.message());

@@ -16,6 +16,7 @@ void register_generate(CLI::App& app, Common& common);
 void register_inspect(CLI::App& app, Common& common);
 void register_convert(CLI::App& app, Common& common);
 void register_bench(CLI::App& app, Common& common);
+void register_quantize(CLI::App& app, Common& common);
 
 void apply_threads(const Common& common);
 // Progress line on stderr: redrawn in place on a terminal, every ~10% otherwise.

@@ -1,0 +1,38 @@
+// GPTQ (Frantar et al., 2023): quantize the columns of W [n, k] one at a time, each time spreading the rounding
+// error over the not-yet-quantized columns through the inverse Hessian H⁻¹ of the layer input (H = 2/N XᵀX):
+//   dead columns (H_ii = 0) are zeroed; damping λ = percdamp · mean(diag H) is added to the diagonal;
+//   U = upper Cholesky factor of H⁻¹ (computed in fp64 with LAPACK);
+//   columns in blocks of 128 with lazy batched updates of the trailing columns (one sgemm per block);
+//   act-order: columns processed by decreasing H_ii, groups formed in that order (g_idx stored) unless
+//   static_groups, which fixes the group parameters on the original column order first (no g_idx).
+// Produces the same UniformQuantized encoding as RTN (formats/uniform/layout.h).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "quantize/rtn.h"
+
+namespace lowbit {
+
+struct GptqOptions {
+  UniformSpec spec;
+  bool act_order = false;
+  bool static_groups = false;
+  double percdamp = 0.01;
+  int block_size = 128;
+};
+
+struct GptqStats {
+  double damp = 0;          // λ actually used (raised when H + λI was not positive definite)
+  int dead_columns = 0;
+  double hessian_error = 0; // Σ_r (w_r - ŵ_r)ᵀ H (w_r - ŵ_r): the layer objective GPTQ minimises
+};
+
+// h: [k, k] row-major, symmetric (fp64). w: [n, k] row-major fp32.
+UniformQuantized gptq_quantize(const float* w, int64_t n, int64_t k, const std::vector<double>& h,
+                               const GptqOptions& opts, GptqStats* stats = nullptr);
+
+// Σ_r (w_r - ŵ_r)ᵀ H (w_r - ŵ_r) for any quantized weight (the objective both RTN and GPTQ are measured by).
+double hessian_weighted_error(const float* w, const UniformQuantized& q, const std::vector<double>& h);
+
+}  // namespace lowbit

@@ -1,0 +1,172 @@
+#include "quantize/quantize_model.h"
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "io/lowbit_file.h"
+#include "quantize/capture.h"
+
+namespace lowbit {
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// Slot of each of the seven linears of a block (order of Model::linear_names).
+constexpr LinearSlot kSlotOf[7] = {LinearSlot::Qkv, LinearSlot::Qkv,    LinearSlot::Qkv, LinearSlot::O,
+                                   LinearSlot::GateUp, LinearSlot::GateUp, LinearSlot::Down};
+
+// A DenseLinear over the exact weights a quantized tensor encodes, so the calibration forward sees them.
+struct OwnedDense final : LinearOp {
+  OwnedDense(std::vector<float> w, const float* bias, int64_t n, int64_t k)
+      : LinearOp(n, k), w_(std::move(w)), impl_(w_.data(), bias, n, k) {}
+  void forward(const float* x, int64_t m, float* y) const override { impl_.forward(x, m, y); }
+  void forward_ref(const float* x, int64_t m, float* y) const override { impl_.forward_ref(x, m, y); }
+  std::vector<float> w_;
+  DenseLinear impl_;
+};
+
+const float* bias_of(const Model& m, const std::string& weight_name) {
+  const std::string b = weight_name.substr(0, weight_name.size() - 6) + "bias";   // "...weight" -> "...bias"
+  const auto names = m.tensor_names();
+  return std::find(names.begin(), names.end(), b) != names.end() ? m.tensor_f32(b) : nullptr;
+}
+
+}  // namespace
+
+std::string method_json(const QuantizeOptions& o) {
+  nlohmann::ordered_json j;
+  const UniformSpec& s = o.gptq.spec;
+  j["name"] = o.method == QuantMethod::Gptq ? "gptq" : "rtn";
+  j["bits"] = s.bits;
+  j["group_size"] = s.group_size;
+  j["symmetric"] = s.symmetric;
+  j["mse_clip"] = s.mse_clip;
+  if (o.method == QuantMethod::Gptq) {
+    j["act_order"] = o.gptq.act_order;
+    j["static_groups"] = o.gptq.static_groups;
+    j["percdamp"] = o.gptq.percdamp;
+    j["block_size"] = o.gptq.block_size;
+    j["sequential"] = o.sequential;
+    j["calibration"] = {{"file", o.calib.file.empty() ? default_calibration_file() : o.calib.file},
+                        {"samples", o.calib.samples}, {"seqlen", o.calib.seqlen}, {"seed", o.calib.seed}};
+  }
+  j["dense_dtype"] = std::string(dtype_info(o.dense_dtype).name);
+  return j.dump();
+}
+
+QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const std::string& out_path,
+                                const std::function<void(int, int, const std::string&)>& progress) {
+  const double t0 = now_s();
+  const ModelConfig& c = model.config();
+  LOWBIT_CHECK(!model.has_packed_weights(), model.weights().path, ": is already quantized");
+  LOWBIT_CHECK(opts.dense_dtype == DType::F32 || opts.dense_dtype == DType::F16, "dense dtype must be F32 or F16");
+  QuantizeReport rep;
+  std::map<std::string, UniformQuantized> quantized;
+
+  // Quantizes the linears of block l whose inputs are described by stats (nullptr for RTN), and swaps them into
+  // the model so the next capture pass runs the quantized block.
+  auto quantize_block = [&](int l, const std::map<LinearSlot, InputStats>* stats) {
+    const auto names = model.linear_names(l);
+    std::map<LinearSlot, std::vector<double>> hessians;
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string& name = names[i];
+      const float* w = model.tensor_f32(name);
+      const auto& shape = model.tensor_shape(name);
+      UniformQuantized q;
+      if (stats == nullptr) {
+        q = rtn_quantize(w, shape[0], shape[1], opts.gptq.spec);
+      } else {
+        auto& h = hessians[kSlotOf[i]];
+        if (h.empty()) h = stats->at(kSlotOf[i]).hessian();
+        GptqStats gs;
+        q = gptq_quantize(w, shape[0], shape[1], h, opts.gptq, &gs);
+        rep.hessian_error_sum += gs.hessian_error;
+        // RTN on the same Hessian: what GPTQ's error feedback buys, layer by layer
+        rep.rtn_hessian_error_sum += hessian_weighted_error(w, rtn_quantize(w, shape[0], shape[1], opts.gptq.spec), h);
+      }
+      std::vector<float> deq(static_cast<size_t>(shape[0] * shape[1]));
+      q.dequantize(deq.data());
+      model.replace_linear(name, std::make_unique<OwnedDense>(std::move(deq), bias_of(model, name), shape[0], shape[1]));
+      quantized[name] = std::move(q);
+    }
+  };
+
+  if (opts.method == QuantMethod::Rtn) {
+    for (int l = 0; l < c.n_layers; ++l) {
+      quantize_block(l, nullptr);
+      if (progress) progress(l + 1, c.n_layers, "block " + std::to_string(l));
+    }
+  } else {
+    const auto calib = draw_calibration(model.tokenizer(), opts.calib);
+    const int N = static_cast<int>(calib.size()), T = opts.calib.seqlen;
+    rep.calib_windows = N;
+    rep.calib_seqlen = T;
+    std::vector<std::vector<float>> x(static_cast<size_t>(N)), x_fp;   // block inputs [T, dim] per window
+    for (int s = 0; s < N; ++s) {
+      x[static_cast<size_t>(s)].resize(static_cast<size_t>(T) * c.dim);
+      model.embed(calib[static_cast<size_t>(s)].data(), T, x[static_cast<size_t>(s)].data());
+    }
+    KVCache cache(c.n_layers, T, c.kv_dim());
+    std::vector<float> work(static_cast<size_t>(T) * c.dim);
+    for (int l = 0; l < c.n_layers; ++l) {
+      std::map<LinearSlot, InputStats> stats;
+      stats.emplace(LinearSlot::Qkv, InputStats(c.dim));
+      stats.emplace(LinearSlot::O, InputStats(c.q_dim()));
+      stats.emplace(LinearSlot::GateUp, InputStats(c.dim));
+      stats.emplace(LinearSlot::Down, InputStats(c.hidden_dim));
+      const LinearInputHook hook = [&](int, LinearSlot slot, const float* in, int n, int64_t) {
+        stats.at(slot).add(in, n);
+      };
+      // Capture pass (full-precision block); without `sequential` its outputs are the next block's inputs.
+      for (int s = 0; s < N; ++s) {
+        auto& xs = x[static_cast<size_t>(s)];
+        std::copy(xs.begin(), xs.end(), work.begin());
+        model.layer_forward(l, work.data(), T, 0, cache, &hook);
+        if (!opts.sequential) std::copy(work.begin(), work.end(), xs.begin());
+      }
+      quantize_block(l, &stats);
+      if (opts.sequential)   // re-run the quantized block: the next block sees what the quantized model computes
+        for (int s = 0; s < N; ++s) model.layer_forward(l, x[static_cast<size_t>(s)].data(), T, 0, cache, nullptr);
+      if (progress) progress(l + 1, c.n_layers, "block " + std::to_string(l));
+    }
+  }
+
+  // Pack and write.
+  LowbitWriteSpec spec;
+  spec.source_path = model.weights().path;
+  spec.source_format = model_format_name(model.weights().format);
+  spec.config = c;
+  if (model.has_tokenizer()) spec.vocab = model.tokenizer().vocab();
+  spec.method_json = method_json(opts);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  std::vector<std::vector<uint16_t>> halves;
+  for (const std::string& name : model.tensor_names()) {
+    if (quantized.count(name)) continue;
+    const auto& shape = model.tensor_shape(name);
+    const float* data = model.tensor_f32(name);
+    if (opts.dense_dtype == DType::F16) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      std::vector<uint16_t> h(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) h[static_cast<size_t>(i)] = f32_to_f16(data[i]);
+      halves.push_back(std::move(h));
+      spec.dense.push_back({name, DType::F16, shape, halves.back().data()});
+    } else {
+      spec.dense.push_back({name, DType::F32, shape, data});
+    }
+  }
+  for (const auto& [name, q] : quantized) spec.packed[name] = pack_uniform(q, storage);
+  const LowbitSummary sum = write_lowbit(out_path, spec);
+  rep.quantized_weights = sum.quantized_weights;
+  rep.avg_bits = sum.avg_bits_per_weight;
+  rep.file_bytes = sum.file_bytes;
+  rep.seconds = now_s() - t0;
+  return rep;
+}
+
+}  // namespace lowbit

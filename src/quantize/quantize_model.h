@@ -1,0 +1,45 @@
+// The quantization driver: model in, .lowbit file out.
+//   RTN   — every linear weight rounded on its own (no calibration).
+//   GPTQ  — sequential, block by block like the GPTQ reference: the calibration windows are embedded, then for each
+//           transformer block the inputs of its linears are captured (InputStats: H = 2/N XᵀX and column stats),
+//           its seven linears are quantized with GPTQ, and the block is re-run with the quantized weights to give the
+//           next block its inputs (`sequential`; off: the next block sees full-precision outputs).
+// The runtime never includes this (STYLE: the quantizer writes, the runtime loads).
+#pragma once
+#include <functional>
+#include <string>
+
+#include "model/model.h"
+#include "quantize/calibration.h"
+#include "quantize/gptq.h"
+
+namespace lowbit {
+
+enum class QuantMethod { Rtn, Gptq };
+
+struct QuantizeOptions {
+  QuantMethod method = QuantMethod::Gptq;
+  GptqOptions gptq;                 // .spec is used by RTN too
+  CalibOptions calib;
+  bool sequential = true;           // later blocks see the quantized earlier blocks
+  DType dense_dtype = DType::F32;   // unquantized tensors (embeddings, norms, head, biases): F32 or F16
+};
+
+struct QuantizeReport {
+  double seconds = 0, calib_seconds = 0;
+  int calib_windows = 0, calib_seqlen = 0;
+  int64_t quantized_weights = 0;
+  double avg_bits = 0;              // exact, every stored bit of the quantized weights counted
+  uint64_t file_bytes = 0;
+  double hessian_error_sum = 0;     // Σ over layers of the GPTQ objective (GPTQ only)
+  double rtn_hessian_error_sum = 0; // the same objective for RTN of each layer on the same Hessians (GPTQ only)
+};
+
+// progress(done, total, what): one call per finished block.
+QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const std::string& out_path,
+                                const std::function<void(int, int, const std::string&)>& progress = nullptr);
+
+// The method description stored in the file ({"name": "gptq", "bits": 4, ...}).
+std::string method_json(const QuantizeOptions& opts);
+
+}  // namespace lowbit
