@@ -1,6 +1,7 @@
 #include "model/config.h"
 
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -58,9 +59,16 @@ std::string ModelConfig::to_hf_json(const std::string& torch_dtype) const {
 ModelConfig config_from_hf_json(const std::string& path) {
   std::ifstream f(path);
   LOWBIT_CHECK(f.good(), path, ": cannot open");
+  std::ostringstream text;
+  text << f.rdbuf();
+  LOWBIT_CHECK(!f.bad(), path, ": cannot read");
+  return config_from_hf_json_text(text.str(), path);
+}
+
+ModelConfig config_from_hf_json_text(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(f);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     fail(path, ": invalid JSON: ", e.what());
   }

@@ -41,5 +41,7 @@ struct ModelConfig {
 
 // Parses a Hugging Face config.json. Unsupported architectures/options are refused with a clear message.
 ModelConfig config_from_hf_json(const std::string& config_json_path);
+// The same, from the JSON text itself (e.g. the config object a .lowbit file carries); errors name `source`.
+ModelConfig config_from_hf_json_text(const std::string& text, const std::string& source);
 
 }  // namespace lowbit

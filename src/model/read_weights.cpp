@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/lowbit_file.h"
 #include "io/safetensors.h"
 #include "model/weight_set.h"
 
@@ -19,6 +20,7 @@ const char* model_format_name(ModelFormat f) {
     case ModelFormat::HuggingFace: return "huggingface";
     case ModelFormat::Gguf: return "gguf";
     case ModelFormat::Llama2c: return "llama2.c";
+    case ModelFormat::Lowbit: return "lowbit";
   }
   return "?";
 }
@@ -27,6 +29,9 @@ WeightSet read_weights(const std::string& path, const LoadOptions& opts) {
   std::error_code ec;
   LOWBIT_CHECK(fs::exists(path, ec), path, ": no such file or directory");
   if (fs::is_directory(path, ec)) return read_hf_dir(path);
+  // .lowbit container: a safetensors file whose metadata carries "lowbit" (whatever its name); a file named
+  // .lowbit always goes to read_lowbit, so a damaged one gets its error rather than a format guess.
+  if (fs::path(path).extension() == ".lowbit" || is_lowbit_file(path)) return read_lowbit(path);
   auto file = MappedFile::open(path);
   LOWBIT_CHECK(file->size() >= 4, path, ": file too small (", file->size(), " bytes) to be a model");
   if (std::memcmp(file->data(), "GGUF", 4) == 0) return read_gguf_model(path);

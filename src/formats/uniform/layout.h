@@ -9,7 +9,7 @@
 // The quantizer rounds scales to fp16 *before* choosing codes, so this is the value it optimised.
 //
 // Packed layout (see pack.cpp):
-//   qweight uint32 [n, ceil(k*bits/32)]   codes of row r as a little-endian bit stream, code c at bits
+//   qweight i32    [n, ceil(k*bits/32)]   (uint32 words; safetensors has no U32) codes of row r as a little-endian bit stream, code c at bits
 //                                         [c*bits, (c+1)*bits) of the row's stream (rows start 32-bit aligned)
 //   scales  f16    [n, G]                 G = ceil(k / group_size)
 //   zeros   u8     [n, G]                 present iff symmetric == 0

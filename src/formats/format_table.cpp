@@ -1,0 +1,204 @@
+// The packed-format table and the generic checks every format shares. See format_table.h.
+#include "formats/format_table.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+#include "core/error.h"
+#include "formats/uniform/layout.h"
+
+namespace lowbit {
+namespace {
+
+// ---- uniform: integer codes + fp16 scale (+ u8 zero point) per row and group (formats/uniform/layout.h) ----
+constexpr int64_t kUniformMaxBits = 8;   // codes and zero points are held one per byte (UniformQuantized, zeros U8)
+constexpr PackedParam kUniformParams[] = {
+    {"bits", 2, kUniformMaxBits, "bits per code"},
+    {"group_size", 1, kParamMaxIsK, "input columns sharing one scale (and zero); k = one group per output row"},
+    {"symmetric", 0, 1, "1: no zeros part, the zero point is 2^(bits-1)"},
+    {"act_order", 0, 1, "1: the g_idx part gives each input column's group (GPTQ act-order)"},
+};
+// qweight holds uint32 words; safetensors has no U32, so they are stored as I32 with the same bits.
+constexpr PackedPart kUniformParts[] = {
+    {"qweight", DType::I32, "[n, ceil(k*bits/32)]", "", 0},
+    {"scales", DType::F16, "[n, G]", "", 0},
+    {"zeros", DType::U8, "[n, G]", "symmetric", 0},
+    {"g_idx", DType::I32, "[k]", "act_order", 1},
+};
+static_assert(kUniformParams[0].max <= 8, "uniform codes and zero points must fit one byte");
+static_assert(dtype_info(DType::I32).block_bytes == 4, "qweight rows are 32-bit words");
+
+constexpr PackedFormat kPackedFormats[] = {
+    {"uniform", kUniformParams, kUniformParts, &uniform_part_shape, &uniform_check_values, &make_uniform_linear},
+};
+
+// Compile-time consistency of the table: unique format names, unique part and parameter names within a format,
+// and every conditional part keyed on a parameter the format declares.
+constexpr bool table_is_consistent() {
+  for (size_t i = 0; i < std::size(kPackedFormats); ++i) {
+    const PackedFormat& f = kPackedFormats[i];
+    if (f.name.empty() || f.part_shape == nullptr || f.check_values == nullptr || f.make_linear == nullptr)
+      return false;
+    for (size_t j = 0; j < i; ++j)
+      if (kPackedFormats[j].name == f.name) return false;
+    for (size_t a = 0; a < f.params.size(); ++a) {
+      if (f.params[a].max != kParamMaxIsK && f.params[a].max < f.params[a].min) return false;
+      for (size_t b = 0; b < a; ++b)
+        if (f.params[a].name == f.params[b].name) return false;
+    }
+    for (size_t a = 0; a < f.parts.size(); ++a) {
+      for (size_t b = 0; b < a; ++b)
+        if (f.parts[a].name == f.parts[b].name) return false;
+      if (f.parts[a].present_if_param.empty()) continue;
+      bool declared = false;
+      for (const PackedParam& p : f.params) declared = declared || p.name == f.parts[a].present_if_param;
+      if (!declared) return false;
+    }
+  }
+  return true;
+}
+static_assert(table_is_consistent(), "kPackedFormats: duplicate names or a part keyed on an undeclared parameter");
+
+std::string known_formats() {
+  std::string out;
+  for (const PackedFormat& f : kPackedFormats) {
+    if (!out.empty()) out += ", ";
+    out += f.name;
+  }
+  return out;
+}
+
+std::string param_names(const PackedFormat& f) {
+  std::string out;
+  for (const PackedParam& p : f.params) {
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
+}
+
+std::string part_names(const PackedFormat& f) {
+  std::string out;
+  for (const PackedPart& p : f.parts) {
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
+}
+
+const PackedPart* find_part(const PackedFormat& f, std::string_view name) {
+  for (const PackedPart& p : f.parts)
+    if (p.name == name) return &p;
+  return nullptr;
+}
+
+uint64_t numel_of(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+}  // namespace
+
+std::span<const PackedFormat> packed_formats() { return kPackedFormats; }
+
+const PackedFormat* find_packed_format(std::string_view name) {
+  for (const PackedFormat& f : kPackedFormats)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
+const PackedFormat& packed_format(std::string_view name, const std::string& where) {
+  const PackedFormat* f = find_packed_format(name);
+  if (f == nullptr) fail(where, ": unknown packed weight format '", name, "' (known: ", known_formats(), ")");
+  return *f;
+}
+
+bool packed_part_present(const PackedPart& part, const PackedParams& params) {
+  if (part.present_if_param.empty()) return true;
+  const auto it = params.find(std::string(part.present_if_param));
+  return it != params.end() && it->second == part.present_if_value;
+}
+
+// ---- uniform part shapes (the packed layout of formats/uniform/layout.h) --------------------------------------
+std::vector<int64_t> uniform_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params) {
+  const int64_t bits = params.at("bits");
+  const int64_t groups = (k + params.at("group_size") - 1) / params.at("group_size");
+  if (part == "qweight") return {n, (k * bits + 31) / 32};  // each row's bit stream padded to whole words
+  if (part == "scales" || part == "zeros") return {n, groups};
+  if (part == "g_idx") return {k};
+  fail("uniform_part_shape: no part '", part, "'");  // unreachable: callers pass names from the table
+}
+
+void check_packed_structure(const PackedWeight& w, const std::string& where) {
+  const PackedFormat& f = packed_format(w.format, where);
+  // Logical shape: [n, k], both positive and small enough that n*k and k*bits cannot overflow.
+  constexpr int64_t kMaxDim = int64_t{1} << 31;
+  LOWBIT_CHECK(w.shape.size() == 2 && w.shape[0] > 0 && w.shape[1] > 0 && w.shape[0] < kMaxDim &&
+                   w.shape[1] < kMaxDim,
+               where, ": ", f.name, " weight needs a logical shape [n, k] of positive sizes below 2^31, got ",
+               shape_str(w.shape));
+  const int64_t n = w.shape[0], k = w.shape[1];
+
+  for (const PackedParam& p : f.params) {
+    const auto it = w.params.find(std::string(p.name));
+    LOWBIT_CHECK(it != w.params.end(), where, ": ", f.name, " weight has no parameter '", p.name, "' (",
+                 p.meaning, ")");
+    const int64_t max = p.max == kParamMaxIsK ? k : p.max;
+    LOWBIT_CHECK(it->second >= p.min && it->second <= max, where, ": parameter ", p.name, " = ", it->second,
+                 " is out of range [", p.min, ", ", max, "]", p.max == kParamMaxIsK ? " (k)" : "");
+  }
+  for (const auto& [name, value] : w.params) {
+    const bool known = std::any_of(f.params.begin(), f.params.end(), [&](const PackedParam& p) { return p.name == name; });
+    LOWBIT_CHECK(known, where, ": unknown parameter '", name, "' for format ", f.name, " (it takes ", param_names(f),
+                 ")");
+  }
+
+  for (const auto& [name, view] : w.parts) {
+    const PackedPart* part = find_part(f, name);
+    LOWBIT_CHECK(part != nullptr, where, ": unknown part '", name, "' for format ", f.name, " (parts: ",
+                 part_names(f), ")");
+    LOWBIT_CHECK(packed_part_present(*part, w.params), where, ": part ", name, " must be absent when ",
+                 part->present_if_param, " = ", w.params.at(std::string(part->present_if_param)));
+  }
+  for (const PackedPart& part : f.parts) {
+    if (!packed_part_present(part, w.params)) continue;
+    const auto it = w.parts.find(std::string(part.name));
+    LOWBIT_CHECK(it != w.parts.end(), where, ": missing part ", part.name, " (", dtype_info(part.dtype).name, " ",
+                 part.shape, ")");
+    const TensorView& v = it->second;
+    LOWBIT_CHECK(v.dtype == part.dtype, where, ": part ", part.name, " has dtype ", dtype_info(v.dtype).name,
+                 ", format ", f.name, " needs ", dtype_info(part.dtype).name);
+    const std::vector<int64_t> shape = f.part_shape(part.name, n, k, w.params);
+    LOWBIT_CHECK(v.shape == shape, where, ": part ", part.name, " has shape ", shape_str(v.shape), ", format ",
+                 f.name, " needs ", part.shape, " = ", shape_str(shape));
+    const uint64_t bytes = dtype_bytes(part.dtype, numel_of(shape));
+    LOWBIT_CHECK(v.nbytes == bytes && (bytes == 0 || v.data != nullptr), where, ": part ", part.name, " holds ",
+                 v.nbytes, " bytes, its shape needs ", bytes);
+  }
+}
+
+void validate_packed(const PackedWeight& w, const std::string& where) {
+  check_packed_structure(w, where);
+  packed_format(w.format, where).check_values(w, where);
+}
+
+uint64_t packed_stored_bits(const PackedWeight& w, const std::string& where) {
+  check_packed_structure(w, where);
+  const PackedFormat& f = packed_format(w.format, where);
+  uint64_t bits = 0;
+  for (const PackedPart& part : f.parts) {
+    if (!packed_part_present(part, w.params)) continue;
+    bits += 8 * dtype_bytes(part.dtype, numel_of(f.part_shape(part.name, w.shape[0], w.shape[1], w.params)));
+  }
+  return bits;
+}
+
+std::unique_ptr<LinearOp> make_packed_linear(const PackedWeight& w, const float* bias, const std::string& where) {
+  const PackedFormat& f = packed_format(w.format, where);  // fails loudly on an unknown name
+  validate_packed(w, where);
+  return f.make_linear(w, bias, where);
+}
+
+}  // namespace lowbit

@@ -1,0 +1,92 @@
+// The one table of packed (quantized) linear-weight formats (STYLE habit 1).
+//
+// A PackedWeight (model/weight_set.h) says which format it is by name; everything else about a format — the
+// integer parameters it requires and their valid ranges, the tensors ("parts") that store it with their exact
+// dtypes and shapes, the value ranges inside those parts, and the CPU LinearOp that runs it — is found through
+// its row here. Readers (io/lowbit_file) and the model loader never look at a format's fields themselves: they
+// call validate_packed() once at the entry point and make_packed_linear() to run it, and an unknown format
+// name fails loudly (STYLE habit 6). Later issues add "anyprec_bitplane", "mixed_2_4" and "quik" as new rows.
+//
+// Stored bits: the exact number of bits a weight occupies in a file is the sum over its parts of
+// numel * dtype bits, with the shapes the format prescribes (padding in the last word of a packed row and shared
+// parts such as g_idx included): nothing a file holds for the weight is left out of avg_bits_per_weight.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "backend_cpu/linear.h"
+#include "core/dtype.h"
+#include "model/weight_set.h"
+
+namespace lowbit {
+
+// Written in PackedParam::max where the bound is the weight's own k (input features), e.g. group_size.
+inline constexpr int64_t kParamMaxIsK = -1;
+
+// An integer parameter every weight of the format must carry, with its inclusive valid range.
+struct PackedParam {
+  std::string_view name;
+  int64_t min;
+  int64_t max;                  // kParamMaxIsK: at most k
+  std::string_view meaning;
+};
+
+// A tensor that stores part of a packed weight.
+struct PackedPart {
+  std::string_view name;        // stored in a .lowbit file as "<weight name>.<part name>"
+  DType dtype;                  // exact; no conversion on load
+  std::string_view shape;       // in the format's notation, for messages and docs ("[n, G]")
+  // The part is present iff params[present_if_param] == present_if_value; always present when the name is empty.
+  std::string_view present_if_param;
+  int64_t present_if_value;
+};
+
+using PackedParams = std::map<std::string, int64_t>;
+
+struct PackedFormat {
+  std::string_view name;
+  std::span<const PackedParam> params;
+  std::span<const PackedPart> parts;
+  // Exact shape of a present part for a weight of logical shape [n, k] whose params are already range-checked.
+  std::vector<int64_t> (*part_shape)(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
+  // Checks what dtype and shape cannot bound (zero points, group indices, padding bits, finite scales), on a
+  // weight whose params and part shapes are already valid. Throws lowbit::Error("<where>: <problem>").
+  void (*check_values)(const PackedWeight& w, const std::string& where);
+  // The CPU LinearOp (bias [n] or nullptr, not owned).
+  std::unique_ptr<LinearOp> (*make_linear)(const PackedWeight& w, const float* bias, const std::string& where);
+};
+
+// Every packed format, in the order they were added.
+std::span<const PackedFormat> packed_formats();
+// nullptr when `name` is not a packed format.
+const PackedFormat* find_packed_format(std::string_view name);
+// Fails with "<where>: unknown packed weight format '<name>' (known: uniform, ...)".
+const PackedFormat& packed_format(std::string_view name, const std::string& where);
+
+bool packed_part_present(const PackedPart& part, const PackedParams& params);
+
+// Checks the logical shape, that every required parameter is present and in range (and no unknown one is), and
+// that exactly the present parts exist with the exact dtype and shape. Cheap: reads no tensor data.
+void check_packed_structure(const PackedWeight& w, const std::string& where);
+// check_packed_structure + the format's value checks (one pass over the small parts). Every reader calls this
+// once per weight before anything decodes it.
+void validate_packed(const PackedWeight& w, const std::string& where);
+
+// Exact bits the weight occupies when stored (see the file comment). Checks the structure first.
+uint64_t packed_stored_bits(const PackedWeight& w, const std::string& where);
+
+// Validates, then builds the format's CPU LinearOp. bias: [n] or nullptr, not owned.
+std::unique_ptr<LinearOp> make_packed_linear(const PackedWeight& w, const float* bias, const std::string& where);
+
+// ---- per-format hooks named by the table rows (each defined in its format's folder) -------------------------
+// uniform (formats/uniform/layout.h): part shapes are defined beside the table (format_table.cpp), the value
+// checks in formats/uniform/unpack_ref.cpp, the LinearOp in formats/uniform/linear.cpp.
+std::vector<int64_t> uniform_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
+void uniform_check_values(const PackedWeight& w, const std::string& where);
+
+}  // namespace lowbit

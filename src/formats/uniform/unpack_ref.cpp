@@ -1,0 +1,99 @@
+// Uniform format: value checks on packed parts and the scalar decoder (the oracle every faster path is tested
+// against). Layout: layout.h and docs/formats/uniform.md.
+#include <cstring>
+
+#include "core/error.h"
+#include "formats/format_table.h"
+#include "formats/uniform/layout.h"
+
+namespace lowbit {
+namespace {
+
+// Parts may sit at any byte offset of a mapped file: read elements with memcpy, never through a cast pointer.
+template <typename T>
+T element(const TensorView& v, int64_t i) {
+  T out;
+  std::memcpy(&out, v.data + static_cast<size_t>(i) * sizeof(T), sizeof(T));
+  return out;
+}
+
+}  // namespace
+
+void uniform_check_values(const PackedWeight& w, const std::string& where) {
+  const int64_t n = w.shape[0], k = w.shape[1];
+  const int bits = static_cast<int>(w.params.at("bits"));
+  const TensorView& qweight = w.parts.at("qweight");
+  const TensorView& scales = w.parts.at("scales");
+  const int64_t words_per_row = qweight.shape[1], groups = scales.shape[1];
+
+  // Bits of a row's last word past its k codes must be zero: a writer that leaves them set packed with another
+  // k or bits than it declares.
+  const int used_in_last = static_cast<int>((k * bits) % 32);
+  if (used_in_last != 0) {
+    const uint32_t padding = ~((1u << used_in_last) - 1u);
+    for (int64_t r = 0; r < n; ++r) {
+      const uint32_t last = element<uint32_t>(qweight, r * words_per_row + words_per_row - 1);
+      LOWBIT_CHECK((last & padding) == 0, where, ": part qweight row ", r, " has non-zero padding bits after its ",
+                   k, " codes (0x", std::hex, last, std::dec, ")");
+    }
+  }
+  for (int64_t i = 0; i < n * groups; ++i) {
+    const uint16_t s = element<uint16_t>(scales, i);
+    LOWBIT_CHECK((s & 0x7c00u) != 0x7c00u, where, ": part scales [", i / groups, ", ", i % groups,
+                 "] is not finite (fp16 bits 0x", std::hex, s, std::dec, ")");
+  }
+  if (const auto it = w.parts.find("zeros"); it != w.parts.end()) {
+    for (int64_t i = 0; i < n * groups; ++i) {
+      const uint8_t z = element<uint8_t>(it->second, i);
+      LOWBIT_CHECK(z < (1u << bits), where, ": part zeros [", i / groups, ", ", i % groups, "] = ", int{z},
+                   " is not below 2^bits = ", 1 << bits);
+    }
+  }
+  if (const auto it = w.parts.find("g_idx"); it != w.parts.end()) {
+    for (int64_t c = 0; c < k; ++c) {
+      const int32_t g = element<int32_t>(it->second, c);
+      LOWBIT_CHECK(g >= 0 && g < groups, where, ": part g_idx [", c, "] = ", g, " is outside [0, ", groups, ")");
+    }
+  }
+}
+
+UniformQuantized unpack_uniform(const PackedWeight& w, const std::string& where) {
+  LOWBIT_CHECK(w.format == "uniform", where, ": unpack_uniform given a weight of format '", w.format, "'");
+  validate_packed(w, where);
+
+  UniformQuantized q;
+  q.bits = static_cast<int>(w.params.at("bits"));
+  q.n = w.shape[0];
+  q.k = w.shape[1];
+  q.group_size = w.params.at("group_size");
+  q.symmetric = w.params.at("symmetric") == 1;
+  const TensorView& qweight = w.parts.at("qweight");
+  const int64_t words_per_row = qweight.shape[1], groups = q.groups();
+  const uint32_t mask = (1u << q.bits) - 1u;
+
+  q.codes.resize(static_cast<size_t>(q.n * q.k));
+#pragma omp parallel for if (q.n * q.k > 65536)
+  for (int64_t r = 0; r < q.n; ++r) {
+    const int64_t row = r * words_per_row;
+    for (int64_t c = 0; c < q.k; ++c) {
+      const int64_t bit = c * q.bits;
+      const int64_t word = bit / 32, shift = bit % 32;
+      uint32_t v = element<uint32_t>(qweight, row + word) >> shift;
+      if (shift + q.bits > 32) v |= element<uint32_t>(qweight, row + word + 1) << (32 - shift);  // straddles
+      q.codes[static_cast<size_t>(r * q.k + c)] = static_cast<uint8_t>(v & mask);
+    }
+  }
+  q.scales.resize(static_cast<size_t>(q.n * groups));
+  std::memcpy(q.scales.data(), w.parts.at("scales").data, q.scales.size() * sizeof(uint16_t));
+  if (!q.symmetric) {
+    q.zeros.resize(static_cast<size_t>(q.n * groups));
+    std::memcpy(q.zeros.data(), w.parts.at("zeros").data, q.zeros.size());
+  }
+  if (w.params.at("act_order") == 1) {
+    q.g_idx.resize(static_cast<size_t>(q.k));
+    std::memcpy(q.g_idx.data(), w.parts.at("g_idx").data, q.g_idx.size() * sizeof(int32_t));
+  }
+  return q;
+}
+
+}  // namespace lowbit
