@@ -7,7 +7,14 @@ context, ppl = exp(mean NLL over the ctx - 1 predicted tokens of every window). 
 itself. Its GGUF loader lacks llama.cpp's "smollm" pre-tokenizer, so the Digits split of SmolLM2's own
 tokenizer.json is restored (see tools/make_tokenizer_golden.py).
 
-Usage: python tools/hf_ppl.py [--gguf PATH] [--text wiki.test.raw] [--ctx 2048] [--max-windows N]
+With --lowbit FILE (+ --hf-dir for the tokenizer), evaluates a .lowbit file: dense tensors as stored, uniform
+weights decoded with numpy from the documented bit layout (tools/check_lowbit_file.py) — an implementation
+independent of lowbit's C++ decoder, used to cross-check `lowbit ppl` and to evaluate quickly on a GPU.
+
+With --hf-dir, reads a Hugging Face directory instead (e.g. `lowbit convert` output, whose tokenizer.json is
+lowbit's own), and runs on the GPU when one is present.
+
+Usage: python tools/hf_ppl.py [--gguf PATH | --hf-dir DIR] [--text wiki.test.raw] [--ctx 2048] [--max-windows N]
 """
 import argparse
 import math
@@ -17,6 +24,43 @@ import time
 import torch
 
 
+def load_lowbit(path):
+    """A transformers model holding exactly the weights a .lowbit file encodes."""
+    import json
+    import sys as _sys
+    import tempfile
+
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    _sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from check_lowbit_file import uniform_decode
+
+    with safe_open(path, framework="pt") as f:
+        meta = json.loads(f.metadata()["lowbit"])
+        state = {}
+        for name, entry in meta["tensors"].items():
+            if entry["format"] == "dense":
+                state[name] = f.get_tensor(name).float()
+            elif entry["format"] == "uniform":
+                parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
+                state[name] = torch.from_numpy(uniform_decode(parts, entry["shape"], entry["params"]))
+            else:
+                raise SystemExit(f"{path}: format {entry['format']} not supported by this harness")
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "config.json"), "w") as cf:
+            json.dump(meta["config"], cf)
+        config = AutoConfig.from_pretrained(d)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
+    if missing or unexpected:
+        raise SystemExit(f"{path}: missing {missing} unexpected {unexpected}")
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    return model
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gguf", default=os.path.expanduser("~/.cache/lowbit/models/SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -24,15 +68,29 @@ def main():
                                                    "wikitext-2-raw", "wiki.test.raw"))
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--max-windows", type=int, default=0)
+    ap.add_argument("--hf-dir", default="")
+    ap.add_argument("--lowbit", default="")
     args = ap.parse_args()
     from tokenizers import pre_tokenizers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    d, f = os.path.split(os.path.abspath(args.gguf))
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.lowbit:
+        tok = AutoTokenizer.from_pretrained(args.hf_dir)
+        model = load_lowbit(args.lowbit).eval().to(dev)
+    elif args.hf_dir:
+        tok = AutoTokenizer.from_pretrained(args.hf_dir)
+        model = AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=torch.float32).eval().to(dev)
+    else:
+        d, f = os.path.split(os.path.abspath(args.gguf))
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        tok.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Digits(individual_digits=True),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval().to(dev)
+    if dev == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False   # fp32 all the way, like lowbit's CPU path
+        torch.backends.cudnn.allow_tf32 = False
     raw = open(args.text, "rb").read().decode("utf-8")
     text = "\n\n".join(line if line.strip() else "" for line in raw.splitlines(keepends=True))
     ids = torch.tensor(tok(text)["input_ids"])
@@ -42,13 +100,13 @@ def main():
     nll, count, t0 = 0.0, 0, time.time()
     with torch.no_grad():
         for w in range(n):
-            x = ids[w * args.ctx:(w + 1) * args.ctx].unsqueeze(0)
+            x = ids[w * args.ctx:(w + 1) * args.ctx].unsqueeze(0).to(dev)
             logits = model(x).logits[0, :-1].float()
             nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
             count += args.ctx - 1
     print(f"tokens {ids.numel()} windows {n} predicted {count} mean_nll {nll / count:.6f} "
           f"ppl {math.exp(nll / count):.4f} seconds {time.time() - t0:.1f} torch {torch.__version__} threads "
-          f"{torch.get_num_threads()}")
+          f"{torch.get_num_threads()} device {dev}")
 
 
 if __name__ == "__main__":
