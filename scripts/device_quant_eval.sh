@@ -10,12 +10,15 @@ export LD_LIBRARY_PATH="$LB/pkg/lib"
 B="$LB/pkg/lowbit"; M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT" /tmp/q
 [ -d /tmp/hf ] || "$B" convert "$M" /tmp/hf > /dev/null
-threads=$(( $(nproc) / $# )); [ "$threads" -ge 1 ] || threads=1
+todo=0
+for cfg in "$@"; do IFS=: read -r m b g _ <<<"$cfg"; [ "$m" != baseline ] && [ ! -f "/tmp/q/$m-w$b-g$g.lowbit" ] && todo=$((todo + 1)); done
+threads=$(( $(nproc) / (todo > 0 ? todo : 1) )); [ "$threads" -ge 1 ] || threads=1
 pids=()
 for cfg in "$@"; do
   IFS=: read -r method bits group samples seqlen <<<"$cfg"
   [ "$method" = baseline ] && continue
   name="$method-w$bits-g$group"
+  [ -f "/tmp/q/$name.lowbit" ] && continue   # made by an earlier call on this machine
   extra=(); [ "$method" = gptq ] && extra=(--calib "$C" --calib-samples "$samples" --calib-seqlen "$seqlen")
   ( /usr/bin/time -f "wall %e s" env OMP_NUM_THREADS=$threads "$B" quantize "$M" --method "$method" --bits "$bits" \
       --group "$group" "${extra[@]}" -o "/tmp/q/$name.lowbit" 2>&1 | grep -v '^quantize \[' > "$OUT/quant-$name.log" ) &

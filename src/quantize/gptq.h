@@ -28,9 +28,25 @@ struct GptqStats {
   double hessian_error = 0; // Σ_r (w_r - ŵ_r)ᵀ H (w_r - ŵ_r): the layer objective GPTQ minimises
 };
 
+// What GPTQ derives from the Hessian alone (shared by the linears that read the same input: q/k/v, gate/up):
+// dead columns, the processing order, the damping used and U, the upper Cholesky factor of (H + λI)⁻¹.
+struct GptqFactor {
+  int64_t k = 0;
+  std::vector<char> dead;           // [k]
+  std::vector<int64_t> perm;        // [k] processing order (identity unless act-order)
+  std::vector<double> u;            // [k, k] in processing order
+  std::vector<float> uf;            // fp32 copy for the sgemm updates
+  double damp = 0;
+};
+GptqFactor gptq_factor(const std::vector<double>& h, int64_t k, const GptqOptions& opts);
+
 // h: [k, k] row-major, symmetric (fp64). w: [n, k] row-major fp32.
 UniformQuantized gptq_quantize(const float* w, int64_t n, int64_t k, const std::vector<double>& h,
                                const GptqOptions& opts, GptqStats* stats = nullptr);
+
+// With a precomputed factor; h is only used for stats->hessian_error (pass {} to skip it).
+UniformQuantized gptq_quantize(const float* w, int64_t n, int64_t k, const std::vector<double>& h,
+                               const GptqFactor& factor, const GptqOptions& opts, GptqStats* stats = nullptr);
 
 // Σ_r (w_r - ŵ_r)ᵀ H (w_r - ŵ_r) for any quantized weight (the objective both RTN and GPTQ are measured by).
 double hessian_weighted_error(const float* w, const UniformQuantized& q, const std::vector<double>& h);

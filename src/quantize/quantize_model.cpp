@@ -73,6 +73,7 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
   auto quantize_block = [&](int l, const std::map<LinearSlot, InputStats>* stats) {
     const auto names = model.linear_names(l);
     std::map<LinearSlot, std::vector<double>> hessians;
+    std::map<LinearSlot, GptqFactor> factors;   // one Cholesky per input, shared by q/k/v and by gate/up
     for (size_t i = 0; i < names.size(); ++i) {
       const std::string& name = names[i];
       const float* w = model.tensor_f32(name);
@@ -82,9 +83,12 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
         q = rtn_quantize(w, shape[0], shape[1], opts.gptq.spec);
       } else {
         auto& h = hessians[kSlotOf[i]];
-        if (h.empty()) h = stats->at(kSlotOf[i]).hessian();
+        if (h.empty()) {
+          h = stats->at(kSlotOf[i]).hessian();
+          factors[kSlotOf[i]] = gptq_factor(h, shape[1], opts.gptq);
+        }
         GptqStats gs;
-        q = gptq_quantize(w, shape[0], shape[1], h, opts.gptq, &gs);
+        q = gptq_quantize(w, shape[0], shape[1], h, factors.at(kSlotOf[i]), opts.gptq, &gs);
         rep.hessian_error_sum += gs.hessian_error;
         // RTN on the same Hessian: what GPTQ's error feedback buys, layer by layer
         rep.rtn_hessian_error_sum += hessian_weighted_error(w, rtn_quantize(w, shape[0], shape[1], opts.gptq.spec), h);
