@@ -29,7 +29,7 @@ struct StringHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
-class ByteLevelBpeTokenizer final : public Tokenizer {
+class ByteLevelBpeTokenizer final : public VocabTokenizer {
  public:
   explicit ByteLevelBpeTokenizer(VocabData v);
 
@@ -38,17 +38,6 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool render_special) const override;
 
   TokenizerKind kind() const override { return TokenizerKind::ByteLevelBpe; }
-  int32_t vocab_size() const override { return static_cast<int32_t>(v_.tokens.size()); }
-  const std::string& piece(int32_t id) const override {
-    LOWBIT_CHECK(id >= 0 && id < vocab_size(), "tokenizer: token id ", id, " outside the vocabulary of ",
-                 vocab_size());
-    return v_.tokens[static_cast<size_t>(id)];
-  }
-  int32_t piece_to_id(std::string_view piece) const override {
-    auto it = piece_ids_.find(piece);
-    return it == piece_ids_.end() ? -1 : it->second;
-  }
-  const VocabData& vocab() const override { return v_; }
 
  private:
   struct Merge {
@@ -61,9 +50,7 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   void merge_word(std::string_view word, std::vector<int32_t>& ids) const;
 
-  VocabData v_;
   PreTokenizer pre_;
-  std::unordered_map<std::string_view, int32_t> piece_ids_;  // views into v_.tokens; first id wins
   std::unordered_map<uint64_t, Merge> merges_;               // (left id, right id) -> rank and result
   std::array<int32_t, 256> byte_ids_{};                       // byte -> token of its mapped character
   std::vector<std::string> bytes_;                            // id -> output bytes (control tokens: "")
@@ -74,12 +61,11 @@ class ByteLevelBpeTokenizer final : public Tokenizer {
 };
 
 ByteLevelBpeTokenizer::ByteLevelBpeTokenizer(VocabData v)
-    : v_(std::move(v)), pre_(pre_tokenizer_from_name(canonical_pre_name(v_.pre))) {
+    : VocabTokenizer(std::move(v)), pre_(pre_tokenizer_from_name(canonical_pre_name(v_.pre))) {
   const auto n = static_cast<int32_t>(v_.tokens.size());
   bytes_.resize(v_.tokens.size());
   for (int32_t id = 0; id < n; ++id) {
     const std::string& p = v_.tokens[static_cast<size_t>(id)];
-    piece_ids_.emplace(p, id);
     const TokenType t = type_of(v_, id);
     if (t == TokenType::Control) {
       special_.add(p, id, /*always=*/false);

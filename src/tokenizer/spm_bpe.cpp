@@ -20,7 +20,7 @@ namespace lowbit::tok {
 
 namespace {
 
-class SpmBpeTokenizer final : public Tokenizer {
+class SpmBpeTokenizer final : public VocabTokenizer {
  public:
   explicit SpmBpeTokenizer(VocabData v);
 
@@ -29,17 +29,6 @@ class SpmBpeTokenizer final : public Tokenizer {
   std::string decode(const std::vector<int32_t>& ids, bool render_special) const override;
 
   TokenizerKind kind() const override { return TokenizerKind::SentencePieceBpe; }
-  int32_t vocab_size() const override { return static_cast<int32_t>(v_.tokens.size()); }
-  const std::string& piece(int32_t id) const override {
-    LOWBIT_CHECK(id >= 0 && id < vocab_size(), "tokenizer: token id ", id, " outside the vocabulary of ",
-                 vocab_size());
-    return v_.tokens[static_cast<size_t>(id)];
-  }
-  int32_t piece_to_id(std::string_view piece) const override {
-    auto it = piece_ids_.find(piece);
-    return it == piece_ids_.end() ? -1 : it->second;
-  }
-  const VocabData& vocab() const override { return v_; }
 
  private:
   void encode_escaped(std::string_view text, std::vector<int32_t>& out) const;
@@ -49,8 +38,6 @@ class SpmBpeTokenizer final : public Tokenizer {
     return t == TokenType::Control || t == TokenType::Unknown;
   }
 
-  VocabData v_;
-  std::unordered_map<std::string_view, int32_t> piece_ids_;  // every piece (first id wins), views into v_.tokens
   std::unordered_map<std::string_view, int32_t> merge_ids_;  // Normal/UserDefined pieces: merge targets
   std::array<int32_t, 256> byte_ids_{};                       // byte -> <0xXX> token, -1 when absent
   bool has_byte_fallback_ = false;
@@ -59,14 +46,13 @@ class SpmBpeTokenizer final : public Tokenizer {
   SpecialTokenMatcher user_;                                  // user-defined tokens, escaped text
 };
 
-SpmBpeTokenizer::SpmBpeTokenizer(VocabData v) : v_(std::move(v)) {
+SpmBpeTokenizer::SpmBpeTokenizer(VocabData v) : VocabTokenizer(std::move(v)) {
   byte_ids_.fill(-1);
   const auto n = static_cast<int32_t>(v_.tokens.size());
   bytes_.resize(v_.tokens.size());
   for (int32_t id = 0; id < n; ++id) {
     const std::string& p = v_.tokens[static_cast<size_t>(id)];
     const TokenType t = type_of(v_, id);
-    piece_ids_.emplace(p, id);
     int byte = parse_byte_piece(p);
     // Vocabularies without types (none of ours today) still get byte fallback from the <0xXX> spelling.
     if (byte >= 0 && (t == TokenType::Byte || v_.types.empty())) {

@@ -20,6 +20,21 @@ std::unique_ptr<Tokenizer> make_tokenizer(VocabData vocab) {
 
 namespace tok {
 
+VocabTokenizer::VocabTokenizer(VocabData v) : v_(std::move(v)) {
+  const auto n = static_cast<int32_t>(v_.tokens.size());
+  for (int32_t id = 0; id < n; ++id) piece_ids_.emplace(v_.tokens[static_cast<size_t>(id)], id);
+}
+
+const std::string& VocabTokenizer::piece(int32_t id) const {
+  LOWBIT_CHECK(id >= 0 && id < vocab_size(), "tokenizer: token id ", id, " outside the vocabulary of ", vocab_size());
+  return v_.tokens[static_cast<size_t>(id)];
+}
+
+int32_t VocabTokenizer::piece_to_id(std::string_view piece) const {
+  auto it = piece_ids_.find(piece);
+  return it == piece_ids_.end() ? -1 : it->second;
+}
+
 uint32_t utf8_decode(std::string_view s, size_t i, size_t* len) {
   const auto b0 = static_cast<uint8_t>(s[i]);
   size_t n = utf8_len(b0);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "tokenizer/tokenizer.h"
@@ -74,6 +75,20 @@ void validate_vocab(const VocabData& v);
 // Pre-tokenizer names accepted for byte-level vocabularies mapped to the canonical ones
 // ("gpt2", "smollm", "llama3", "qwen2"); fails with the list of supported names otherwise.
 std::string canonical_pre_name(const std::string& name);
+
+// The vocabulary side both algorithms share: the pieces and the piece -> id index (first id wins).
+class VocabTokenizer : public Tokenizer {
+ public:
+  explicit VocabTokenizer(VocabData v);
+  int32_t vocab_size() const override { return static_cast<int32_t>(v_.tokens.size()); }
+  const std::string& piece(int32_t id) const override;
+  int32_t piece_to_id(std::string_view piece) const override;
+  const VocabData& vocab() const override { return v_; }
+
+ protected:
+  VocabData v_;
+  std::unordered_map<std::string_view, int32_t> piece_ids_;  // views into v_.tokens
+};
 
 std::unique_ptr<Tokenizer> make_spm_bpe(VocabData vocab);
 std::unique_ptr<Tokenizer> make_byte_level_bpe(VocabData vocab);
