@@ -3,7 +3,7 @@
 # parallel), then measures full WikiText-2 perplexity of every file with tools/hf_ppl.py on the GPU (transformers,
 # fp32, weights decoded independently from the .lowbit layout) and, as the cross-check, `lowbit ppl` (CPU) on the
 # first CHECK_WINDOWS windows of the same file. Logs and a summary go to $OUT.
-#   scripts/device_quant_eval.sh CONFIG...    CONFIG: baseline | rtn:BITS:GROUP | gptq:BITS:GROUP:SAMPLES:SEQLEN
+#   scripts/device_quant_eval.sh CONFIG...    CONFIG: baseline | rtn:BITS:GROUP | gptq:BITS:GROUP:SAMPLES:SEQLEN[:act]
 set -uo pipefail
 LB=/tmp/lb
 export LD_LIBRARY_PATH="$LB/pkg/lib"
@@ -11,24 +11,25 @@ B="$LB/pkg/lowbit"; M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/dat
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT" /tmp/q
 [ -d /tmp/hf ] || "$B" convert "$M" /tmp/hf > /dev/null
 todo=0
-for cfg in "$@"; do IFS=: read -r m b g _ <<<"$cfg"; [ "$m" != baseline ] && [ ! -f "/tmp/q/$m-w$b-g$g.lowbit" ] && todo=$((todo + 1)); done
+for cfg in "$@"; do IFS=: read -r m b g _ _ f <<<"$cfg"; [ "$m" != baseline ] && [ ! -f "/tmp/q/$m-w$b-g$g${f:+-$f}.lowbit" ] && todo=$((todo + 1)); done
 threads=$(( $(nproc) / (todo > 0 ? todo : 1) )); [ "$threads" -ge 1 ] || threads=1
 pids=()
 for cfg in "$@"; do
-  IFS=: read -r method bits group samples seqlen <<<"$cfg"
+  IFS=: read -r method bits group samples seqlen flag <<<"$cfg"
   [ "$method" = baseline ] && continue
-  name="$method-w$bits-g$group"
+  name="$method-w$bits-g$group${flag:+-$flag}"
   [ -f "/tmp/q/$name.lowbit" ] && continue   # made by an earlier call on this machine
   extra=(); [ "$method" = gptq ] && extra=(--calib "$C" --calib-samples "$samples" --calib-seqlen "$seqlen")
+  [ "$flag" = act ] && extra+=(--act-order)
   ( /usr/bin/time -f "wall %e s" env OMP_NUM_THREADS=$threads "$B" quantize "$M" --method "$method" --bits "$bits" \
       --group "$group" "${extra[@]}" -o "/tmp/q/$name.lowbit" 2>&1 | grep -v '^quantize \[' > "$OUT/quant-$name.log" ) &
   pids+=($!)
 done
 wait "${pids[@]}" 2>/dev/null
 for cfg in "$@"; do
-  IFS=: read -r method bits group samples seqlen <<<"$cfg"
+  IFS=: read -r method bits group samples seqlen flag <<<"$cfg"
   if [ "$method" = baseline ]; then name=baseline; args=(--hf-dir /tmp/hf); file="$M"
-  else name="$method-w$bits-g$group"; file="/tmp/q/$name.lowbit"; args=(--lowbit "$file" --hf-dir /tmp/hf); fi
+  else name="$method-w$bits-g$group${flag:+-$flag}"; file="/tmp/q/$name.lowbit"; args=(--lowbit "$file" --hf-dir /tmp/hf); fi
   gpu=$(python3 tools/hf_ppl.py "${args[@]}" --text "$W" 2>/dev/null | tail -1)
   cpu=$("$B" ppl "$file" --text "$W" --max-windows "${CHECK_WINDOWS:-2}" 2>/dev/null | grep -E "mean NLL" )
   gpu_sub=$(python3 tools/hf_ppl.py "${args[@]}" --text "$W" --max-windows "${CHECK_WINDOWS:-2}" 2>/dev/null | tail -1)

@@ -176,7 +176,7 @@ UniformQuantized gptq_quantize(const float* w_in, int64_t n, int64_t k, const st
         q.scales[static_cast<size_t>(r * G + g)] = static_params[static_cast<size_t>(r * G + g)].scale_f16;
         if (!s.symmetric) q.zeros[static_cast<size_t>(r * G + g)] = static_cast<uint8_t>(static_params[static_cast<size_t>(r * G + g)].zero);
       }
-  } else if (o.act_order) {
+  } else if (o.act_order && G > 1) {   // one group (per channel): every g_idx would be 0, so none is stored
     q.g_idx.resize(static_cast<size_t>(k));
     for (int64_t j = 0; j < k; ++j) q.g_idx[static_cast<size_t>(perm[static_cast<size_t>(j)])] = static_cast<int32_t>(j / gs);
   }
