@@ -35,6 +35,24 @@ void expect_error(Open open, const std::string& path, const std::string& phrase)
   }
 }
 
+// Fuzzing: runs read(path) (open a file, touch all it maps, return a checksum); true when that succeeded, false when it threw a
+// single-line lowbit::Error that starts with "<path>: ". Any other exception fails the test.
+template <typename Read>
+bool opens_or_refuses_cleanly(const std::string& path, Read read) {
+  try {
+    [[maybe_unused]] volatile auto sink = read(path);   // read returns a checksum; keeping it keeps the reads
+    return true;
+  } catch (const lowbit::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.rfind(path + ": ", 0), 0u) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    return false;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << path << ": non-lowbit exception " << e.what();
+    return false;
+  }
+}
+
 }  // namespace lowbit::test
 
 // Skip with a reason that ctest shows (never a silent return).
