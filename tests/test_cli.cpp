@@ -93,3 +93,34 @@ TEST(Cli, ConvertRoundTrip) {
 
 }  // namespace
 }  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+TEST(Cli, QuantizeInspectAndMisuse) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  const std::string dir = test::temp_dir();
+  std::string out;
+  ASSERT_EQ(run_cli("quantize " + stories() + " --method rtn --bits 4 --group 32 -o " + dir + "/s.lowbit", &out), 0)
+      << out;
+  EXPECT_NE(out.find("average bits per quantized weight"), std::string::npos) << out;
+  ASSERT_EQ(run_cli("inspect " + dir + "/s.lowbit", &out), 0) << out;
+  EXPECT_NE(out.find("format: lowbit"), std::string::npos) << out;
+  EXPECT_NE(out.find("method: {\"name\":\"rtn\",\"bits\":4,\"group_size\":32"), std::string::npos) << out;
+  EXPECT_NE(out.find("model.layers.4.mlp.down_proj.weight              uniform"), std::string::npos) << out;
+  EXPECT_NE(out.find("(35 packed)"), std::string::npos) << out;
+  ASSERT_EQ(run_cli("generate " + dir + "/s.lowbit --prompt 'Once upon a time' -n 8 --no-stats", &out), 0) << out;
+  expect_usage_error("quantize " + stories() + " --bits 9 -o " + dir + "/x.lowbit", "--bits");
+  expect_usage_error("quantize " + stories() + " --method awq -o " + dir + "/x.lowbit", "--method");
+  expect_usage_error("quantize " + stories() + " -o /nonexistent-dir/x.lowbit", "the directory does not exist");
+  expect_usage_error("quantize " + dir + "/s.lowbit --method rtn -o " + dir + "/y.lowbit", "already quantized");
+  expect_usage_error("convert " + dir + "/s.lowbit " + dir + "/hf", "quantized weights");
+  expect_usage_error("quantize " + stories() + " --calib ../shared/data/wikitext-2-raw/wiki.test.raw -o " + dir +
+                         "/z.lowbit",
+                     "evaluation text");
+  EXPECT_FALSE(test::file_exists(dir + "/x.lowbit"));
+  EXPECT_FALSE(test::file_exists(dir + "/z.lowbit"));
+}
+
+}  // namespace
+}  // namespace lowbit

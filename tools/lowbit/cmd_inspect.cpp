@@ -3,6 +3,8 @@
 #include <map>
 
 #include "commands.h"
+#include "formats/format_table.h"
+#include "io/lowbit_file.h"
 #include "model/weight_set.h"
 
 namespace lowbit::cli {
@@ -49,9 +51,34 @@ void register_inspect(CLI::App& app, Common& common) {
         std::printf("%-48s %-6s %-16s %12llu\n", name.c_str(), std::string(dtype_info(t.dtype).name).c_str(),
                     shape_str(t.shape).c_str(), static_cast<unsigned long long>(t.nbytes));
     }
-    std::printf("\n%zu tensors, %lld parameters (%.2f M), %llu bytes (%.2f MiB), %.3f bits/weight\n",
-                ws.tensors.size(), static_cast<long long>(params), params / 1e6,
-                static_cast<unsigned long long>(bytes), bytes / 1048576.0, params ? 8.0 * bytes / params : 0.0);
+    // Packed (quantized) weights of .lowbit files: format, parameters and every stored bit.
+    int64_t packed_params = 0;
+    double packed_bits = 0;
+    if (!ws.packed.empty()) {
+      std::printf("\nmethod: %s\n", lowbit_method_json(ws.path).c_str());
+      if (!*quiet) std::printf("\n%-48s %-8s %-16s %10s  %s\n", "packed weight", "format", "shape", "bits/w", "params");
+    }
+    for (const auto& [name, w] : ws.packed) {
+      int64_t n = 1;
+      for (int64_t d : w.shape) n *= d;
+      const double b = static_cast<double>(packed_stored_bits(w, ws.path + ": " + name));
+      packed_params += n;
+      packed_bits += b;
+      if (*quiet) continue;
+      std::string p;
+      for (const auto& [k, v] : w.params) p += k + "=" + std::to_string(v) + " ";
+      std::printf("%-48s %-8s %-16s %10.4f  %s\n", name.c_str(), w.format.c_str(), shape_str(w.shape).c_str(),
+                  n ? b / static_cast<double>(n) : 0.0, p.c_str());
+    }
+    params += packed_params;
+    const double total_bits = 8.0 * static_cast<double>(bytes) + packed_bits;
+    std::printf("\n%zu tensors%s, %lld parameters (%.2f M), %.0f bytes (%.2f MiB), %.3f bits/weight\n",
+                ws.tensors.size() + ws.packed.size(), ws.packed.empty() ? "" : (" (" + std::to_string(ws.packed.size()) + " packed)").c_str(),
+                static_cast<long long>(params), params / 1e6, total_bits / 8.0, total_bits / 8.0 / 1048576.0,
+                params ? total_bits / static_cast<double>(params) : 0.0);
+    if (!ws.packed.empty())
+      std::printf("  packed  %12lld params %12.0f bytes  %.4f bits/weight (every stored bit counted)\n",
+                  static_cast<long long>(packed_params), packed_bits / 8.0, packed_bits / static_cast<double>(packed_params));
     for (const auto& [type, pb] : by_type)
       std::printf("  %-6s %12lld params %12llu bytes\n", type.c_str(), static_cast<long long>(pb.first),
                   static_cast<unsigned long long>(pb.second));
