@@ -532,29 +532,13 @@ TEST(GgufFuzz, CorruptedAndTruncatedFilesNeverCrash) {
   const std::string dir = test::temp_dir();
   const std::string valid = test::read_file(write_small_gguf(dir + "/valid.gguf"));
   ASSERT_TRUE(open_and_read(dir + "/valid.gguf"));
-  const std::string path = dir + "/mutant.gguf";
-  int opened = 0, rejected = 0;
-  auto trial = [&](const std::string& bytes) {
-    std::filesystem::remove(path);  // recreating is much cheaper than truncating in place on some filesystems
-    test::write_file(path, bytes);
-    (open_and_read(path) ? opened : rejected)++;
-  };
-  for (size_t len = 0; len < valid.size(); ++len) trial(valid.substr(0, len));
-  for (size_t pos = 0; pos < valid.size(); ++pos) {
-    for (uint8_t mask : {0x01, 0x80, 0xFF}) {
-      std::string m = valid;
-      m[pos] = static_cast<char>(m[pos] ^ mask);
-      trial(m);
-    }
-  }
-  std::mt19937 rng(42);  // multi-byte corruptions, including large little-endian values in count fields
-  for (int i = 0; i < 2000; ++i) {
-    std::string m = valid;
+  // multi-byte corruptions, including large little-endian values in count fields
+  const auto [opened, rejected] = test::fuzz_file(valid, dir + "/mutant.gguf", open_and_read,
+                                                  [](std::string& m, std::mt19937& rng) {
     const size_t pos = rng() % m.size();
     const size_t len = 1 + rng() % 8;
     for (size_t j = pos; j < std::min(m.size(), pos + len); ++j) m[j] = static_cast<char>(rng() % 3 ? rng() : 0xFF);
-    trial(m);
-  }
+  }, 2000);
   EXPECT_GT(rejected, 0);
   EXPECT_GT(opened, 0);
   std::printf("[          ] %d mutants opened, %d rejected with lowbit::Error\n", opened, rejected);

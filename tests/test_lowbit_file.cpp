@@ -17,6 +17,7 @@
 #include "io/lowbit_file.h"
 #include "io/safetensors.h"
 #include "test_util.h"
+#include "uniform_fixtures.h"
 
 namespace lowbit {
 namespace {
@@ -85,23 +86,7 @@ VocabData tiny_vocab() {
   return v;
 }
 
-UniformQuantized random_quantized(int64_t n, int64_t k, int bits, int64_t group_size, bool symmetric,
-                                  bool act_order, uint32_t seed) {
-  std::mt19937 rng(seed);
-  UniformQuantized q;
-  q.bits = bits;
-  q.n = n;
-  q.k = k;
-  q.group_size = group_size;
-  q.symmetric = symmetric;
-  for (int64_t i = 0; i < n * k; ++i) q.codes.push_back(static_cast<uint8_t>(rng() % (1u << bits)));
-  for (int64_t i = 0; i < n * q.groups(); ++i) q.scales.push_back(f32_to_f16(0.001f * static_cast<float>(1 + rng() % 100)));
-  if (!symmetric)
-    for (int64_t i = 0; i < n * q.groups(); ++i) q.zeros.push_back(static_cast<uint8_t>(rng() % (1u << bits)));
-  if (act_order)
-    for (int64_t c = 0; c < k; ++c) q.g_idx.push_back(static_cast<int32_t>(rng() % q.groups()));
-  return q;
-}
+using test::random_quantized;
 
 struct DenseTensor {
   std::string name;

@@ -12,6 +12,9 @@
 #include "formats/format_table.h"
 #include "formats/uniform/layout.h"
 #include "test_util.h"
+#include "uniform_fixtures.h"
+
+using lowbit::test::random_quantized;
 
 namespace lowbit {
 namespace {
@@ -24,33 +27,6 @@ using Storage = std::vector<std::shared_ptr<std::vector<uint8_t>>>;
 // 1.1e-7 (one fp32 ulp) over the cases below; one fp16 ulp of a scale decoded wrongly would be ~1e-3.
 constexpr double kFp32AccumBudget = 1e-6;
 
-// A random quantized weight: codes, zeros and group indices uniform over their ranges, scales fp16 in
-// [2^-10, 2^-3) with random sign.
-UniformQuantized random_quantized(int64_t n, int64_t k, int bits, int64_t group_size, bool symmetric,
-                                  bool act_order, uint32_t seed) {
-  std::mt19937 rng(seed);
-  UniformQuantized q;
-  q.bits = bits;
-  q.n = n;
-  q.k = k;
-  q.group_size = group_size;
-  q.symmetric = symmetric;
-  const int64_t groups = q.groups();
-  std::uniform_int_distribution<int> code(0, (1 << bits) - 1);
-  std::uniform_real_distribution<float> mag(-10.0f, -3.0f);
-  for (int64_t i = 0; i < n * k; ++i) q.codes.push_back(static_cast<uint8_t>(code(rng)));
-  for (int64_t i = 0; i < n * groups; ++i) {
-    const float s = std::exp2(mag(rng)) * (rng() % 2 ? 1.0f : -1.0f);
-    q.scales.push_back(f32_to_f16(s));
-  }
-  if (!symmetric)
-    for (int64_t i = 0; i < n * groups; ++i) q.zeros.push_back(static_cast<uint8_t>(code(rng)));
-  if (act_order) {
-    std::uniform_int_distribution<int> group(0, static_cast<int>(groups) - 1);
-    for (int64_t c = 0; c < k; ++c) q.g_idx.push_back(group(rng));
-  }
-  return q;
-}
 
 void expect_same(const UniformQuantized& a, const UniformQuantized& b) {
   EXPECT_EQ(a.bits, b.bits);

@@ -77,4 +77,30 @@ void write_file(const std::string& path, const std::string& bytes) {
   f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
+std::pair<int, int> fuzz_file(const std::string& valid, const std::string& path,
+                              const std::function<bool(const std::string&)>& open_and_read,
+                              const std::function<void(std::string&, std::mt19937&)>& corrupt, int random_mutants) {
+  int opened = 0, rejected = 0;
+  auto trial = [&](const std::string& bytes) {
+    std::filesystem::remove(path);  // recreating is much cheaper than truncating in place on some filesystems
+    write_file(path, bytes);
+    (open_and_read(path) ? opened : rejected)++;
+  };
+  for (size_t len = 0; len < valid.size(); ++len) trial(valid.substr(0, len));
+  for (size_t pos = 0; pos < valid.size(); ++pos) {
+    for (uint8_t mask : {0x01, 0x80, 0xFF}) {
+      std::string m = valid;
+      m[pos] = static_cast<char>(m[pos] ^ mask);
+      trial(m);
+    }
+  }
+  std::mt19937 rng(42);
+  for (int i = 0; i < random_mutants; ++i) {
+    std::string m = valid;
+    corrupt(m, rng);
+    trial(m);
+  }
+  return {opened, rejected};
+}
+
 }  // namespace lowbit::test
