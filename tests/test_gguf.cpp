@@ -533,15 +533,12 @@ TEST(GgufFuzz, CorruptedAndTruncatedFilesNeverCrash) {
   const std::string valid = test::read_file(write_small_gguf(dir + "/valid.gguf"));
   ASSERT_TRUE(open_and_read(dir + "/valid.gguf"));
   // multi-byte corruptions, including large little-endian values in count fields
-  const auto [opened, rejected] = test::fuzz_file(valid, dir + "/mutant.gguf", open_and_read,
-                                                  [](std::string& m, std::mt19937& rng) {
+  test::fuzz_file(valid, dir + "/mutant.gguf", open_and_read,
+                  [](std::string& m, std::mt19937& rng) {
     const size_t pos = rng() % m.size();
     const size_t len = 1 + rng() % 8;
     for (size_t j = pos; j < std::min(m.size(), pos + len); ++j) m[j] = static_cast<char>(rng() % 3 ? rng() : 0xFF);
   }, 2000);
-  EXPECT_GT(rejected, 0);
-  EXPECT_GT(opened, 0);
-  std::printf("[          ] %d mutants opened, %d rejected with lowbit::Error\n", opened, rejected);
 }
 
 }  // namespace

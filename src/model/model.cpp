@@ -206,10 +206,6 @@ std::unique_ptr<LinearOp>& Model::linear_slot(const std::string& name) {
   fail(ws_.path, ": ", name, " is not a linear layer weight");
 }
 
-const LinearOp& Model::linear(const std::string& name) const {
-  return *const_cast<Model*>(this)->linear_slot(name);
-}
-
 void Model::replace_linear(const std::string& name, std::unique_ptr<LinearOp> op) {
   std::unique_ptr<LinearOp>& slot = linear_slot(name);
   LOWBIT_CHECK(op && op->n() == slot->n() && op->k() == slot->k(), ws_.path, ": replacement for ", name,

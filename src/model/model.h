@@ -57,9 +57,8 @@ class Model {
   void layer_forward(int layer, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook) const;
   void head_forward(const float* x, int n, float* logits) const;
 
-  // The linear layer for a canonical weight name ("model.layers.3.mlp.down_proj.weight"), and replacing it
-  // (quantizers swap in the quantized layer so later blocks see quantized earlier blocks).
-  const LinearOp& linear(const std::string& weight_name) const;
+  // Replaces the linear layer of a canonical weight name ("model.layers.3.mlp.down_proj.weight"): quantizers swap
+  // in the quantized layer so later blocks see quantized earlier blocks.
   void replace_linear(const std::string& weight_name, std::unique_ptr<LinearOp> op);
   // Canonical names of the linear weights of layer l, in slot order: q, k, v, o, gate, up, down.
   std::vector<std::string> linear_names(int layer) const;
