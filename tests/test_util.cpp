@@ -48,9 +48,21 @@ std::string smollm2_gguf() {
 }
 
 std::string temp_dir() {
+  // Every directory handed out is removed when the test binary exits (quantized SmolLM2 files are 150+ MB each).
+  struct Registry {
+    std::vector<std::filesystem::path> dirs;
+    ~Registry() {
+      for (const auto& d : dirs) {
+        std::error_code ec;
+        std::filesystem::remove_all(d, ec);
+      }
+    }
+  };
+  static Registry registry;
   static std::mt19937_64 rng(std::random_device{}());
   auto p = std::filesystem::temp_directory_path() / ("lowbit-test-" + std::to_string(rng()));
   std::filesystem::create_directories(p);
+  registry.dirs.push_back(p);
   return p.string();
 }
 

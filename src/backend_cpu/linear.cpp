@@ -4,7 +4,7 @@
 
 namespace lowbit {
 
-void DenseLinear::forward(const float* x, int64_t m, float* y) const {
+void DenseLinear::forward(const float* x, int64_t m, float* y, int) const {
   if (m == 1) {
     // GEMV: OpenBLAS' sgemv is faster than an m=1 sgemm and streams W once.
     cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(n_), static_cast<int>(k_), 1.0f, w_,
@@ -21,7 +21,7 @@ void DenseLinear::forward(const float* x, int64_t m, float* y) const {
   }
 }
 
-void DenseLinear::forward_ref(const float* x, int64_t m, float* y) const {
+void DenseLinear::forward_ref(const float* x, int64_t m, float* y, int) const {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n_; ++j) {
       double acc = b_ != nullptr ? b_[j] : 0.0;

@@ -12,10 +12,13 @@ class LinearOp {
   virtual ~LinearOp() = default;
   int64_t n() const { return n_; }  // output features
   int64_t k() const { return k_; }  // input features
-  // Fast path (BLAS / threaded). x: [m, k] row-major, y: [m, n] row-major.
-  virtual void forward(const float* x, int64_t m, float* y) const = 0;
+  // Fast path (BLAS / threaded). x: [m, k] row-major, y: [m, n] row-major. bits: the width to read from an
+  // any-precision weight (one of served_widths(); 0 = its widest); single-precision formats ignore it.
+  virtual void forward(const float* x, int64_t m, float* y, int bits = 0) const = 0;
   // Plain scalar loops, the oracle for tests; same contract as forward().
-  virtual void forward_ref(const float* x, int64_t m, float* y) const = 0;
+  virtual void forward_ref(const float* x, int64_t m, float* y, int bits = 0) const = 0;
+  // Bit set of the widths a call may ask for (bit b = width b); 0 for a single-precision weight.
+  virtual uint32_t served_widths() const { return 0; }
 
  protected:
   int64_t n_, k_;
@@ -25,8 +28,8 @@ class LinearOp {
 class DenseLinear final : public LinearOp {
  public:
   DenseLinear(const float* w, const float* b, int64_t n, int64_t k) : LinearOp(n, k), w_(w), b_(b) {}
-  void forward(const float* x, int64_t m, float* y) const override;
-  void forward_ref(const float* x, int64_t m, float* y) const override;
+  void forward(const float* x, int64_t m, float* y, int bits = 0) const override;
+  void forward_ref(const float* x, int64_t m, float* y, int bits = 0) const override;
   const float* weight() const { return w_; }
   const float* bias() const { return b_; }
 

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "formats/anyprec/layout.h"
 #include "formats/uniform/layout.h"
 
 namespace lowbit {
@@ -21,16 +22,38 @@ constexpr PackedParam kUniformParams[] = {
 };
 // qweight holds uint32 words; safetensors has no U32, so they are stored as I32 with the same bits.
 constexpr PackedPart kUniformParts[] = {
-    {"qweight", DType::I32, "[n, ceil(k*bits/32)]", "", 0},
-    {"scales", DType::F16, "[n, G]", "", 0},
-    {"zeros", DType::U8, "[n, G]", "symmetric", 0},
-    {"g_idx", DType::I32, "[k]", "act_order", 1},
+    {"qweight", DType::I32, "[n, ceil(k*bits/32)]", "", 0, 0},
+    {"scales", DType::F16, "[n, G]", "", 0, 0},
+    {"zeros", DType::U8, "[n, G]", "symmetric", 1, 0},
+    {"g_idx", DType::I32, "[k]", "act_order", 1, 1},
 };
 static_assert(kUniformParams[0].max <= 8, "uniform codes and zero points must fit one byte");
 static_assert(dtype_info(DType::I32).block_bytes == 4, "qweight rows are 32-bit words");
 
+// ---- anyprec: bitplanes of nested k-means codes + one fp16 LUT per served width (formats/anyprec/layout.h) ----
+constexpr PackedParam kAnyPrecParams[] = {
+    {"planes", 2, kAnyPrecMaxBits, "bitplanes stored = the widest served width (the parent)"},
+    {"widths", 4, 510, "bit set of the served widths: bit b set = a b-bit view exists (2 <= b <= planes)"},
+    {"sparse", 0, 1, "1: fp16 outliers in CSR (outlier_rowptr, outlier_col, outlier_val) override the LUT value"},
+    {"nnz", 0, int64_t{1} << 40, "number of outliers (0 unless sparse; at most n*k)"},
+};
+constexpr PackedPart kAnyPrecParts[] = {
+    {"planes", DType::I32, "[planes, n, ceil(k/32)]", "", 0, 0},
+    {"lut2", DType::F16, "[n, 4]", "widths", 1 << 2, 1 << 2},
+    {"lut3", DType::F16, "[n, 8]", "widths", 1 << 3, 1 << 3},
+    {"lut4", DType::F16, "[n, 16]", "widths", 1 << 4, 1 << 4},
+    {"lut5", DType::F16, "[n, 32]", "widths", 1 << 5, 1 << 5},
+    {"lut6", DType::F16, "[n, 64]", "widths", 1 << 6, 1 << 6},
+    {"lut7", DType::F16, "[n, 128]", "widths", 1 << 7, 1 << 7},
+    {"lut8", DType::F16, "[n, 256]", "widths", 1 << 8, 1 << 8},
+    {"outlier_rowptr", DType::I32, "[n + 1]", "sparse", 1, 1},
+    {"outlier_col", DType::I32, "[nnz]", "sparse", 1, 1},
+    {"outlier_val", DType::F16, "[nnz]", "sparse", 1, 1},
+};
+
 constexpr PackedFormat kPackedFormats[] = {
     {"uniform", kUniformParams, kUniformParts, &uniform_part_shape, &uniform_check_values, &make_uniform_linear},
+    {"anyprec", kAnyPrecParams, kAnyPrecParts, &anyprec_part_shape, &anyprec_check_values, &make_anyprec_linear},
 };
 
 // Compile-time consistency of the table: unique format names, unique part and parameter names within a format,
@@ -118,7 +141,7 @@ const PackedFormat& packed_format(std::string_view name, const std::string& wher
 bool packed_part_present(const PackedPart& part, const PackedParams& params) {
   if (part.present_if_param.empty()) return true;
   const auto it = params.find(std::string(part.present_if_param));
-  return it != params.end() && it->second == part.present_if_value;
+  return it != params.end() && (it->second & part.present_if_mask) == part.present_if_value;
 }
 
 // ---- uniform part shapes (the packed layout of formats/uniform/layout.h) --------------------------------------
@@ -129,6 +152,15 @@ std::vector<int64_t> uniform_part_shape(std::string_view part, int64_t n, int64_
   if (part == "scales" || part == "zeros") return {n, groups};
   if (part == "g_idx") return {k};
   fail("uniform_part_shape: no part '", part, "'");  // unreachable: callers pass names from the table
+}
+
+// ---- anyprec part shapes (formats/anyprec/layout.h) -----------------------------------------------------------
+std::vector<int64_t> anyprec_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params) {
+  if (part == "planes") return {params.at("planes"), n, anyprec_words_per_row(k)};
+  if (part.size() == 4 && part.substr(0, 3) == "lut") return {n, int64_t{1} << (part[3] - '0')};
+  if (part == "outlier_rowptr") return {n + 1};
+  if (part == "outlier_col" || part == "outlier_val") return {params.at("nnz")};
+  fail("anyprec_part_shape: no part '", part, "'");  // unreachable: callers pass names from the table
 }
 
 void check_packed_structure(const PackedWeight& w, const std::string& where) {

@@ -5,7 +5,7 @@
 // dtypes and shapes, the value ranges inside those parts, and the CPU LinearOp that runs it — is found through
 // its row here. Readers (io/lowbit_file) and the model loader never look at a format's fields themselves: they
 // call validate_packed() once at the entry point and make_packed_linear() to run it, and an unknown format
-// name fails loudly (STYLE habit 6). Later issues add "anyprec_bitplane", "mixed_2_4" and "quik" as new rows.
+// name fails loudly (STYLE habit 6). Later issues add "mixed_2_4" and "quik" as new rows.
 //
 // Stored bits: the exact number of bits a weight occupies in a file is the sum over its parts of
 // numel * dtype bits, with the shapes the format prescribes (padding in the last word of a packed row and shared
@@ -41,8 +41,10 @@ struct PackedPart {
   std::string_view name;        // stored in a .lowbit file as "<weight name>.<part name>"
   DType dtype;                  // exact; no conversion on load
   std::string_view shape;       // in the format's notation, for messages and docs ("[n, G]")
-  // The part is present iff params[present_if_param] == present_if_value; always present when the name is empty.
+  // The part is present iff (params[present_if_param] & present_if_mask) == present_if_value; always present
+  // when the name is empty. (A mask lets one bit-set parameter, such as anyprec's `widths`, key several parts.)
   std::string_view present_if_param;
+  int64_t present_if_mask;
   int64_t present_if_value;
 };
 
@@ -88,5 +90,9 @@ std::unique_ptr<LinearOp> make_packed_linear(const PackedWeight& w, const float*
 // checks in formats/uniform/unpack_ref.cpp, the LinearOp in formats/uniform/linear.cpp.
 std::vector<int64_t> uniform_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
 void uniform_check_values(const PackedWeight& w, const std::string& where);
+// anyprec (formats/anyprec/layout.h): part shapes beside the table, value checks in formats/anyprec/unpack_ref.cpp,
+// the LinearOp in formats/anyprec/linear.cpp.
+std::vector<int64_t> anyprec_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
+void anyprec_check_values(const PackedWeight& w, const std::string& where);
 
 }  // namespace lowbit

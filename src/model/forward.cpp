@@ -148,7 +148,8 @@ void Model::embed(const int32_t* tokens, int n, float* x) const {
   }
 }
 
-void Model::layer_forward(int l, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook) const {
+void Model::layer_forward(int l, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook,
+                          int bits) const {
   const ModelConfig& c = config();
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
   std::vector<float> xn(static_cast<size_t>(n * dim)), q(static_cast<size_t>(n * qd)), att(q.size()),
@@ -156,9 +157,9 @@ void Model::layer_forward(int l, float* x, int n, int pos0, KVCache& cache, cons
   const LayerWeights& L = layers_[static_cast<size_t>(l)];
   rmsnorm_rows(x, L.attn_norm, xn.data(), n, dim, c.rms_eps);
   if (hook) (*hook)(l, LinearSlot::Qkv, xn.data(), n, dim);
-  L.q->forward(xn.data(), n, q.data());
-  L.k->forward(xn.data(), n, k.data());
-  L.v->forward(xn.data(), n, v.data());
+  L.q->forward(xn.data(), n, q.data(), bits);
+  L.k->forward(xn.data(), n, k.data(), bits);
+  L.v->forward(xn.data(), n, v.data(), bits);
   rope(q.data(), static_cast<int>(qd), pos0, n, c.n_heads);
   rope(k.data(), static_cast<int>(kvd), pos0, n, c.n_kv_heads);
   for (int t = 0; t < n; ++t) {
@@ -167,17 +168,17 @@ void Model::layer_forward(int l, float* x, int n, int pos0, KVCache& cache, cons
   }
   attention(l, q.data(), n, pos0, cache, att.data());
   if (hook) (*hook)(l, LinearSlot::O, att.data(), n, qd);
-  L.o->forward(att.data(), n, xn.data());
+  L.o->forward(att.data(), n, xn.data(), bits);
 #pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
   for (int64_t i = 0; i < n * dim; ++i) x[i] += xn[static_cast<size_t>(i)];
   rmsnorm_rows(x, L.ffn_norm, xn.data(), n, dim, c.rms_eps);
   if (hook) (*hook)(l, LinearSlot::GateUp, xn.data(), n, dim);
-  L.gate->forward(xn.data(), n, g.data());
-  L.up->forward(xn.data(), n, u.data());
+  L.gate->forward(xn.data(), n, g.data(), bits);
+  L.up->forward(xn.data(), n, u.data(), bits);
 #pragma omp parallel for schedule(static) if (n * hid >= kMinParallelElems)
   for (int64_t i = 0; i < n * hid; ++i) g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
   if (hook) (*hook)(l, LinearSlot::Down, g.data(), n, hid);
-  L.down->forward(g.data(), n, xn.data());
+  L.down->forward(g.data(), n, xn.data(), bits);
 #pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
   for (int64_t i = 0; i < n * dim; ++i) x[i] += xn[static_cast<size_t>(i)];
 }
@@ -189,16 +190,17 @@ void Model::head_forward(const float* x, int n, float* logits) const {
   head_->forward(xn.data(), n, logits);
 }
 
-void Model::forward(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits) const {
+void Model::forward(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits, int bits) const {
   const ModelConfig& c = config();
   LOWBIT_CHECK(n > 0, "forward: no tokens");
+  check_bits(bits);
   LOWBIT_CHECK(cache.len + n <= cache.capacity, "forward: ", cache.len + n, " positions exceed the KV cache of ",
                cache.capacity);
   const int64_t dim = c.dim;
   std::vector<float> x(static_cast<size_t>(n * dim));
   embed(tokens, n, x.data());
   const int pos0 = cache.len;
-  for (int l = 0; l < c.n_layers; ++l) layer_forward(l, x.data(), n, pos0, cache, nullptr);
+  for (int l = 0; l < c.n_layers; ++l) layer_forward(l, x.data(), n, pos0, cache, nullptr, bits);
   cache.len = pos0 + n;
   if (logits == nullptr) return;
   if (all_logits) head_forward(x.data(), n, logits);
@@ -206,8 +208,10 @@ void Model::forward(const int32_t* tokens, int n, KVCache& cache, float* logits,
 }
 
 // The oracle: llama2.c-style single-token loop, no BLAS, no threads, double accumulators.
-void Model::forward_ref(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits) const {
+void Model::forward_ref(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits,
+                        int bits) const {
   const ModelConfig& c = config();
+  check_bits(bits);
   LOWBIT_CHECK(cache.len + n <= cache.capacity, "forward_ref: KV cache full");
   const int dim = c.dim, hd = c.head_dim, half = hd / 2, qd = c.q_dim(), hid = c.hidden_dim;
   const int group = c.n_heads / c.n_kv_heads, V = c.vocab_size;
@@ -237,9 +241,9 @@ void Model::forward_ref(const int32_t* tokens, int n, KVCache& cache, float* log
       rmsnorm(x.data(), L.attn_norm, xn.data());
       float* kc = cache.k_at(l, pos);
       float* vc = cache.v_at(l, pos);
-      L.q->forward_ref(xn.data(), 1, q.data());
-      L.k->forward_ref(xn.data(), 1, kc);
-      L.v->forward_ref(xn.data(), 1, vc);
+      L.q->forward_ref(xn.data(), 1, q.data(), bits);
+      L.k->forward_ref(xn.data(), 1, kc, bits);
+      L.v->forward_ref(xn.data(), 1, vc, bits);
       for (int h = 0; h < c.n_heads; ++h) rotate(q.data() + h * hd, pos);
       for (int h = 0; h < c.n_kv_heads; ++h) rotate(kc + h * hd, pos);
       const int first = c.sliding_window > 0 ? std::max(0, pos - c.sliding_window + 1) : 0;
@@ -262,13 +266,13 @@ void Model::forward_ref(const int32_t* tokens, int n, KVCache& cache, float* log
           att[static_cast<size_t>(h * hd + i)] = static_cast<float>(acc / sum);
         }
       }
-      L.o->forward_ref(att.data(), 1, tmp.data());
+      L.o->forward_ref(att.data(), 1, tmp.data(), bits);
       for (int i = 0; i < dim; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
       rmsnorm(x.data(), L.ffn_norm, xn.data());
-      L.gate->forward_ref(xn.data(), 1, g.data());
-      L.up->forward_ref(xn.data(), 1, u.data());
+      L.gate->forward_ref(xn.data(), 1, g.data(), bits);
+      L.up->forward_ref(xn.data(), 1, u.data(), bits);
       for (int i = 0; i < hid; ++i) g[static_cast<size_t>(i)] = silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
-      L.down->forward_ref(g.data(), 1, tmp.data());
+      L.down->forward_ref(g.data(), 1, tmp.data(), bits);
       for (int i = 0; i < dim; ++i) x[static_cast<size_t>(i)] += tmp[static_cast<size_t>(i)];
     }
     cache.len = pos + 1;

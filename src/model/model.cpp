@@ -111,6 +111,7 @@ std::unique_ptr<Model> Model::load(WeightSet ws) {
     L.up = lin(p + "mlp.up_proj.weight", hid, dim, nullptr, false);
     L.down = lin(p + "mlp.down_proj.weight", dim, hid, nullptr, false);
   }
+  m->update_widths();
   m->final_norm_ = get("model.norm.weight", {dim});
   const float* head = c.tie_embeddings ? m->tok_emb_ : get("lm_head.weight", {V, dim});
   m->head_ = std::make_unique<DenseLinear>(head, nullptr, V, dim);
@@ -211,6 +212,36 @@ void Model::replace_linear(const std::string& name, std::unique_ptr<LinearOp> op
   LOWBIT_CHECK(op && op->n() == slot->n() && op->k() == slot->k(), ws_.path, ": replacement for ", name,
                " has the wrong shape");
   slot = std::move(op);
+  update_widths();
+}
+
+void Model::update_widths() {
+  uint32_t common = 0;
+  bool any = false;
+  for (const LayerWeights& L : layers_)
+    for (const LinearOp* op : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.gate.get(), L.up.get(), L.down.get()}) {
+      if (op == nullptr || op->served_widths() == 0) continue;
+      common = any ? common & op->served_widths() : op->served_widths();
+      any = true;
+    }
+  widths_ = common;
+}
+
+std::vector<int> Model::widths() const {
+  std::vector<int> out;
+  for (int b = 0; b < 32; ++b)
+    if ((widths_ >> b) & 1u) out.push_back(b);
+  return out;
+}
+
+void Model::check_bits(int bits) const {
+  if (bits == 0) return;
+  if (widths_ == 0) fail(ws_.path, ": --bits ", bits, " needs an any-precision model (this one has one precision)");
+  if (bits < 0 || bits >= 32 || ((widths_ >> bits) & 1u) == 0) {
+    std::string list;
+    for (int b : widths()) list += (list.empty() ? "" : ",") + std::to_string(b);
+    fail(ws_.path, ": --bits ", bits, " is not a width this model serves (", list, ")");
+  }
 }
 
 }  // namespace lowbit

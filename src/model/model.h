@@ -46,15 +46,24 @@ class Model {
 
   // Runs tokens[0..n) at positions cache.len.. and appends their K/V. Writes logits [n, vocab] when
   // all_logits, else only the last position's [vocab]. logits may be nullptr (prefill only).
-  void forward(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits) const;
+  // bits: for an any-precision model, the width every quantized linear reads in this call (one of widths();
+  // 0 = the widest). One loaded model serves any served width per call, with no reload; a single-precision model
+  // accepts only 0.
+  void forward(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits, int bits = 0) const;
   // Scalar oracle: same result, one token at a time.
-  void forward_ref(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits) const;
+  void forward_ref(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits,
+                   int bits = 0) const;
+  // Widths every quantized linear serves (sorted); empty for a single-precision model.
+  std::vector<int> widths() const;
+  // Fails with a one-line message unless bits is 0 or one of widths().
+  void check_bits(int bits) const;
 
   // The forward split into its stages, for calibration (src/quantize runs blocks one at a time):
   //   embed: x [n, dim] = rows of the embedding;  layer_forward: x <- block l (x) at positions pos0..,
   //   writing K/V into cache at layer l (cache.len is not advanced);  head_forward: logits [n, vocab].
   void embed(const int32_t* tokens, int n, float* x) const;
-  void layer_forward(int layer, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook) const;
+  void layer_forward(int layer, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook,
+                     int bits = 0) const;
   void head_forward(const float* x, int n, float* logits) const;
 
   // Replaces the linear layer of a canonical weight name ("model.layers.3.mlp.down_proj.weight"): quantizers swap
@@ -78,6 +87,7 @@ class Model {
   void attention(int layer, const float* q, int n, int pos0, KVCache& cache, float* out) const;
   std::unique_ptr<LinearOp>& linear_slot(const std::string& weight_name);
   void rope(float* x, int row_stride, int pos0, int n, int heads) const;
+  void update_widths();
 
   WeightSet ws_;
   std::unique_ptr<Tokenizer> tokenizer_;
@@ -90,6 +100,7 @@ class Model {
   std::unique_ptr<LinearOp> head_;    // [vocab, dim]
   std::vector<LayerWeights> layers_;
   std::vector<float> rope_cos_, rope_sin_;   // [max_seq, head_dim/2]
+  uint32_t widths_ = 0;                      // intersection of the linears' served_widths() (0: none)
 };
 
 }  // namespace lowbit

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "io/lowbit_file.h"
+#include "model/backward.h"
 #include "quantize/capture.h"
 
 namespace lowbit {
@@ -24,8 +25,8 @@ constexpr LinearSlot kSlotOf[7] = {LinearSlot::Qkv, LinearSlot::Qkv,    LinearSl
 struct OwnedDense final : LinearOp {
   OwnedDense(std::vector<float> w, const float* bias, int64_t n, int64_t k)
       : LinearOp(n, k), w_(std::move(w)), impl_(w_.data(), bias, n, k) {}
-  void forward(const float* x, int64_t m, float* y) const override { impl_.forward(x, m, y); }
-  void forward_ref(const float* x, int64_t m, float* y) const override { impl_.forward_ref(x, m, y); }
+  void forward(const float* x, int64_t m, float* y, int) const override { impl_.forward(x, m, y); }
+  void forward_ref(const float* x, int64_t m, float* y, int) const override { impl_.forward_ref(x, m, y); }
   std::vector<float> w_;
   DenseLinear impl_;
 };
@@ -36,10 +37,64 @@ const float* bias_of(const Model& m, const std::string& weight_name) {
   return std::find(names.begin(), names.end(), b) != names.end() ? m.tensor_f32(b) : nullptr;
 }
 
+// Hessian-diagonal sensitivity: s[r][c] = 2/N Σ_t x_t[c]^2 over the calibration tokens entering the weight's
+// input (the full-precision model), the same for every output row r.
+std::map<std::string, std::vector<float>> hessian_diagonal_sensitivity(const Model& model,
+                                                                      const std::vector<std::vector<int32_t>>& calib) {
+  const ModelConfig& c = model.config();
+  std::vector<std::map<LinearSlot, std::vector<double>>> sq(static_cast<size_t>(c.n_layers));
+  int64_t tokens = 0;
+  const LinearInputHook hook = [&](int l, LinearSlot slot, const float* x, int n, int64_t k) {
+    std::vector<double>& acc = sq[static_cast<size_t>(l)][slot];
+    acc.resize(static_cast<size_t>(k), 0.0);
+    for (int t = 0; t < n; ++t)
+      for (int64_t i = 0; i < k; ++i) acc[static_cast<size_t>(i)] += static_cast<double>(x[t * k + i]) * x[t * k + i];
+  };
+  for (const auto& win : calib) {
+    const int T = static_cast<int>(win.size());
+    std::vector<float> x(static_cast<size_t>(T) * c.dim);
+    KVCache cache(c.n_layers, T, c.kv_dim());
+    model.embed(win.data(), T, x.data());
+    for (int l = 0; l < c.n_layers; ++l) model.layer_forward(l, x.data(), T, 0, cache, &hook);
+    tokens += T;
+  }
+  std::map<std::string, std::vector<float>> out;
+  for (int l = 0; l < c.n_layers; ++l) {
+    const auto names = model.linear_names(l);
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::vector<double>& acc = sq[static_cast<size_t>(l)].at(kSlotOf[i]);
+      const auto& shape = model.tensor_shape(names[i]);
+      std::vector<float>& s = out[names[i]];
+      s.resize(static_cast<size_t>(shape[0] * shape[1]));
+      for (int64_t r = 0; r < shape[0]; ++r)
+        for (int64_t k = 0; k < shape[1]; ++k)
+          s[static_cast<size_t>(r * shape[1] + k)] = static_cast<float>(2.0 * acc[static_cast<size_t>(k)] / static_cast<double>(tokens));
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string method_json(const QuantizeOptions& o) {
   nlohmann::ordered_json j;
+  if (o.method == QuantMethod::AnyPrec) {
+    const AnyPrecOptions& a = o.anyprec;
+    j["name"] = "anyprec";
+    j["seed_bits"] = a.seed_bits;
+    j["parent_bits"] = a.parent_bits;
+    std::vector<int> widths;
+    for (int b = 0; b < 32; ++b)
+      if ((anyprec_width_mask(a) >> b) & 1u) widths.push_back(b);
+    j["widths"] = widths;
+    j["sensitivity"] = o.sensitivity == Sensitivity::Fisher ? "fisher" : "hessian-diag";
+    j["kmeans_max_iter"] = a.max_iter;
+    j["outlier_fraction"] = a.outlier_fraction;
+    j["calibration"] = {{"file", o.calib.file.empty() ? default_calibration_file() : o.calib.file},
+                        {"samples", o.calib.samples}, {"seqlen", o.calib.seqlen}, {"seed", o.calib.seed}};
+    j["dense_dtype"] = std::string(dtype_info(o.dense_dtype).name);
+    return j.dump();
+  }
   const UniformSpec& s = o.gptq.spec;
   j["name"] = o.method == QuantMethod::Gptq ? "gptq" : "rtn";
   j["bits"] = s.bits;
@@ -66,7 +121,8 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
   LOWBIT_CHECK(!model.has_packed_weights(), model.weights().path, ": is already quantized");
   LOWBIT_CHECK(opts.dense_dtype == DType::F32 || opts.dense_dtype == DType::F16, "dense dtype must be F32 or F16");
   QuantizeReport rep;
-  std::map<std::string, UniformQuantized> quantized;
+  std::map<std::string, PackedWeight> quantized;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;   // the packed parts' bytes
 
   // Quantizes the linears of block l whose inputs are described by stats (nullptr for RTN), and swaps them into
   // the model so the next capture pass runs the quantized block.
@@ -96,11 +152,48 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
       std::vector<float> deq(static_cast<size_t>(shape[0] * shape[1]));
       q.dequantize(deq.data());
       model.replace_linear(name, std::make_unique<OwnedDense>(std::move(deq), bias_of(model, name), shape[0], shape[1]));
-      quantized[name] = std::move(q);
+      quantized[name] = pack_uniform(q, storage);
     }
   };
 
-  if (opts.method == QuantMethod::Rtn) {
+  if (opts.method == QuantMethod::AnyPrec) {
+    const uint32_t mask = anyprec_width_mask(opts.anyprec);   // refuse bad options before any work
+    const auto calib = draw_calibration(model.tokenizer(), opts.calib);
+    rep.calib_windows = static_cast<int>(calib.size());
+    rep.calib_seqlen = opts.calib.seqlen;
+    const double ts = now_s();
+    std::map<std::string, std::vector<float>> sens = opts.sensitivity == Sensitivity::Fisher
+        ? [&] {
+            FisherDiag f = fisher_diagonal(model, calib, [&](int done, int total) {
+              if (progress) progress(done, total, "fisher");
+            });
+            rep.mean_calib_loss = f.mean_loss;
+            return std::move(f.diag);
+          }()
+        : hessian_diagonal_sensitivity(model, calib);
+    rep.sensitivity_seconds = now_s() - ts;
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (const std::string& name : model.linear_names(l)) {
+        const auto& shape = model.tensor_shape(name);
+        const float* w = model.tensor_f32(name);
+        const std::vector<float>& s = sens.at(name);
+        const AnyPrecQuantized q = anyprec_quantize(w, s.data(), shape[0], shape[1], opts.anyprec);
+        for (int b = 0; b < 32; ++b)
+          if ((mask >> b) & 1u) rep.width_weighted_error[b] += anyprec_weighted_error(w, s.data(), q, b);
+        quantized[name] = pack_anyprec(q, storage);
+        sens.erase(name);
+      }
+      if (progress) progress(l + 1, c.n_layers, "block " + std::to_string(l));
+    }
+    int64_t weights = 0;
+    for (const auto& [name, pw] : quantized) weights += pw.shape[0] * pw.shape[1];
+    for (int b = 0; b < 32; ++b) {
+      if (((mask >> b) & 1u) == 0) continue;
+      uint64_t bits = 0;
+      for (const auto& [name, pw] : quantized) bits += anyprec_view_bits(pw, b);
+      rep.width_avg_bits[b] = static_cast<double>(bits) / static_cast<double>(weights);
+    }
+  } else if (opts.method == QuantMethod::Rtn) {
     for (int l = 0; l < c.n_layers; ++l) {
       quantize_block(l, nullptr);
       if (progress) progress(l + 1, c.n_layers, "block " + std::to_string(l));
@@ -147,7 +240,6 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
   spec.config = c;
   if (model.has_tokenizer()) spec.vocab = model.tokenizer().vocab();
   spec.method_json = method_json(opts);
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   std::vector<std::vector<uint16_t>> halves;
   for (const std::string& name : model.tensor_names()) {
     if (quantized.count(name)) continue;
@@ -164,7 +256,7 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
       spec.dense.push_back({name, DType::F32, shape, data});
     }
   }
-  for (const auto& [name, q] : quantized) spec.packed[name] = pack_uniform(q, storage);
+  spec.packed = std::move(quantized);
   const LowbitSummary sum = write_lowbit(out_path, spec);
   rep.quantized_weights = sum.quantized_weights;
   rep.avg_bits = sum.avg_bits_per_weight;

@@ -7,15 +7,20 @@
 // The runtime never includes this (STYLE: the quantizer writes, the runtime loads).
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 
 #include "model/model.h"
+#include "quantize/anyprec.h"
 #include "quantize/calibration.h"
 #include "quantize/gptq.h"
 
 namespace lowbit {
 
-enum class QuantMethod { Rtn, Gptq };
+enum class QuantMethod { Rtn, Gptq, AnyPrec };
+// Per-weight sensitivity for the any-precision k-means: the empirical Fisher diagonal (squared gradients of the
+// loss, SqueezeLLM), or the input Hessian diagonal 2/N Σ x_c^2 of the weight's column (same for every row).
+enum class Sensitivity { Fisher, HessianDiag };
 
 struct QuantizeOptions {
   QuantMethod method = QuantMethod::Gptq;
@@ -23,6 +28,8 @@ struct QuantizeOptions {
   CalibOptions calib;
   bool sequential = true;           // later blocks see the quantized earlier blocks
   DType dense_dtype = DType::F32;   // unquantized tensors (embeddings, norms, head, biases): F32 or F16
+  AnyPrecOptions anyprec;           // AnyPrec only
+  Sensitivity sensitivity = Sensitivity::Fisher;
 };
 
 struct QuantizeReport {
@@ -33,6 +40,10 @@ struct QuantizeReport {
   uint64_t file_bytes = 0;
   double hessian_error_sum = 0;     // Σ over layers of the GPTQ objective (GPTQ only)
   double rtn_hessian_error_sum = 0; // the same objective for RTN of each layer on the same Hessians (GPTQ only)
+  double sensitivity_seconds = 0;   // AnyPrec: Fisher (forward + backward) or Hessian-diagonal capture
+  double mean_calib_loss = 0;       // AnyPrec with Fisher: mean loss of the calibration windows
+  std::map<int, double> width_avg_bits;   // AnyPrec: exact bits per weight a b-bit view reads
+  std::map<int, double> width_weighted_error;   // AnyPrec: Σ sensitivity · (w - ŵ_b)^2 over all layers
 };
 
 // progress(done, total, what): one call per finished block.

@@ -33,7 +33,7 @@ GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_i
   std::vector<float> logits(static_cast<size_t>(c.vocab_size));
   std::vector<int32_t> history = prompt_ids;
   auto t0 = std::chrono::steady_clock::now();
-  model.forward(prompt_ids.data(), static_cast<int>(prompt_ids.size()), cache, logits.data(), false);
+  model.forward(prompt_ids.data(), static_cast<int>(prompt_ids.size()), cache, logits.data(), false, opts.bits);
   auto t1 = std::chrono::steady_clock::now();
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   r.stop_reason = "length";
@@ -53,7 +53,7 @@ GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_i
       r.stop_reason = "context";
       break;
     }
-    model.forward(&next, 1, cache, logits.data(), false);
+    model.forward(&next, 1, cache, logits.data(), false, opts.bits);
   }
   r.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return r;

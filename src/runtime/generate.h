@@ -16,6 +16,7 @@ struct GenerateOptions {
   SamplingParams sampling;
   bool stop_at_eos = true;
   int ctx = 0;   // KV cache capacity; 0 = min(model max, prompt + max_new_tokens)
+  int bits = 0;  // any-precision models: the width to generate with (0 = the widest)
 };
 
 struct GenerateResult {

@@ -46,8 +46,8 @@ PplResult perplexity(const Model& model, const std::vector<std::vector<int32_t>>
     const int n = static_cast<int>(toks.size());
     KVCache cache = model.new_cache(n);
     logits.resize(static_cast<size_t>(n) * V);
-    if (opts.reference_path) model.forward_ref(toks.data(), n, cache, logits.data(), true);
-    else model.forward(toks.data(), n, cache, logits.data(), true);
+    if (opts.reference_path) model.forward_ref(toks.data(), n, cache, logits.data(), true, opts.bits);
+    else model.forward(toks.data(), n, cache, logits.data(), true, opts.bits);
     double window_nll = 0;
     int64_t window_correct = 0;
 #pragma omp parallel for reduction(+ : window_nll, window_correct) schedule(static) if (static_cast<int64_t>(n) * V >= (1 << 16))

@@ -17,6 +17,7 @@ struct PplOptions {
   int ctx = 2048;
   int max_windows = 0;            // 0 = all
   bool reference_path = false;    // use forward_ref (slow, for tests)
+  int bits = 0;                   // any-precision models: the width to evaluate (0 = the widest)
   // Called after each window: (windows done, windows total, predicted tokens so far, seconds so far).
   std::function<void(int, int, int64_t, double)> progress;
 };

@@ -38,6 +38,7 @@ void register_bench(CLI::App& app, Common& common) {
   auto prefill = std::make_shared<int>(512);
   auto decode = std::make_shared<int>(64);
   auto reps = std::make_shared<int>(3);
+  auto bits = std::make_shared<int>(0);
   CLI::App* sub = app.add_subcommand("bench", "CPU prefill/decode speed vs sgemm and memory-bandwidth ceilings");
   // FLOPs counted: every linear layer and the head for every prompt token, attention over the causal half only.
   sub->add_option("model", *path, "Model: HF directory, .gguf, or llama2.c .bin")->required();
@@ -45,11 +46,13 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--decode", *decode, "Tokens for the decode measurement")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--reps", *reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
+  sub->add_option("--bits", *bits, "Any-precision models: the width to run (default: the widest)");
   sub->callback([=, &common] {
     apply_threads(common);
     LoadOptions lo;
     lo.tokenizer_path = common.tokenizer;
     auto model = Model::load(*path, lo);
+    model->check_bits(*bits);
     const ModelConfig& c = model->config();
     const int P = std::min(*prefill, c.max_seq_len - *decode);
     LOWBIT_CHECK(P >= 1, "--prefill + --decode exceed the model context of ", c.max_seq_len);
@@ -80,14 +83,14 @@ void register_bench(CLI::App& app, Common& common) {
     std::vector<float> all_logits(static_cast<size_t>(P) * c.vocab_size);
     const double t_prefill = median_seconds(*reps, [&] {
       KVCache cache = model->new_cache(P + *decode);
-      model->forward(toks.data(), P, cache, all_logits.data(), true);
+      model->forward(toks.data(), P, cache, all_logits.data(), true, *bits);
     });
     const double prefill_flops = (lin * P + attn_per_pair * P * (P + 1) / 2.0) / t_prefill;
     KVCache cache = model->new_cache(P + *decode);
-    model->forward(toks.data(), P, cache, nullptr, false);
+    model->forward(toks.data(), P, cache, nullptr, false, *bits);
     std::vector<float> logits(static_cast<size_t>(c.vocab_size));
     const double t0 = now_s();
-    for (int i = 0; i < *decode; ++i) model->forward(&toks[static_cast<size_t>(P + i)], 1, cache, logits.data(), false);
+    for (int i = 0; i < *decode; ++i) model->forward(&toks[static_cast<size_t>(P + i)], 1, cache, logits.data(), false, *bits);
     const double t_decode = (now_s() - t0) / *decode;
     const double weight_bytes = 4.0 * (lin / 2.0);   // fp32 weights read once per token
     std::printf("model: %s (%d layers, dim %d, %.1f M linear params, fp32 on CPU)\n", path->c_str(), c.n_layers,

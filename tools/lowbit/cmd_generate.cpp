@@ -32,12 +32,14 @@ void register_generate(CLI::App& app, Common& common) {
   sub->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at end-of-sequence tokens");
   sub->add_flag("!--no-stats", a->stats, "Do not print timing to stderr");
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
+  sub->add_option("--bits", a->opts.bits, "Any-precision models: the width to generate with (default: the widest)");
   sub->callback([a, &common] {
     apply_threads(common);
     validate_sampling(a->opts.sampling);
     LoadOptions lo;
     lo.tokenizer_path = common.tokenizer;
     auto model = Model::load(a->model, lo);
+    model->check_bits(a->opts.bits);
     const Tokenizer& tok = model->tokenizer();
     std::vector<int32_t> ids;
     if (a->chat) {

@@ -4,10 +4,50 @@
 
 #include "commands.h"
 #include "formats/format_table.h"
+#include "formats/anyprec/layout.h"
 #include "io/lowbit_file.h"
 #include "model/weight_set.h"
 
 namespace lowbit::cli {
+
+namespace {
+
+// Any-precision files: what each served width reads, and one parent against separate per-width models (the
+// paper's Table 1). A separately quantized b-bit model of this format stores exactly what the b-bit view reads.
+void print_anyprec_widths(const WeightSet& ws, double dense_bytes) {
+  uint32_t common = ~0u;
+  bool any = false;
+  for (const auto& [name, w] : ws.packed)
+    if (w.format == "anyprec") {
+      common &= static_cast<uint32_t>(w.params.at("widths"));
+      any = true;
+    }
+  if (!any) return;
+  int64_t weights = 0;
+  double stored = 0;
+  for (const auto& [name, w] : ws.packed) {
+    weights += w.shape[0] * w.shape[1];
+    stored += static_cast<double>(packed_stored_bits(w, ws.path + ": " + name)) / 8.0;
+  }
+  std::printf("\nany-precision widths (one file serves them all; bytes read per forward at each width):\n");
+  std::printf("  %5s %14s %16s %18s\n", "width", "bits/weight", "quantized MiB", "model MiB (+dense)");
+  double separate = 0;
+  for (int b = 0; b < 32; ++b) {
+    if (((common >> b) & 1u) == 0) continue;
+    double bytes = 0;
+    for (const auto& [name, w] : ws.packed)
+      bytes += w.format == "anyprec" ? static_cast<double>(anyprec_view_bits(w, b)) / 8.0
+                                     : static_cast<double>(packed_stored_bits(w, ws.path + ": " + name)) / 8.0;
+    separate += bytes + dense_bytes;
+    std::printf("  %5d %14.4f %16.2f %18.2f\n", b, 8.0 * bytes / static_cast<double>(weights), bytes / 1048576.0,
+                (bytes + dense_bytes) / 1048576.0);
+  }
+  std::printf("  one parent file: %.2f MiB; separate models, one per width: %.2f MiB (parent = %.1f%% of them)\n",
+              (stored + dense_bytes) / 1048576.0, separate / 1048576.0, 100.0 * (stored + dense_bytes) / separate);
+}
+
+}  // namespace
+
 
 void register_inspect(CLI::App& app, Common& common) {
   auto path = std::make_shared<std::string>();
@@ -82,6 +122,7 @@ void register_inspect(CLI::App& app, Common& common) {
     for (const auto& [type, pb] : by_type)
       std::printf("  %-6s %12lld params %12llu bytes\n", type.c_str(), static_cast<long long>(pb.first),
                   static_cast<unsigned long long>(pb.second));
+    print_anyprec_widths(ws, static_cast<double>(bytes));
   });
 }
 

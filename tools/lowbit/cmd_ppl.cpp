@@ -13,6 +13,7 @@ struct PplArgs {
   std::string model, text, mode = "auto", jsonl_field = "text", doc_separator;
   int ctx = 2048, max_windows = 0;
   bool reference = false;
+  std::vector<int> bits;
 };
 }  // namespace
 
@@ -28,11 +29,14 @@ void register_ppl(CLI::App& app, Common& common) {
   sub->add_option("--doc-separator", args->doc_separator, "Score documents separately, split on this string, each with BOS");
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   sub->add_flag("--reference", args->reference, "Use the scalar reference forward (slow; for checking)");
+  sub->add_option("--bits", args->bits, "Any-precision models: width(s) to evaluate, e.g. 3 or 3,4,8 (one load)")
+      ->delimiter(',');
   sub->callback([args, &common] {
     apply_threads(common);
     LoadOptions lo;
     lo.tokenizer_path = common.tokenizer;
     auto model = Model::load(args->model, lo);
+    for (int b : args->bits) model->check_bits(b);   // refuse a width the model lacks before any work
     const Tokenizer& tok = model->tokenizer();
     const EvalText text = load_eval_text(args->text, parse_text_mode(args->mode), args->jsonl_field, args->doc_separator);
     int ctx = args->ctx;
@@ -73,13 +77,19 @@ void register_ppl(CLI::App& app, Common& common) {
       std::snprintf(extra, sizeof(extra), "%.0f tok/s", secs > 0 ? static_cast<double>(predicted + done) / secs : 0.0);
       progress_line("ppl", done, total, extra);
     };
-    const PplResult r = perplexity(*model, windows, po);
-    std::printf("windows: %d of %d%s\n", r.windows, r.windows_total,
-                r.windows < r.windows_total ? " (SUBSET: --max-windows)" : "");
-    std::printf("predicted tokens: %lld\nmean NLL: %.6f\ntop-1 accuracy: %.4f\nperplexity: %.4f\n",
-                static_cast<long long>(r.predicted), r.mean_nll, r.top1, r.ppl);
-    std::printf("speed: %.1f tokens/s (%lld tokens in %.2f s)\n", r.tokens_per_s(),
-                static_cast<long long>(r.evaluated), r.seconds);
+    const std::vector<int> widths = args->bits.empty() ? std::vector<int>{0} : args->bits;
+    for (int b : widths) {
+      po.bits = b;
+      const PplResult r = perplexity(*model, windows, po);
+      if (b != 0) std::printf("bits: %d\n", b);
+      std::printf("windows: %d of %d%s\n", r.windows, r.windows_total,
+                  r.windows < r.windows_total ? " (SUBSET: --max-windows)" : "");
+      std::printf("predicted tokens: %lld\nmean NLL: %.6f\ntop-1 accuracy: %.4f\nperplexity: %.4f\n",
+                  static_cast<long long>(r.predicted), r.mean_nll, r.top1, r.ppl);
+      std::printf("speed: %.1f tokens/s (%lld tokens in %.2f s)\n", r.tokens_per_s(),
+                  static_cast<long long>(r.evaluated), r.seconds);
+      std::fflush(stdout);
+    }
   });
 }
 

@@ -1,4 +1,5 @@
 // lowbit quantize MODEL --method rtn|gptq --bits B [--group G] ... -o OUT.lowbit
+// lowbit quantize MODEL --method anyprec --seed-bits 3 --parent-bits 8 [--widths 3,4,6,8] ... -o OUT.lowbit
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -11,9 +12,11 @@ namespace lowbit::cli {
 
 namespace {
 struct QuantArgs {
-  std::string model, out, method = "gptq", dense = "f32";
+  std::string model, out, method = "gptq", dense = "f32", sensitivity = "fisher";
   QuantizeOptions opts;
   bool no_sequential = false;
+  CLI::Option* samples = nullptr;
+  CLI::Option* seqlen = nullptr;
 };
 }  // namespace
 
@@ -22,7 +25,7 @@ void register_quantize(CLI::App& app, Common& common) {
   CLI::App* sub = app.add_subcommand("quantize", "Quantize a model's linear layers and write a .lowbit file");
   sub->add_option("model", a->model, "Model: HF directory, .gguf, or llama2.c .bin")->required();
   sub->add_option("-o,--output", a->out, "Output .lowbit file")->required();
-  sub->add_option("--method", a->method, "rtn | gptq")->check(CLI::IsMember({"rtn", "gptq"}));
+  sub->add_option("--method", a->method, "rtn | gptq | anyprec")->check(CLI::IsMember({"rtn", "gptq", "anyprec"}));
   sub->add_option("--bits", a->opts.gptq.spec.bits, "Weight bits (2..8)")->check(CLI::Range(2, 8));
   sub->add_option("--group", a->opts.gptq.spec.group_size, "Group size along the input (0 = per channel)")
       ->check(CLI::NonNegativeNumber);
@@ -33,8 +36,23 @@ void register_quantize(CLI::App& app, Common& common) {
   sub->add_option("--percdamp", a->opts.gptq.percdamp, "GPTQ: damping as a fraction of mean(diag H)")
       ->check(CLI::Range(1e-6, 10.0));
   sub->add_option("--calib", a->opts.calib.file, "Calibration text or .jsonl (default: the shared C4 sample)");
-  sub->add_option("--calib-samples", a->opts.calib.samples, "Calibration windows")->check(CLI::Range(1, 100000));
-  sub->add_option("--calib-seqlen", a->opts.calib.seqlen, "Tokens per calibration window")->check(CLI::Range(2, 1 << 20));
+  a->samples = sub->add_option("--calib-samples", a->opts.calib.samples,
+                               "Calibration windows (default 128; anyprec 100)")->check(CLI::Range(1, 100000));
+  a->seqlen = sub->add_option("--calib-seqlen", a->opts.calib.seqlen,
+                              "Tokens per calibration window (default 2048; anyprec 512)")->check(CLI::Range(2, 1 << 20));
+  sub->add_option("--seed-bits", a->opts.anyprec.seed_bits, "anyprec: bits of the k-means seed (2..8, default 3)")
+      ->check(CLI::Range(2, 8));
+  sub->add_option("--parent-bits", a->opts.anyprec.parent_bits, "anyprec: width upscaled to (seed..8, default 8)")
+      ->check(CLI::Range(2, 8));
+  sub->add_option("--widths", a->opts.anyprec.widths, "anyprec: served widths, e.g. 3,4,6,8 (default: all)")
+      ->delimiter(',');
+  sub->add_option("--sensitivity", a->sensitivity, "anyprec: fisher | hessian-diag (k-means weights)")
+      ->check(CLI::IsMember({"fisher", "hessian-diag"}));
+  sub->add_option("--outliers", a->opts.anyprec.outlier_fraction,
+                  "anyprec: fraction of most sensitive weights kept in fp16 (CSR), e.g. 0.005")
+      ->check(CLI::Range(0.0, 0.49));
+  sub->add_option("--kmeans-iters", a->opts.anyprec.max_iter, "anyprec: Lloyd iteration cap (default 100)")
+      ->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", a->opts.calib.seed, "Seed for drawing the calibration windows");
   sub->add_flag("--no-sequential", a->no_sequential, "Calibrate every block on full-precision inputs");
   sub->add_option("--dense-dtype", a->dense, "Unquantized tensors: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
@@ -42,7 +60,13 @@ void register_quantize(CLI::App& app, Common& common) {
   sub->callback([a, &common] {
     apply_threads(common);
     QuantizeOptions o = a->opts;
-    o.method = a->method == "rtn" ? QuantMethod::Rtn : QuantMethod::Gptq;
+    o.method = a->method == "rtn" ? QuantMethod::Rtn : a->method == "gptq" ? QuantMethod::Gptq : QuantMethod::AnyPrec;
+    o.sensitivity = a->sensitivity == "fisher" ? Sensitivity::Fisher : Sensitivity::HessianDiag;
+    if (o.method == QuantMethod::AnyPrec) {   // the any-precision paper's calibration: 100 x 512 from C4
+      if (a->samples->count() == 0) o.calib.samples = 100;
+      if (a->seqlen->count() == 0) o.calib.seqlen = 512;
+      anyprec_width_mask(o.anyprec);   // refuse bad widths before loading anything
+    }
     o.sequential = !a->no_sequential;
     o.dense_dtype = a->dense == "f16" ? DType::F16 : DType::F32;
     const std::filesystem::path out(a->out);
@@ -55,19 +79,34 @@ void register_quantize(CLI::App& app, Common& common) {
     auto model = Model::load(a->model, lo);
     validate_uniform_spec(o.gptq.spec, model->config().dim);
     const ModelConfig& c = model->config();
-    std::printf("quantize %s: %s, %d bits, %s%s\n", a->model.c_str(), a->method.c_str(), o.gptq.spec.bits,
+    if (o.method == QuantMethod::AnyPrec)
+      std::printf("quantize %s: anyprec, seed %d bits upscaled to %d, %s sensitivity, calibration %d x %d%s\n",
+                  a->model.c_str(), o.anyprec.seed_bits, o.anyprec.parent_bits, a->sensitivity.c_str(),
+                  o.calib.samples, o.calib.seqlen,
+                  o.anyprec.outlier_fraction > 0 ? (", outliers " + std::to_string(o.anyprec.outlier_fraction)).c_str() : "");
+    else std::printf("quantize %s: %s, %d bits, %s%s\n", a->model.c_str(), a->method.c_str(), o.gptq.spec.bits,
                 o.gptq.spec.group_size > 0 ? ("group " + std::to_string(o.gptq.spec.group_size)).c_str() : "per channel",
                 o.method == QuantMethod::Gptq
                     ? (", calibration " + std::to_string(o.calib.samples) + " x " + std::to_string(o.calib.seqlen)).c_str()
                     : "");
     std::fflush(stdout);
-    const QuantizeReport r = quantize_to_file(*model, o, a->out, [&](int done, int total, const std::string&) {
-      progress_line("quantize", done, total, "blocks of " + std::to_string(c.n_layers));
+    const QuantizeReport r = quantize_to_file(*model, o, a->out, [&](int done, int total, const std::string& what) {
+      if (what == "fisher") progress_line("fisher", done, total, "calibration windows (forward + backward)");
+      else progress_line("quantize", done, total, "blocks of " + std::to_string(c.n_layers));
     });
     std::printf("wrote %s\n  quantized weights: %lld in %d blocks\n  average bits per quantized weight: %.4f "
-                "(codes, scales, zeros, group indices counted)\n  file size: %.2f MiB\n  time: %.1f s\n",
+                "(everything stored counted: codes or planes, scales, zeros, LUTs, indices, outliers)\n  file size: %.2f MiB\n  time: %.1f s\n",
                 a->out.c_str(), static_cast<long long>(r.quantized_weights), c.n_layers, r.avg_bits,
                 r.file_bytes / 1048576.0, r.seconds);
+    if (o.method == QuantMethod::AnyPrec) {
+      std::printf("  sensitivity (%s) time: %.1f s%s\n", a->sensitivity.c_str(), r.sensitivity_seconds,
+                  o.sensitivity == Sensitivity::Fisher
+                      ? (" (mean calibration loss " + std::to_string(r.mean_calib_loss) + ")").c_str() : "");
+      std::printf("  k-means seed + upscaling + packing time: %.1f s\n", r.seconds - r.sensitivity_seconds);
+      for (const auto& [b, bits] : r.width_avg_bits)
+        std::printf("  width %d: %.4f bits per weight read (planes 0..%d, LUT, outliers); weighted error %.6g\n", b,
+                    bits, b - 1, r.width_weighted_error.at(b));
+    }
     if (o.method == QuantMethod::Gptq)
       std::printf("  layer objective sum_l tr(dW H dWT): GPTQ %.6g vs RTN %.6g on the same Hessians (%.1f%% lower)\n",
                   r.hessian_error_sum, r.rtn_hessian_error_sum,

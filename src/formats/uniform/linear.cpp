@@ -34,9 +34,9 @@ class UniformLinear final : public LinearOp {
     q_.codes.shrink_to_fit();
   }
 
-  void forward(const float* x, int64_t m, float* y) const override { dense_.forward(x, m, y); }
+  void forward(const float* x, int64_t m, float* y, int) const override { dense_.forward(x, m, y); }
 
-  void forward_ref(const float* x, int64_t m, float* y) const override {
+  void forward_ref(const float* x, int64_t m, float* y, int) const override {
     const int64_t groups = q_.groups();
     for (int64_t i = 0; i < m; ++i) {
       for (int64_t r = 0; r < n_; ++r) {

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "formats/format_table.h"
+#include "formats/pack_util.h"
 #include "formats/uniform/layout.h"
 
 namespace lowbit {
@@ -36,21 +37,6 @@ void UniformQuantized::dequantize(float* w) const {
     for (int64_t c = 0; c < k; ++c) w[r * k + c] = dequant(r, c);
 }
 
-namespace {
-
-template <typename T>
-std::shared_ptr<std::vector<uint8_t>> bytes_of(const std::vector<T>& v) {
-  auto buf = std::make_shared<std::vector<uint8_t>>(v.size() * sizeof(T));
-  if (!v.empty()) std::memcpy(buf->data(), v.data(), buf->size());
-  return buf;
-}
-
-TensorView view_of(const std::string& name, DType dtype, std::vector<int64_t> shape,
-                   const std::shared_ptr<std::vector<uint8_t>>& buf) {
-  return TensorView{name, dtype, std::move(shape), buf->data(), buf->size()};
-}
-
-}  // namespace
 
 PackedWeight pack_uniform(const UniformQuantized& q, std::vector<std::shared_ptr<std::vector<uint8_t>>>& storage) {
   // Everything the packed form cannot represent is refused here, before any byte is written.

@@ -4,20 +4,10 @@
 
 #include "core/error.h"
 #include "formats/format_table.h"
+#include "formats/pack_util.h"
 #include "formats/uniform/layout.h"
 
 namespace lowbit {
-namespace {
-
-// Parts may sit at any byte offset of a mapped file: read elements with memcpy, never through a cast pointer.
-template <typename T>
-T element(const TensorView& v, int64_t i) {
-  T out;
-  std::memcpy(&out, v.data + static_cast<size_t>(i) * sizeof(T), sizeof(T));
-  return out;
-}
-
-}  // namespace
 
 void uniform_check_values(const PackedWeight& w, const std::string& where) {
   const int64_t n = w.shape[0], k = w.shape[1];
