@@ -101,9 +101,45 @@ void assign_nearest(const float* x, int64_t m, const std::vector<double>& c, std
   }
 }
 
+// Globally optimal contiguous partition of the sorted values into K ranges (1-D weighted k-means is solved exactly
+// by dynamic programming): D[q][j] = min_i D[q-1][i] + sse(i, j), whose best i is monotone in j, so each layer is
+// computed by divide and conquer in O(m log m).
+std::vector<int64_t> optimal_partition(const Prefix& P, int64_t m, int K) {
+  std::vector<double> prev(static_cast<size_t>(m + 1)), cur(prev.size());
+  std::vector<std::vector<int32_t>> arg(static_cast<size_t>(K), std::vector<int32_t>(static_cast<size_t>(m + 1), 0));
+  for (int64_t j = 0; j <= m; ++j) prev[static_cast<size_t>(j)] = P.sse(0, j);
+  auto solve = [&](auto&& self, int q, int64_t lo, int64_t hi, int64_t olo, int64_t ohi) -> void {
+    if (lo > hi) return;
+    const int64_t mid = (lo + hi) / 2;
+    double best = INFINITY;
+    int64_t bi = olo;
+    for (int64_t i = olo; i <= std::min(mid, ohi); ++i) {
+      const double v = prev[static_cast<size_t>(i)] + P.sse(i, mid);
+      if (v < best) {
+        best = v;
+        bi = i;
+      }
+    }
+    cur[static_cast<size_t>(mid)] = best;
+    arg[static_cast<size_t>(q)][static_cast<size_t>(mid)] = static_cast<int32_t>(bi);
+    self(self, q, lo, mid - 1, olo, bi);
+    self(self, q, mid + 1, hi, bi, ohi);
+  };
+  for (int q = 1; q < K; ++q) {
+    solve(solve, q, 0, m, 0, m);
+    prev.swap(cur);
+  }
+  std::vector<int64_t> start(static_cast<size_t>(K) + 1);
+  start[static_cast<size_t>(K)] = m;
+  for (int q = K - 1; q >= 1; --q)
+    start[static_cast<size_t>(q)] = arg[static_cast<size_t>(q)][static_cast<size_t>(start[static_cast<size_t>(q) + 1])];
+  start[0] = 0;
+  return start;
+}
+
 }  // namespace
 
-KMeans1D weighted_kmeans_1d(const float* x, const double* w, int64_t m, int K, int max_iter) {
+KMeans1D weighted_kmeans_1d(const float* x, const double* w, int64_t m, int K, int max_iter, bool exact) {
   LOWBIT_CHECK(K >= 1 && m >= 0 && max_iter >= 0, "weighted_kmeans_1d: bad arguments");
   KMeans1D km;
   km.start.assign(static_cast<size_t>(K) + 1, m);
@@ -114,11 +150,15 @@ KMeans1D weighted_kmeans_1d(const float* x, const double* w, int64_t m, int K, i
     return km;
   }
   const Prefix P(x, w, m);
-  // Weighted-quantile initialisation: cluster j starts where the cumulative weight reaches j/K of the total.
-  for (int j = 1; j < K; ++j) {
-    const double target = P.w[static_cast<size_t>(m)] * j / K;
-    const int64_t i = std::lower_bound(P.w.begin(), P.w.end(), target) - P.w.begin();
-    km.start[static_cast<size_t>(j)] = std::clamp<int64_t>(i, km.start[static_cast<size_t>(j - 1)], m);
+  if (exact) {
+    km.start = optimal_partition(P, m, K);
+  } else {
+    // Weighted-quantile initialisation: cluster j starts where the cumulative weight reaches j/K of the total.
+    for (int j = 1; j < K; ++j) {
+      const double target = P.w[static_cast<size_t>(m)] * j / K;
+      const int64_t i = std::lower_bound(P.w.begin(), P.w.end(), target) - P.w.begin();
+      km.start[static_cast<size_t>(j)] = std::clamp<int64_t>(i, km.start[static_cast<size_t>(j - 1)], m);
+    }
   }
   fill_empty_clusters(x, P, km.start);
   update_centroids(x, P, km.start, km.centroids);
@@ -232,7 +272,8 @@ AnyPrecQuantized anyprec_quantize(const float* w, const float* sens, int64_t n, 
       std::vector<int64_t> start;
       std::vector<uint16_t> lut(static_cast<size_t>(1) << b);
       if (m > 0) {
-        const KMeans1D km = weighted_kmeans_1d(xs.data(), ws.data(), m, 1 << b, o.max_iter);
+        const KMeans1D km = weighted_kmeans_1d(xs.data(), ws.data(), m, 1 << b, o.max_iter,
+                                               (1 << b) <= kAnyPrecExactMaxClusters);
         std::vector<double> c16(lut.size());
         for (size_t j = 0; j < lut.size(); ++j) {
           lut[j] = to_f16(km.centroids[j]);
