@@ -452,3 +452,45 @@ TEST(AnyPrecModel, Stories260KServesEveryWidthFromOneFile) {
 
 }  // namespace
 }  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+TEST(AnyPrecCli, QuantizeIsDeterministicCachesSensitivityAndRefusesMisuse) {
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
+  const std::string dir = test::temp_dir();
+  const std::string base = "quantize " + bin + " --method anyprec --calib-samples 4 --calib-seqlen 128 --outliers 0.001 "
+                           "--sensitivity-cache " + dir + "/fisher.st";
+  std::string out;
+  ASSERT_EQ(test::run_cli(base + " -o " + dir + "/a.lowbit", &out), 0) << out;
+  EXPECT_NE(out.find("mean calibration loss"), std::string::npos) << out;
+  ASSERT_EQ(test::run_cli(base + " -o " + dir + "/b.lowbit", &out), 0) << out;
+  EXPECT_NE(out.find("read from " + dir + "/fisher.st"), std::string::npos) << out;
+  EXPECT_EQ(test::read_file(dir + "/a.lowbit"), test::read_file(dir + "/b.lowbit")) << "same inputs, different file";
+
+  ASSERT_EQ(test::run_cli("inspect " + dir + "/a.lowbit", &out), 0) << out;
+  EXPECT_NE(out.find("any-precision widths"), std::string::npos) << out;
+  EXPECT_NE(out.find("separate models, one per width"), std::string::npos) << out;
+  ASSERT_EQ(test::run_cli("generate " + dir + "/a.lowbit -p \"Once upon a time\" -n 8 --bits 4 --no-stats", &out), 0) << out;
+
+  // Misuse: one line on stderr, non-zero exit, no output file.
+  const std::pair<std::string, std::string> bad[] = {
+      {"quantize " + bin + " --method anyprec --calib-samples 5 --calib-seqlen 128 --sensitivity-cache " + dir +
+           "/fisher.st -o " + dir + "/c.lowbit",
+       "sensitivity cache was made with calib_samples = 4"},
+      {"quantize " + bin + " --method anyprec --widths 3,5 -o " + dir + "/c.lowbit", "must include the parent width 8"},
+      {"quantize " + bin + " --method anyprec --seed-bits 4 --parent-bits 3 -o " + dir + "/c.lowbit", "--parent-bits must be in 4..8"},
+      {"ppl " + dir + "/a.lowbit --text " + bin + " --bits 2", "not a width this model serves (3,4,5,6,7,8)"},
+      {"generate " + bin + " -p hi --bits 4", "needs an any-precision model"},
+  };
+  for (const auto& [args, phrase] : bad) {
+    EXPECT_NE(test::run_cli(args, &out), 0) << args;
+    EXPECT_NE(out.find(phrase), std::string::npos) << args << "\n" << out;
+  }
+  EXPECT_FALSE(test::file_exists(dir + "/c.lowbit"));
+}
+
+}  // namespace
+}  // namespace lowbit

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Opens a .lowbit container with the Python `safetensors` package (no lowbit code involved) and checks it
-against docs/formats/lowbit-container.md and docs/formats/uniform.md: the metadata JSON, every tensor entry and
-part, no tensor left unreferenced, and the bit accounting. Uniform weights are decoded with numpy from the
-documented bit layout; --dump NAME prints one decoded weight's first row.
+against docs/formats/lowbit-container.md, docs/formats/uniform.md and docs/formats/anyprec.md: the metadata JSON,
+every tensor entry and part, no tensor left unreferenced, and the bit accounting. Uniform and any-precision weights
+are decoded with numpy from the documented bit layouts; --dump NAME prints one decoded weight's first row.
 
     python3 tools/check_lowbit_file.py model.lowbit [--dump model.layers.0.self_attn.q_proj.weight]
 
@@ -36,6 +36,39 @@ def uniform_decode(parts, shape, params):
     return (codes.astype(np.float32) - zeros) * scales
 
 
+def anyprec_slots(k):
+    """(word, bit) of every column 0..32W-1 of a plane row (docs/formats/anyprec.md)."""
+    W = (k + 31) // 32
+    c = np.arange(32 * W)
+    tile = c // 1024
+    first = tile * 32
+    nw = np.minimum(32, W - first)
+    o = c - tile * 1024
+    u, rest = o // (8 * nw), o % (8 * nw)
+    return first + rest // 8, 8 * u + rest % 8
+
+
+def anyprec_decode(parts, shape, params, bits=None):
+    """The b-bit view: w[r][c] = fp32(lut_b[r][top b bits of the parent code]), outliers (CSR) override."""
+    n, k = shape
+    P = params["planes"]
+    b = P if bits is None else bits
+    assert (params["widths"] >> b) & 1, f"width {b} not served"
+    planes = parts["planes"].astype(np.int64) & 0xFFFFFFFF           # [P, n, W]
+    word, bit = anyprec_slots(k)
+    cols = (planes[:, :, word] >> bit) & 1                              # [P, n, 32W]: plane j = bit P-1-j
+    assert not cols[:, :, k:].any(), "non-zero padding bits"
+    codes = np.zeros((n, k), dtype=np.int64)
+    for j in range(b):
+        codes = (codes << 1) | cols[j, :, :k]
+    w = np.take_along_axis(parts[f"lut{b}"].astype(np.float32), codes, axis=1)
+    if params["sparse"]:
+        rowptr, col, val = parts["outlier_rowptr"], parts["outlier_col"], parts["outlier_val"].astype(np.float32)
+        rows = np.repeat(np.arange(n), np.diff(rowptr))
+        w[rows, col] = val
+    return w
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
@@ -55,7 +88,7 @@ def main():
                 params += t.numel()
                 data_bits += t.numel() * DTYPE_BITS[entry["dtype"]]
                 continue
-            assert entry["format"] == "uniform", f"{name}: unknown format {entry['format']}"
+            assert entry["format"] in ("uniform", "anyprec"), f"{name}: unknown format {entry['format']}"
             parts = {}
             for part, stored in entry["parts"].items():
                 t = f.get_tensor(stored)
@@ -65,7 +98,10 @@ def main():
                 parts[part] = t.numpy()
                 used.add(stored)
             n, k = entry["shape"]
-            w = uniform_decode(parts, (n, k), entry["params"])
+            if entry["format"] == "uniform":
+                w = uniform_decode(parts, (n, k), entry["params"])
+            else:
+                w = anyprec_decode(parts, (n, k), entry["params"])
             quantized_weights += n * k
             params += n * k
             if name == args.dump:

@@ -24,8 +24,8 @@ import time
 import torch
 
 
-def load_lowbit(path):
-    """A transformers model holding exactly the weights a .lowbit file encodes."""
+def load_lowbit(path, bits=None):
+    """A transformers model holding exactly the weights a .lowbit file encodes (any-precision: the b-bit view)."""
     import json
     import sys as _sys
     import tempfile
@@ -34,7 +34,7 @@ def load_lowbit(path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     _sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from check_lowbit_file import uniform_decode
+    from check_lowbit_file import anyprec_decode, uniform_decode
 
     with safe_open(path, framework="pt") as f:
         meta = json.loads(f.metadata()["lowbit"])
@@ -45,6 +45,9 @@ def load_lowbit(path):
             elif entry["format"] == "uniform":
                 parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
                 state[name] = torch.from_numpy(uniform_decode(parts, entry["shape"], entry["params"]))
+            elif entry["format"] == "anyprec":
+                parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
+                state[name] = torch.from_numpy(anyprec_decode(parts, entry["shape"], entry["params"], bits))
             else:
                 raise SystemExit(f"{path}: format {entry['format']} not supported by this harness")
     with tempfile.TemporaryDirectory() as d:
@@ -70,14 +73,16 @@ def main():
     ap.add_argument("--max-windows", type=int, default=0)
     ap.add_argument("--hf-dir", default="")
     ap.add_argument("--lowbit", default="")
+    ap.add_argument("--bits", default="", help="any-precision .lowbit: width(s) to evaluate, e.g. 3,4,8")
     args = ap.parse_args()
+    widths = [int(b) for b in args.bits.split(",")] if args.bits else [None]
     from tokenizers import pre_tokenizers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if args.lowbit:
         tok = AutoTokenizer.from_pretrained(args.hf_dir)
-        model = load_lowbit(args.lowbit).eval().to(dev)
+        model = None
     elif args.hf_dir:
         tok = AutoTokenizer.from_pretrained(args.hf_dir)
         model = AutoModelForCausalLM.from_pretrained(args.hf_dir, dtype=torch.float32).eval().to(dev)
@@ -97,16 +102,19 @@ def main():
     n = ids.numel() // args.ctx
     if args.max_windows:
         n = min(n, args.max_windows)
-    nll, count, t0 = 0.0, 0, time.time()
-    with torch.no_grad():
-        for w in range(n):
-            x = ids[w * args.ctx:(w + 1) * args.ctx].unsqueeze(0).to(dev)
-            logits = model(x).logits[0, :-1].float()
-            nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
-            count += args.ctx - 1
-    print(f"tokens {ids.numel()} windows {n} predicted {count} mean_nll {nll / count:.6f} "
-          f"ppl {math.exp(nll / count):.4f} seconds {time.time() - t0:.1f} torch {torch.__version__} threads "
-          f"{torch.get_num_threads()} device {dev}")
+    for bits in widths:
+        if args.lowbit:
+            model = load_lowbit(args.lowbit, bits).eval().to(dev)
+        nll, count, t0 = 0.0, 0, time.time()
+        with torch.no_grad():
+            for w in range(n):
+                x = ids[w * args.ctx:(w + 1) * args.ctx].unsqueeze(0).to(dev)
+                logits = model(x).logits[0, :-1].float()
+                nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
+                count += args.ctx - 1
+        print(f"{'bits ' + str(bits) + ' ' if bits else ''}tokens {ids.numel()} windows {n} predicted {count} "
+              f"mean_nll {nll / count:.6f} ppl {math.exp(nll / count):.4f} seconds {time.time() - t0:.1f} "
+              f"torch {torch.__version__} threads {torch.get_num_threads()} device {dev}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 #include "quantize/quantize_model.h"
 
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -8,6 +10,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "io/lowbit_file.h"
+#include "io/safetensors.h"
 #include "model/backward.h"
 #include "quantize/capture.h"
 
@@ -71,6 +74,38 @@ std::map<std::string, std::vector<float>> hessian_diagonal_sensitivity(const Mod
           s[static_cast<size_t>(r * shape[1] + k)] = static_cast<float>(2.0 * acc[static_cast<size_t>(k)] / static_cast<double>(tokens));
     }
   }
+  return out;
+}
+
+// What a sensitivity cache must have been made from to be reused.
+std::map<std::string, std::string> sensitivity_key(const Model& model, const QuantizeOptions& o) {
+  return {{"lowbit_sensitivity", o.sensitivity == Sensitivity::Fisher ? "fisher" : "hessian-diag"},
+          {"model", model.weights().path},
+          {"calib_file", o.calib.file.empty() ? default_calibration_file() : o.calib.file},
+          {"calib_samples", std::to_string(o.calib.samples)},
+          {"calib_seqlen", std::to_string(o.calib.seqlen)},
+          {"calib_seed", std::to_string(o.calib.seed)}};
+}
+
+std::map<std::string, std::vector<float>> read_sensitivity_cache(const Model& model, const QuantizeOptions& o) {
+  const SafetensorsFile f = SafetensorsFile::open(o.sensitivity_cache);
+  for (const auto& [key, want] : sensitivity_key(model, o)) {
+    const auto it = f.metadata().find(key);
+    const std::string have = it == f.metadata().end() ? "(absent)" : it->second;
+    LOWBIT_CHECK(have == want, o.sensitivity_cache, ": sensitivity cache was made with ", key, " = ", have,
+                 ", this run has ", want, " (delete the file or pass another --sensitivity-cache)");
+  }
+  std::map<std::string, std::vector<float>> out;
+  for (int l = 0; l < model.config().n_layers; ++l)
+    for (const std::string& name : model.linear_names(l)) {
+      const TensorView* t = f.find(name);
+      const auto& shape = model.tensor_shape(name);
+      LOWBIT_CHECK(t != nullptr && t->dtype == DType::F32 && t->shape == shape, o.sensitivity_cache,
+                   ": sensitivity cache has no F32 tensor ", name, " of shape ", shape_str(shape));
+      std::vector<float>& v = out[name];
+      v.resize(static_cast<size_t>(t->numel()));
+      std::memcpy(v.data(), t->data, t->nbytes);
+    }
   return out;
 }
 
@@ -162,7 +197,9 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
     rep.calib_windows = static_cast<int>(calib.size());
     rep.calib_seqlen = opts.calib.seqlen;
     const double ts = now_s();
-    std::map<std::string, std::vector<float>> sens = opts.sensitivity == Sensitivity::Fisher
+    const bool cached = !opts.sensitivity_cache.empty() && std::filesystem::exists(opts.sensitivity_cache);
+    std::map<std::string, std::vector<float>> sens = cached ? read_sensitivity_cache(model, opts)
+        : opts.sensitivity == Sensitivity::Fisher
         ? [&] {
             FisherDiag f = fisher_diagonal(model, calib, [&](int done, int total) {
               if (progress) progress(done, total, "fisher");
@@ -172,6 +209,12 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
           }()
         : hessian_diagonal_sensitivity(model, calib);
     rep.sensitivity_seconds = now_s() - ts;
+    rep.sensitivity_from_cache = cached;
+    if (!cached && !opts.sensitivity_cache.empty()) {
+      std::vector<SafetensorsWriteTensor> ts_out;
+      for (const auto& [name, v] : sens) ts_out.push_back({name, DType::F32, model.tensor_shape(name), v.data()});
+      write_safetensors(opts.sensitivity_cache, ts_out, sensitivity_key(model, opts));
+    }
     for (int l = 0; l < c.n_layers; ++l) {
       for (const std::string& name : model.linear_names(l)) {
         const auto& shape = model.tensor_shape(name);

@@ -30,6 +30,9 @@ struct QuantizeOptions {
   DType dense_dtype = DType::F32;   // unquantized tensors (embeddings, norms, head, biases): F32 or F16
   AnyPrecOptions anyprec;           // AnyPrec only
   Sensitivity sensitivity = Sensitivity::Fisher;
+  // AnyPrec: a safetensors file of sensitivities. Read when it exists (it must have been made for the same model,
+  // sensitivity kind and calibration — else a clear error), written (atomically) when it does not.
+  std::string sensitivity_cache;
 };
 
 struct QuantizeReport {
@@ -41,6 +44,7 @@ struct QuantizeReport {
   double hessian_error_sum = 0;     // Σ over layers of the GPTQ objective (GPTQ only)
   double rtn_hessian_error_sum = 0; // the same objective for RTN of each layer on the same Hessians (GPTQ only)
   double sensitivity_seconds = 0;   // AnyPrec: Fisher (forward + backward) or Hessian-diagonal capture
+  bool sensitivity_from_cache = false;
   double mean_calib_loss = 0;       // AnyPrec with Fisher: mean loss of the calibration windows
   std::map<int, double> width_avg_bits;   // AnyPrec: exact bits per weight a b-bit view reads
   std::map<int, double> width_weighted_error;   // AnyPrec: Σ sensitivity · (w - ŵ_b)^2 over all layers

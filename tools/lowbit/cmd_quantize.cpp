@@ -51,6 +51,8 @@ void register_quantize(CLI::App& app, Common& common) {
   sub->add_option("--outliers", a->opts.anyprec.outlier_fraction,
                   "anyprec: fraction of most sensitive weights kept in fp16 (CSR), e.g. 0.005")
       ->check(CLI::Range(0.0, 0.49));
+  sub->add_option("--sensitivity-cache", a->opts.sensitivity_cache,
+                  "anyprec: safetensors file of sensitivities, read if present (same model and calibration), else written");
   sub->add_option("--kmeans-iters", a->opts.anyprec.max_iter, "anyprec: Lloyd iteration cap (default 100)")
       ->check(CLI::NonNegativeNumber);
   sub->add_option("--seed", a->opts.calib.seed, "Seed for drawing the calibration windows");
@@ -100,7 +102,8 @@ void register_quantize(CLI::App& app, Common& common) {
                 r.file_bytes / 1048576.0, r.seconds);
     if (o.method == QuantMethod::AnyPrec) {
       std::printf("  sensitivity (%s) time: %.1f s%s\n", a->sensitivity.c_str(), r.sensitivity_seconds,
-                  o.sensitivity == Sensitivity::Fisher
+                  r.sensitivity_from_cache ? (" (read from " + o.sensitivity_cache + ")").c_str()
+                  : o.sensitivity == Sensitivity::Fisher
                       ? (" (mean calibration loss " + std::to_string(r.mean_calib_loss) + ")").c_str() : "");
       std::printf("  k-means seed + upscaling + packing time: %.1f s\n", r.seconds - r.sensitivity_seconds);
       for (const auto& [b, bits] : r.width_avg_bits)
