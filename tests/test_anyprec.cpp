@@ -278,6 +278,7 @@ TEST(AnyPrecLinear, ReadsOnlyItsPlanesAndMatchesTheReference) {
   for (int64_t i = 0; i < n; ++i) bias[static_cast<size_t>(i)] = 0.01f * static_cast<float>(i);
   const auto op = make_packed_linear(w, bias.data(), "t");
   EXPECT_EQ(op->served_widths(), 0x1fcu);
+  for (int b = 2; b <= 8; ++b) EXPECT_EQ(8 * op->weight_bytes(b), anyprec_view_bits(w, b)) << b;
   std::mt19937 rng(4);
   std::normal_distribution<float> nd;
   for (int64_t m : {1, 5}) {

@@ -19,6 +19,8 @@ class LinearOp {
   virtual void forward_ref(const float* x, int64_t m, float* y, int bits = 0) const = 0;
   // Bit set of the widths a call may ask for (bit b = width b); 0 for a single-precision weight.
   virtual uint32_t served_widths() const { return 0; }
+  // Bytes of weight data one forward call reads at that width (fp32 here; packed formats override).
+  virtual uint64_t weight_bytes(int bits) const { return 4ull * static_cast<uint64_t>(n_ * k_); }
 
  protected:
   int64_t n_, k_;

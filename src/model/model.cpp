@@ -227,6 +227,15 @@ void Model::update_widths() {
   widths_ = common;
 }
 
+uint64_t Model::weight_bytes_per_token(int bits) const {
+  check_bits(bits);
+  uint64_t total = head_->weight_bytes(0);
+  for (const LayerWeights& L : layers_)
+    for (const LinearOp* op : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.gate.get(), L.up.get(), L.down.get()})
+      total += op->served_widths() != 0 ? op->weight_bytes(bits) : op->weight_bytes(0);
+  return total;
+}
+
 std::vector<int> Model::widths() const {
   std::vector<int> out;
   for (int b = 0; b < 32; ++b)

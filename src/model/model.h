@@ -57,6 +57,9 @@ class Model {
   std::vector<int> widths() const;
   // Fails with a one-line message unless bits is 0 or one of widths().
   void check_bits(int bits) const;
+  // Bytes of weights one decode step reads at that width: every linear (packed formats at their stored size;
+  // uniform weights run as decoded fp32) and the fp32 head.
+  uint64_t weight_bytes_per_token(int bits = 0) const;
 
   // The forward split into its stages, for calibration (src/quantize runs blocks one at a time):
   //   embed: x [n, dim] = rows of the embedding;  layer_forward: x <- block l (x) at positions pos0..,

@@ -92,7 +92,7 @@ void register_bench(CLI::App& app, Common& common) {
     const double t0 = now_s();
     for (int i = 0; i < *decode; ++i) model->forward(&toks[static_cast<size_t>(P + i)], 1, cache, logits.data(), false, *bits);
     const double t_decode = (now_s() - t0) / *decode;
-    const double weight_bytes = 4.0 * (lin / 2.0);   // fp32 weights read once per token
+    const double weight_bytes = static_cast<double>(model->weight_bytes_per_token(*bits));   // read once per token
     std::printf("model: %s (%d layers, dim %d, %.1f M linear params, fp32 on CPU)\n", path->c_str(), c.n_layers,
                 c.dim, lin / 2.0 / 1e6);
     std::printf("sgemm ceiling   (m=%d n=%d k=%d): %8.1f GFLOP/s\n", m, n, k, gemm_flops / 1e9);

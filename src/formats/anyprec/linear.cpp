@@ -60,6 +60,11 @@ class AnyPrecLinear final : public LinearOp {
   }
 
   uint32_t served_widths() const override { return widths_; }
+  uint64_t weight_bytes(int bits) const override {   // planes 0..b-1, lut_b and the outliers
+    const int b = width(bits);
+    return static_cast<uint64_t>(b * n_ * words_) * 4 + (static_cast<uint64_t>(n_) << b) * 2 +
+           (rowptr_.empty() ? 0 : rowptr_.size() * 4 + col_.size() * 6);
+  }
 
   void forward(const float* x, int64_t m, float* y, int bits) const override {
     const int b = width(bits);
