@@ -460,7 +460,7 @@ TEST_F(LowbitFile, RefusesBadPackedValues) {
 
 TEST_F(LowbitFile, RefusesUnknownFormat) {
   expect_refused(edited("unknown-format", [](Contents& c) { c.lowbit["tensors"][kQ]["format"] = "quik9"; }),
-                 "tensor " + std::string(kQ) + ": unknown packed weight format 'quik9' (known: uniform, anyprec)");
+                 "tensor " + std::string(kQ) + ": unknown packed weight format 'quik9' (known: uniform, anyprec, mixed24)");
 }
 
 TEST_F(LowbitFile, RefusesUnreferencedOrDoublyReferencedTensors) {

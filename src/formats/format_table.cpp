@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "formats/anyprec/layout.h"
+#include "formats/mixed24/layout.h"
 #include "formats/uniform/layout.h"
 
 namespace lowbit {
@@ -51,9 +52,29 @@ constexpr PackedPart kAnyPrecParts[] = {
     {"outlier_val", DType::F16, "[nnz]", "sparse", 1, 1},
 };
 
+// ---- mixed24: 2/4-bit groups of 16 input columns, two-order 2-bit scales, 2-bit-only outliers ----------------
+constexpr PackedParam kMixed24Params[] = {
+    {"groups4", 0, kParamMaxIsK, "number of 4-bit input-column groups (the rest are 2-bit)"},
+    {"sparse", 0, 1, "1: fp16 outliers in CSR with 16-bit column indices, only inside 2-bit groups"},
+    {"nnz", 0, int64_t{1} << 40, "number of outliers (0 unless sparse; at most n*k)"},
+};
+constexpr PackedPart kMixed24Parts[] = {
+    {"group_bits", DType::U8, "[G]", "", 0, 0},
+    {"qweight", DType::I32, "[n, G2 + 2 G4]", "", 0, 0},
+    {"sz2", DType::U8, "[n, G2]", "", 0, 0},
+    {"ss2", DType::F16, "[ceil(n/16), G2]", "", 0, 0},
+    {"sm2", DType::F16, "[ceil(n/16), G2]", "", 0, 0},
+    {"scale4", DType::F16, "[n, G4]", "", 0, 0},
+    {"zero4", DType::U8, "[n, G4]", "", 0, 0},
+    {"outlier_rowptr", DType::I32, "[n + 1]", "sparse", 1, 1},
+    {"outlier_col", DType::I16, "[nnz]", "sparse", 1, 1},
+    {"outlier_val", DType::F16, "[nnz]", "sparse", 1, 1},
+};
+
 constexpr PackedFormat kPackedFormats[] = {
     {"uniform", kUniformParams, kUniformParts, &uniform_part_shape, &uniform_check_values, &make_uniform_linear},
     {"anyprec", kAnyPrecParams, kAnyPrecParts, &anyprec_part_shape, &anyprec_check_values, &make_anyprec_linear},
+    {"mixed24", kMixed24Params, kMixed24Parts, &mixed24_part_shape, &mixed24_check_values, &make_mixed24_linear},
 };
 
 // Compile-time consistency of the table: unique format names, unique part and parameter names within a format,
@@ -161,6 +182,20 @@ std::vector<int64_t> anyprec_part_shape(std::string_view part, int64_t n, int64_
   if (part == "outlier_rowptr") return {n + 1};
   if (part == "outlier_col" || part == "outlier_val") return {params.at("nnz")};
   fail("anyprec_part_shape: no part '", part, "'");  // unreachable: callers pass names from the table
+}
+
+// ---- mixed24 part shapes (formats/mixed24/layout.h) -----------------------------------------------------------
+std::vector<int64_t> mixed24_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params) {
+  const int64_t G = (k + kMixedGroup - 1) / kMixedGroup, G4 = params.at("groups4"), G2 = G - G4;
+  const int64_t RG = (n + kMixedRowGroup - 1) / kMixedRowGroup;
+  if (part == "group_bits") return {G};
+  if (part == "qweight") return {n, G2 + 2 * G4};
+  if (part == "sz2") return {n, G2};
+  if (part == "ss2" || part == "sm2") return {RG, G2};
+  if (part == "scale4" || part == "zero4") return {n, G4};
+  if (part == "outlier_rowptr") return {n + 1};
+  if (part == "outlier_col" || part == "outlier_val") return {params.at("nnz")};
+  fail("mixed24_part_shape: no part '", part, "'");  // unreachable
 }
 
 void check_packed_structure(const PackedWeight& w, const std::string& where) {

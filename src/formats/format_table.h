@@ -5,7 +5,7 @@
 // dtypes and shapes, the value ranges inside those parts, and the CPU LinearOp that runs it — is found through
 // its row here. Readers (io/lowbit_file) and the model loader never look at a format's fields themselves: they
 // call validate_packed() once at the entry point and make_packed_linear() to run it, and an unknown format
-// name fails loudly (STYLE habit 6). Later issues add "mixed_2_4" and "quik" as new rows.
+// name fails loudly (STYLE habit 6). Later issues add "quik" as a new row.
 //
 // Stored bits: the exact number of bits a weight occupies in a file is the sum over its parts of
 // numel * dtype bits, with the shapes the format prescribes (padding in the last word of a packed row and shared
@@ -94,5 +94,8 @@ void uniform_check_values(const PackedWeight& w, const std::string& where);
 // the LinearOp in formats/anyprec/linear.cpp.
 std::vector<int64_t> anyprec_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
 void anyprec_check_values(const PackedWeight& w, const std::string& where);
+// mixed24 (formats/mixed24/layout.h): shapes beside the table, checks in formats/mixed24/unpack_ref.cpp.
+std::vector<int64_t> mixed24_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
+void mixed24_check_values(const PackedWeight& w, const std::string& where);
 
 }  // namespace lowbit

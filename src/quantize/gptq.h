@@ -50,5 +50,7 @@ UniformQuantized gptq_quantize(const float* w, int64_t n, int64_t k, const std::
 
 // Σ_r (w_r - ŵ_r)ᵀ H (w_r - ŵ_r) for any quantized weight (the objective both RTN and GPTQ are measured by).
 double hessian_weighted_error(const float* w, const UniformQuantized& q, const std::vector<double>& h);
+// The same for a dense ŵ [n, k].
+double hessian_weighted_error(const float* w, const float* w_hat, int64_t n, int64_t k, const std::vector<double>& h);
 
 }  // namespace lowbit

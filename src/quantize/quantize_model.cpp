@@ -113,6 +113,22 @@ std::map<std::string, std::vector<float>> read_sensitivity_cache(const Model& mo
 
 std::string method_json(const QuantizeOptions& o) {
   nlohmann::ordered_json j;
+  if (o.method == QuantMethod::Mixed24) {
+    j["name"] = "mixed24";
+    j["ratio_4bit"] = o.mixed24.ratio_4bit;
+    j["outlier_fraction"] = o.mixed24.outlier_fraction;
+    j["outliers_from"] = o.mixed24.outliers_from_all_groups ? "all groups" : "2-bit groups";
+    j["group_size"] = kMixedGroup;
+    j["scale_group_rows"] = kMixedRowGroup;
+    j["scale_bits"] = kMixedScaleBits;
+    j["error_feedback"] = o.mixed24.error_feedback ? "gptq" : "none";
+    j["percdamp"] = o.mixed24.percdamp;
+    j["sequential"] = o.sequential;
+    j["calibration"] = {{"file", o.calib.file.empty() ? default_calibration_file() : o.calib.file},
+                        {"samples", o.calib.samples}, {"seqlen", o.calib.seqlen}, {"seed", o.calib.seed}};
+    j["dense_dtype"] = std::string(dtype_info(o.dense_dtype).name);
+    return j.dump();
+  }
   if (o.method == QuantMethod::AnyPrec) {
     const AnyPrecOptions& a = o.anyprec;
     j["name"] = "anyprec";
@@ -170,6 +186,25 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
       const float* w = model.tensor_f32(name);
       const auto& shape = model.tensor_shape(name);
       UniformQuantized q;
+      if (opts.method == QuantMethod::Mixed24) {   // 2/4-bit groups over GPTQ's error feedback
+        auto& h = hessians[kSlotOf[i]];
+        if (h.empty()) {
+          h = stats->at(kSlotOf[i]).hessian();
+          GptqOptions go = opts.gptq;
+          go.act_order = false;   // groups are contiguous input columns
+          go.percdamp = opts.mixed24.percdamp;
+          factors[kSlotOf[i]] = gptq_factor(h, shape[1], go);
+        }
+        Mixed24Stats ms;
+        const Mixed24Quantized mq = mixed24_quantize(w, shape[0], shape[1], h, factors.at(kSlotOf[i]), opts.mixed24, &ms);
+        rep.hessian_error_sum += ms.hessian_error;
+        rep.outliers += ms.outliers;
+        std::vector<float> deq(static_cast<size_t>(shape[0] * shape[1]));
+        mq.dequantize(deq.data());
+        model.replace_linear(name, std::make_unique<OwnedDense>(std::move(deq), bias_of(model, name), shape[0], shape[1]));
+        quantized[name] = pack_mixed24(mq, storage);
+        continue;
+      }
       if (stats == nullptr) {
         q = rtn_quantize(w, shape[0], shape[1], opts.gptq.spec);
       } else {
@@ -191,6 +226,10 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
     }
   };
 
+  if (opts.method == QuantMethod::Mixed24)
+    LOWBIT_CHECK(opts.mixed24.ratio_4bit >= 0 && opts.mixed24.ratio_4bit <= 1 && opts.mixed24.outlier_fraction >= 0 &&
+                     opts.mixed24.outlier_fraction <= 0.02,
+                 "mixed24: --ratio-4bit must be in [0, 1] and --outliers in [0, 0.02]");
   if (opts.method == QuantMethod::AnyPrec) {
     const uint32_t mask = anyprec_width_mask(opts.anyprec);   // refuse bad options before any work
     const auto calib = draw_calibration(model.tokenizer(), opts.calib);

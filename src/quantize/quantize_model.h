@@ -14,10 +14,11 @@
 #include "quantize/anyprec.h"
 #include "quantize/calibration.h"
 #include "quantize/gptq.h"
+#include "quantize/mixed24.h"
 
 namespace lowbit {
 
-enum class QuantMethod { Rtn, Gptq, AnyPrec };
+enum class QuantMethod { Rtn, Gptq, AnyPrec, Mixed24 };
 // Per-weight sensitivity for the any-precision k-means: the empirical Fisher diagonal (squared gradients of the
 // loss, SqueezeLLM), or the input Hessian diagonal 2/N Σ x_c^2 of the weight's column (same for every row).
 enum class Sensitivity { Fisher, HessianDiag };
@@ -29,6 +30,7 @@ struct QuantizeOptions {
   bool sequential = true;           // later blocks see the quantized earlier blocks
   DType dense_dtype = DType::F32;   // unquantized tensors (embeddings, norms, head, biases): F32 or F16
   AnyPrecOptions anyprec;           // AnyPrec only
+  Mixed24Options mixed24;           // Mixed24 only (calibrated and sequential like GPTQ)
   Sensitivity sensitivity = Sensitivity::Fisher;
   // AnyPrec: a safetensors file of sensitivities. Read when it exists (it must have been made for the same model,
   // sensitivity kind and calibration — else a clear error), written (atomically) when it does not.
@@ -43,6 +45,7 @@ struct QuantizeReport {
   uint64_t file_bytes = 0;
   double hessian_error_sum = 0;     // Σ over layers of the GPTQ objective (GPTQ only)
   double rtn_hessian_error_sum = 0; // the same objective for RTN of each layer on the same Hessians (GPTQ only)
+  int64_t outliers = 0;             // Mixed24: fp16 outliers kept
   double sensitivity_seconds = 0;   // AnyPrec: Fisher (forward + backward) or Hessian-diagonal capture
   bool sensitivity_from_cache = false;
   double mean_calib_loss = 0;       // AnyPrec with Fisher: mean loss of the calibration windows

@@ -15,6 +15,8 @@ struct QuantArgs {
   std::string model, out, method = "gptq", dense = "f32", sensitivity = "fisher";
   QuantizeOptions opts;
   bool no_sequential = false;
+  double outliers = -1;   // < 0: the method's default (anyprec 0, mixed24 0.002)
+  std::string outliers_from = "2bit";
   CLI::Option* samples = nullptr;
   CLI::Option* seqlen = nullptr;
 };
@@ -25,7 +27,8 @@ void register_quantize(CLI::App& app, Common& common) {
   CLI::App* sub = app.add_subcommand("quantize", "Quantize a model's linear layers and write a .lowbit file");
   sub->add_option("model", a->model, "Model: HF directory, .gguf, or llama2.c .bin")->required();
   sub->add_option("-o,--output", a->out, "Output .lowbit file")->required();
-  sub->add_option("--method", a->method, "rtn | gptq | anyprec")->check(CLI::IsMember({"rtn", "gptq", "anyprec"}));
+  sub->add_option("--method", a->method, "rtn | gptq | anyprec | mixed24")
+      ->check(CLI::IsMember({"rtn", "gptq", "anyprec", "mixed24"}));
   sub->add_option("--bits", a->opts.gptq.spec.bits, "Weight bits (2..8)")->check(CLI::Range(2, 8));
   sub->add_option("--group", a->opts.gptq.spec.group_size, "Group size along the input (0 = per channel)")
       ->check(CLI::NonNegativeNumber);
@@ -48,9 +51,13 @@ void register_quantize(CLI::App& app, Common& common) {
       ->delimiter(',');
   sub->add_option("--sensitivity", a->sensitivity, "anyprec: fisher | hessian-diag (k-means weights)")
       ->check(CLI::IsMember({"fisher", "hessian-diag"}));
-  sub->add_option("--outliers", a->opts.anyprec.outlier_fraction,
-                  "anyprec: fraction of most sensitive weights kept in fp16 (CSR), e.g. 0.005")
+  sub->add_option("--outliers", a->outliers,
+                  "anyprec (default 0) / mixed24 (default 0.002, at most 0.02): fraction of weights kept in fp16 (CSR)")
       ->check(CLI::Range(0.0, 0.49));
+  sub->add_option("--ratio-4bit", a->opts.mixed24.ratio_4bit, "mixed24: fraction of input-channel groups at 4 bits")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--outliers-from", a->outliers_from, "mixed24: 2bit (the paper) | all (ablation)")
+      ->check(CLI::IsMember({"2bit", "all"}));
   sub->add_option("--sensitivity-cache", a->opts.sensitivity_cache,
                   "anyprec: safetensors file of sensitivities, read if present (same model and calibration), else written");
   sub->add_option("--kmeans-iters", a->opts.anyprec.max_iter, "anyprec: Lloyd iteration cap (default 100)")
@@ -62,7 +69,16 @@ void register_quantize(CLI::App& app, Common& common) {
   sub->callback([a, &common] {
     apply_threads(common);
     QuantizeOptions o = a->opts;
-    o.method = a->method == "rtn" ? QuantMethod::Rtn : a->method == "gptq" ? QuantMethod::Gptq : QuantMethod::AnyPrec;
+    o.method = a->method == "rtn"       ? QuantMethod::Rtn
+               : a->method == "gptq"    ? QuantMethod::Gptq
+               : a->method == "anyprec" ? QuantMethod::AnyPrec
+                                        : QuantMethod::Mixed24;
+    o.anyprec.outlier_fraction = a->outliers < 0 ? 0.0 : a->outliers;
+    o.mixed24.outlier_fraction = a->outliers < 0 ? 0.002 : a->outliers;
+    o.mixed24.outliers_from_all_groups = a->outliers_from == "all";
+    o.mixed24.percdamp = o.gptq.percdamp;
+    if (o.method == QuantMethod::Mixed24)
+      LOWBIT_CHECK(o.mixed24.outlier_fraction <= 0.02, "--outliers for mixed24 must be in [0, 0.02]");
     o.sensitivity = a->sensitivity == "fisher" ? Sensitivity::Fisher : Sensitivity::HessianDiag;
     if (o.method == QuantMethod::AnyPrec) {   // the any-precision paper's calibration: 100 x 512 from C4
       if (a->samples->count() == 0) o.calib.samples = 100;
@@ -86,6 +102,10 @@ void register_quantize(CLI::App& app, Common& common) {
                   a->model.c_str(), o.anyprec.seed_bits, o.anyprec.parent_bits, a->sensitivity.c_str(),
                   o.calib.samples, o.calib.seqlen,
                   o.anyprec.outlier_fraction > 0 ? (", outliers " + std::to_string(o.anyprec.outlier_fraction)).c_str() : "");
+    else if (o.method == QuantMethod::Mixed24)
+      std::printf("quantize %s: mixed24, %.0f%% of 16-column groups at 4 bits, %.2f%% outliers from %s groups, "
+                  "calibration %d x %d\n", a->model.c_str(), 100 * o.mixed24.ratio_4bit, 100 * o.mixed24.outlier_fraction,
+                  o.mixed24.outliers_from_all_groups ? "all" : "2-bit", o.calib.samples, o.calib.seqlen);
     else std::printf("quantize %s: %s, %d bits, %s%s\n", a->model.c_str(), a->method.c_str(), o.gptq.spec.bits,
                 o.gptq.spec.group_size > 0 ? ("group " + std::to_string(o.gptq.spec.group_size)).c_str() : "per channel",
                 o.method == QuantMethod::Gptq
@@ -110,6 +130,9 @@ void register_quantize(CLI::App& app, Common& common) {
         std::printf("  width %d: %.4f bits per weight read (planes 0..%d, LUT, outliers); weighted error %.6g\n", b,
                     bits, b - 1, r.width_weighted_error.at(b));
     }
+    if (o.method == QuantMethod::Mixed24)
+      std::printf("  outliers kept: %lld; layer objective sum_l tr(dW H dWT): %.6g\n", static_cast<long long>(r.outliers),
+                  r.hessian_error_sum);
     if (o.method == QuantMethod::Gptq)
       std::printf("  layer objective sum_l tr(dW H dWT): GPTQ %.6g vs RTN %.6g on the same Hessians (%.1f%% lower)\n",
                   r.hessian_error_sum, r.rtn_hessian_error_sum,

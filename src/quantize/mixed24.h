@@ -1,0 +1,46 @@
+// 2/4-bit intra-matrix mixed precision (Li et al., ICCAD 2024) for one linear weight W [n, k]:
+//   sensitivity (eq. 9): per group i of 16 input channels, S_i = Σ_{c in i} Σ_j W[j,c]^2 / [H⁻¹]_cc^2 (damped H);
+//   allocation: the round(ratio_4bit · G) most sensitive groups get 4 bits, the rest 2 (shared by every row);
+//   quantization: GPTQ's error feedback over the mixed grid (the paper fine-tunes instead; training is out of
+//     scope): columns in order, blocks of 128 with lazy updates; at the first column of each group, every row's
+//     asymmetric scale and zero are fitted to its current (error-updated) weights, outliers left out; a 2-bit
+//     group's scales are then quantized across each 16-row block to 4 bits (fp16 step and offset per block) and
+//     its zeros refitted to the quantized scale;
+//   outliers: the `outlier_fraction` of all weights with the largest saliency err^2 / [H⁻¹]_cc (err = the RTN
+//     error at the group's bits, on the original weights), drawn only from 2-bit groups (or from all groups, for
+//     the ablation), kept in fp16 at their error-updated value.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "formats/mixed24/layout.h"
+#include "quantize/gptq.h"
+
+namespace lowbit {
+
+struct Mixed24Options {
+  double ratio_4bit = 0.25;
+  double outlier_fraction = 0.002;
+  bool outliers_from_all_groups = false;   // ablation (e): the paper keeps them in 2-bit groups only
+  bool error_feedback = true;               // false: round to nearest on the same mixed grid
+  std::vector<uint8_t> group_bits;          // given: skip the allocation (e.g. whole layers at 4 bits)
+  double percdamp = 0.01;
+  int block_size = 128;                     // a multiple of 16
+};
+
+struct Mixed24Stats {
+  double hessian_error = 0;                 // Σ_r (w_r - ŵ_r)ᵀ H (w_r - ŵ_r)
+  int64_t outliers = 0;
+};
+
+// Eq. 9 scores, one per group of 16 input columns. hinv_diag: diag of the damped H⁻¹ [k].
+std::vector<double> mixed24_group_sensitivity(const float* w, int64_t n, int64_t k, const std::vector<double>& hinv_diag);
+// diag of (H + λI)⁻¹ from a GPTQ factor (identity order): Σ_{r<=c} U_rc^2.
+std::vector<double> hinv_diagonal(const GptqFactor& f);
+// The `ratio` most sensitive groups -> 4, the rest -> 2.
+std::vector<uint8_t> allocate_4bit_groups(const std::vector<double>& sensitivity, double ratio);
+
+Mixed24Quantized mixed24_quantize(const float* w, int64_t n, int64_t k, const std::vector<double>& h,
+                                  const GptqFactor& factor, const Mixed24Options& o, Mixed24Stats* stats = nullptr);
+
+}  // namespace lowbit

@@ -1,0 +1,290 @@
+// 2/4-bit intra-matrix mixed precision: eq. 9 sensitivity, allocation, two-order scales, exclusive 2-bit outliers,
+// the generic packed layout (bit-exact round trip, corrupt parts), the CPU reference, and the file's bit accounting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "core/half.h"
+#include "formats/format_table.h"
+#include "formats/mixed24/layout.h"
+#include "io/lowbit_file.h"
+#include "model/model.h"
+#include "quantize/mixed24.h"
+#include "quantize/quantize_model.h"
+#include "test_util.h"
+
+namespace lowbit {
+namespace {
+
+constexpr double kFastVsRefRelTol = 2e-5;        // fp32 BLAS vs double accumulation on identical weights
+constexpr double kScaleQuantRelErr = 1.0 / 30;   // 4-bit second-order codes: |ŝ - s| <= step/2 = range/30
+
+Mixed24Quantized random_mixed(int64_t n, int64_t k, bool outliers, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Mixed24Quantized q;
+  q.n = n;
+  q.k = k;
+  for (int64_t g = 0; g < q.groups(); ++g) q.group_bits.push_back(rng() % 4 == 0 ? 4 : 2);
+  q.index();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) q.codes.push_back(static_cast<uint8_t>(rng() % (1u << q.group_bits[static_cast<size_t>(c / 16)])));
+  auto half = [&] { return f32_to_f16(std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, -8 - static_cast<int>(rng() % 4))); };
+  for (int64_t i = 0; i < n * q.g2; ++i) {
+    q.zero2.push_back(static_cast<uint8_t>(rng() % 4));
+    q.scode2.push_back(static_cast<uint8_t>(rng() % 16));
+  }
+  for (int64_t i = 0; i < q.row_groups() * q.g2; ++i) {
+    q.ss2.push_back(half());
+    q.sm2.push_back(half());
+  }
+  for (int64_t i = 0; i < n * q.g4; ++i) {
+    q.scale4.push_back(half());
+    q.zero4.push_back(static_cast<uint8_t>(rng() % 16));
+  }
+  if (outliers) {
+    q.outlier_rowptr.push_back(0);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c)
+        if (rng() % 50 == 0) {
+          q.outlier_col.push_back(static_cast<uint16_t>(c));
+          q.outlier_val.push_back(half());
+        }
+      q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
+    }
+  }
+  return q;
+}
+
+TEST(Mixed24Pack, RoundTripIsBitExactForOddShapes) {
+  uint32_t seed = 1;
+  for (int64_t n : {1, 5, 17, 33})
+    for (int64_t k : {1, 15, 16, 17, 100, 257}) {
+      const Mixed24Quantized q = random_mixed(n, k, seed % 2 == 0, seed);
+      ++seed;
+      std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+      const PackedWeight w = pack_mixed24(q, storage);
+      const Mixed24Quantized u = unpack_mixed24(w, "t");
+      EXPECT_EQ(u.codes, q.codes) << n << "x" << k;
+      EXPECT_EQ(u.group_bits, q.group_bits);
+      EXPECT_EQ(u.zero2, q.zero2);
+      EXPECT_EQ(u.scode2, q.scode2);
+      EXPECT_EQ(u.ss2, q.ss2);
+      EXPECT_EQ(u.sm2, q.sm2);
+      EXPECT_EQ(u.scale4, q.scale4);
+      EXPECT_EQ(u.zero4, q.zero4);
+      EXPECT_EQ(u.outlier_col, q.outlier_col);
+      EXPECT_EQ(u.outlier_val, q.outlier_val);
+      // Stored bits: 2 bits per 2-bit-group code and 4 per 4-bit one (short last group padded), 8 per (row, 2-bit
+      // group) of scale code + zero, 32 per (16 rows, 2-bit group), 24 per (row, 4-bit group), the group widths, CSR.
+      const int64_t G = q.groups();
+      const uint64_t want = 32ull * n * (q.g2 + 2 * q.g4) + 8ull * n * q.g2 + 32ull * q.row_groups() * q.g2 +
+                            24ull * n * q.g4 + 8ull * G +
+                            (q.outlier_rowptr.empty() ? 0 : 32ull * (n + 1) + 32ull * q.outlier_col.size());
+      EXPECT_EQ(packed_stored_bits(w, "t"), want);
+    }
+}
+
+TEST(Mixed24Linear, ReferenceEqualsDequantizeThenMatmul) {
+  const Mixed24Quantized q = random_mixed(40, 200, true, 7);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  const PackedWeight w = pack_mixed24(q, storage);
+  std::vector<float> bias(40, 0.5f);
+  const auto op = make_packed_linear(w, bias.data(), "t");
+  Mixed24Quantized qi = q;
+  qi.index();
+  std::vector<float> deq(40 * 200);
+  qi.dequantize(deq.data());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (int64_t m : {1, 3}) {
+    std::vector<float> x(static_cast<size_t>(m * 200)), y(static_cast<size_t>(m * 40)), yr(y.size()), yd(y.size());
+    for (auto& v : x) v = nd(rng);
+    op->forward(x.data(), m, y.data());
+    op->forward_ref(x.data(), m, yr.data());
+    DenseLinear(deq.data(), bias.data(), 40, 200).forward_ref(x.data(), m, yd.data());
+    for (size_t i = 0; i < y.size(); ++i) {
+      EXPECT_NEAR(y[i], yr[i], kFastVsRefRelTol * (1 + std::fabs(yr[i])));
+      EXPECT_NEAR(yd[i], yr[i], 1e-6 * (1 + std::fabs(yr[i])));
+    }
+  }
+}
+
+struct Problem {
+  int64_t n = 48, k = 160;
+  std::vector<float> w;
+  std::vector<double> h;
+};
+Problem random_problem(uint32_t seed) {
+  Problem p;
+  std::mt19937 rng(seed);
+  std::student_t_distribution<float> heavy(4.0f);
+  for (int64_t i = 0; i < p.n * p.k; ++i) p.w.push_back(0.02f * heavy(rng));
+  // H = 2/N XᵀX of correlated activations with a few large channels.
+  const int64_t N = 400;
+  std::vector<double> x(static_cast<size_t>(N * p.k));
+  std::normal_distribution<double> nd;
+  for (int64_t t = 0; t < N; ++t) {
+    const double common = nd(rng);
+    for (int64_t c = 0; c < p.k; ++c) x[static_cast<size_t>(t * p.k + c)] = nd(rng) * (c % 37 == 0 ? 8.0 : 1.0) + 0.5 * common;
+  }
+  p.h.assign(static_cast<size_t>(p.k * p.k), 0.0);
+  for (int64_t t = 0; t < N; ++t)
+    for (int64_t a = 0; a < p.k; ++a)
+      for (int64_t b = 0; b < p.k; ++b)
+        p.h[static_cast<size_t>(a * p.k + b)] += 2.0 / N * x[static_cast<size_t>(t * p.k + a)] * x[static_cast<size_t>(t * p.k + b)];
+  return p;
+}
+
+TEST(Mixed24Quantize, SensitivityAllocationScalesAndOutliers) {
+  const Problem p = random_problem(5);
+  const GptqFactor f = gptq_factor(p.h, p.k, GptqOptions{});
+  const std::vector<double> hinv = hinv_diagonal(f);
+  // diag of (H + λI)⁻¹ by a direct solve of one column
+  {
+    std::vector<double> a(p.h);
+    for (int64_t i = 0; i < p.k; ++i) a[static_cast<size_t>(i * p.k + i)] += f.damp;
+    // Gauss-Jordan on [A | e_3]
+    std::vector<double> e(static_cast<size_t>(p.k), 0.0);
+    e[3] = 1.0;
+    for (int64_t c = 0; c < p.k; ++c) {
+      const double piv = a[static_cast<size_t>(c * p.k + c)];
+      for (int64_t j = 0; j < p.k; ++j) a[static_cast<size_t>(c * p.k + j)] /= piv;
+      e[static_cast<size_t>(c)] /= piv;
+      for (int64_t r = 0; r < p.k; ++r) {
+        if (r == c) continue;
+        const double fac = a[static_cast<size_t>(r * p.k + c)];
+        for (int64_t j = 0; j < p.k; ++j) a[static_cast<size_t>(r * p.k + j)] -= fac * a[static_cast<size_t>(c * p.k + j)];
+        e[static_cast<size_t>(r)] -= fac * e[static_cast<size_t>(c)];
+      }
+    }
+    EXPECT_NEAR(hinv[3], e[3], 1e-9 * std::fabs(e[3]));
+  }
+  const std::vector<double> s = mixed24_group_sensitivity(p.w.data(), p.n, p.k, hinv);
+  double s0 = 0;
+  for (int64_t r = 0; r < p.n; ++r)
+    for (int64_t c = 0; c < 16; ++c) s0 += static_cast<double>(p.w[static_cast<size_t>(r * p.k + c)]) * p.w[static_cast<size_t>(r * p.k + c)] / (hinv[static_cast<size_t>(c)] * hinv[static_cast<size_t>(c)]);
+  EXPECT_NEAR(s[0], s0, 1e-9 * s0);   // eq. 9
+  const std::vector<uint8_t> bits = allocate_4bit_groups(s, 0.25);
+  ASSERT_EQ(bits.size(), 10u);
+  double min4 = INFINITY, max2 = 0;
+  int fours = 0;
+  for (size_t g = 0; g < bits.size(); ++g) {
+    if (bits[g] == 4) {
+      ++fours;
+      min4 = std::min(min4, s[g]);
+    } else {
+      max2 = std::max(max2, s[g]);
+    }
+  }
+  EXPECT_EQ(fours, 3);   // round(0.25 * 10)
+  EXPECT_GE(min4, max2);
+
+  Mixed24Options o;
+  o.outlier_fraction = 0.01;
+  Mixed24Stats st;
+  const Mixed24Quantized q = mixed24_quantize(p.w.data(), p.n, p.k, p.h, f, o, &st);
+  EXPECT_EQ(q.group_bits, bits);
+  EXPECT_EQ(st.outliers, std::llround(0.01 * p.n * p.k));
+  for (uint16_t c : q.outlier_col) EXPECT_EQ(q.group_bits[c / 16], 2) << "outlier in a 4-bit group";
+  // Second-order scales: each ŝ is one of 16 levels of its 16-row block and the levels span the block's range.
+  for (int64_t j = 0; j < q.g2; ++j)
+    for (int64_t rg = 0; rg < q.row_groups(); ++rg) {
+      const float step = f16_to_f32(q.ss2[static_cast<size_t>(rg * q.g2 + j)]);
+      for (int64_t r = rg * 16; r < std::min(p.n, rg * 16 + 16); ++r) EXPECT_GE(q.scale2(r, j), 0.0f);
+      EXPECT_GE(step, 0.0f);
+    }
+  // With outliers from all groups, some land in 4-bit groups; the 2-bit-only rule is the quantizer's, not the format's.
+  Mixed24Options all = o;
+  all.outliers_from_all_groups = true;
+  const Mixed24Quantized qa = mixed24_quantize(p.w.data(), p.n, p.k, p.h, f, all, nullptr);
+  EXPECT_EQ(qa.outlier_col.size(), q.outlier_col.size());
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  EXPECT_NO_THROW(pack_mixed24(qa, storage));
+}
+
+TEST(Mixed24Quantize, ErrorFeedbackAndOutliersLowerTheLayerObjective) {
+  const Problem p = random_problem(9);
+  const GptqFactor f = gptq_factor(p.h, p.k, GptqOptions{});
+  auto objective = [&](bool feedback, double outliers) {
+    Mixed24Options o;
+    o.error_feedback = feedback;
+    o.outlier_fraction = outliers;
+    Mixed24Stats st;
+    mixed24_quantize(p.w.data(), p.n, p.k, p.h, f, o, &st);
+    return st.hessian_error;
+  };
+  const double rtn = objective(false, 0), gptq = objective(true, 0), gptq_out = objective(true, 0.005);
+  std::printf("[ mixed24 layer objective ] RTN %.4g  GPTQ %.4g  GPTQ + 0.5%% outliers %.4g\n", rtn, gptq, gptq_out);
+  EXPECT_LT(gptq, 0.9 * rtn);
+  EXPECT_LT(gptq_out, gptq);
+  // All 4 bits: the objective falls further (more bits, same procedure).
+  Mixed24Options o4;
+  o4.ratio_4bit = 1.0;
+  o4.outlier_fraction = 0;
+  Mixed24Stats s4;
+  mixed24_quantize(p.w.data(), p.n, p.k, p.h, f, o4, &s4);
+  EXPECT_LT(s4.hessian_error, gptq);
+}
+
+TEST(Mixed24Corrupt, ReadersRefuseBadParts) {
+  const Mixed24Quantized q = random_mixed(4, 40, true, 11);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  const PackedWeight good = pack_mixed24(q, storage);
+  auto with_byte = [&](const std::string& part, size_t offset, uint8_t value) {
+    PackedWeight w = good;
+    auto buf = std::make_shared<std::vector<uint8_t>>(w.parts[part].data, w.parts[part].data + w.parts[part].nbytes);
+    (*buf)[offset] = value;
+    storage.push_back(buf);
+    w.parts[part].data = buf->data();
+    return w;
+  };
+  auto expect = [](const PackedWeight& w, const std::string& phrase) {
+    try {
+      validate_packed(w, "w");
+      ADD_FAILURE() << "accepted; expected " << phrase;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  };
+  expect(with_byte("group_bits", 0, 3), "(must be 2 or 4)");
+  {
+    PackedWeight w = good;
+    w.params["groups4"] = w.params["groups4"] + 1;
+    expect(w, "part qweight has shape");
+  }
+  Mixed24Quantized flip = q;
+  flip.index();
+  const size_t last_word = static_cast<size_t>(flip.g2 + 2 * flip.g4) * 4 - 1;   // row 0's last byte: padding (k = 40)
+  expect(with_byte("qweight", last_word, 0x80), "non-zero padding codes");
+  if (q.g4 > 0) expect(with_byte("zero4", 0, 16), "is not below 16");
+  if (q.g2 > 0) expect(with_byte("sz2", 0, 64), "uses bits above 5");
+}
+
+TEST(Mixed24Model, Stories260KFileBitsMatchTheFileSize) {
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
+  const std::string dir = test::temp_dir();
+  auto model = Model::load(bin);
+  QuantizeOptions o;
+  o.method = QuantMethod::Mixed24;
+  o.calib.samples = 8;
+  o.calib.seqlen = 128;
+  const QuantizeReport rep = quantize_to_file(*model, o, dir + "/m.lowbit");
+  EXPECT_GT(rep.outliers, 0);
+  // Every byte of the file is the header, a dense tensor, or a counted packed part.
+  const std::string bytes = test::read_file(dir + "/m.lowbit");
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), 8);
+  const auto q = Model::load(dir + "/m.lowbit");
+  uint64_t dense = 0, packed_bits = 0;
+  for (const auto& [name, t] : q->weights().tensors) dense += t.nbytes;
+  for (const auto& [name, w] : q->weights().packed) packed_bits += packed_stored_bits(w, name);
+  EXPECT_EQ(8 + header + dense + packed_bits / 8, bytes.size());
+  EXPECT_NEAR(rep.avg_bits, static_cast<double>(packed_bits) / static_cast<double>(rep.quantized_weights), 1e-9);
+}
+
+}  // namespace
+}  // namespace lowbit
