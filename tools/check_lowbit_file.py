@@ -16,8 +16,8 @@ import sys
 import numpy as np
 from safetensors import safe_open
 
-DTYPE_BITS = {"F32": 32, "F16": 16, "BF16": 16, "I32": 32, "U8": 8}
-TORCH_TO_ST = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16", "torch.int32": "I32",
+DTYPE_BITS = {"F32": 32, "F16": 16, "BF16": 16, "I32": 32, "I16": 16, "U8": 8}
+TORCH_TO_ST = {"torch.float32": "F32", "torch.float16": "F16", "torch.bfloat16": "BF16", "torch.int32": "I32", "torch.int16": "I16",
                "torch.uint8": "U8"}
 
 
@@ -69,6 +69,41 @@ def anyprec_decode(parts, shape, params, bits=None):
     return w
 
 
+def mixed24_decode(parts, shape, params):
+    """2/4-bit groups of 16 columns: w = (q - z) * s, 2-bit scales s = fmaf(code, ss, sm) per 16-row block."""
+    n, k = shape
+    bits = parts["group_bits"].astype(np.int64)
+    G = bits.size
+    words = parts["qweight"].astype(np.int64) & 0xFFFFFFFF
+    start = np.concatenate([[0], np.cumsum(16 * bits)[:-1]])
+    c = np.arange(k)
+    g = c // 16
+    pos = start[g] + (c % 16) * bits[g]
+    codes = (words[:, pos // 32] >> (pos % 32)) & ((1 << bits[g]) - 1)
+    assert codes.shape == (n, k)
+    is4 = bits == 4
+    slot = np.where(is4, np.cumsum(is4) - 1, np.cumsum(~is4) - 1)
+    w = np.zeros((n, k), dtype=np.float32)
+    sz2 = parts["sz2"].astype(np.int64)
+    rows = np.arange(n) // 16
+    # ŝ = fmaf(code, ss, sm): exact in float64 (fp16 operands, 4-bit code), then one rounding to float32
+    s2 = ((sz2 & 15) * parts["ss2"].astype(np.float64)[rows] + parts["sm2"].astype(np.float64)[rows]).astype(np.float32)
+    z2 = (sz2 >> 4).astype(np.float32)
+    s4 = parts["scale4"].astype(np.float32)
+    z4 = parts["zero4"].astype(np.float32)
+    q = codes.astype(np.float32)
+    m2 = ~is4[g]
+    j = slot[g]
+    w[:, m2] = (q[:, m2] - z2[:, j[m2]]) * s2[:, j[m2]]
+    w[:, ~m2] = (q[:, ~m2] - z4[:, j[~m2]]) * s4[:, j[~m2]]
+    if params["sparse"]:
+        rowptr = parts["outlier_rowptr"]
+        col = parts["outlier_col"].astype(np.int64) & 0xFFFF
+        r = np.repeat(np.arange(n), np.diff(rowptr))
+        w[r, col] = parts["outlier_val"].astype(np.float32)
+    return w
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
@@ -88,7 +123,7 @@ def main():
                 params += t.numel()
                 data_bits += t.numel() * DTYPE_BITS[entry["dtype"]]
                 continue
-            assert entry["format"] in ("uniform", "anyprec"), f"{name}: unknown format {entry['format']}"
+            assert entry["format"] in ("uniform", "anyprec", "mixed24"), f"{name}: unknown format {entry['format']}"
             parts = {}
             for part, stored in entry["parts"].items():
                 t = f.get_tensor(stored)
@@ -100,6 +135,8 @@ def main():
             n, k = entry["shape"]
             if entry["format"] == "uniform":
                 w = uniform_decode(parts, (n, k), entry["params"])
+            elif entry["format"] == "mixed24":
+                w = mixed24_decode(parts, (n, k), entry["params"])
             else:
                 w = anyprec_decode(parts, (n, k), entry["params"])
             quantized_weights += n * k

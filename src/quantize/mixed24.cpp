@@ -67,7 +67,7 @@ void quantize_scales(const float* s, int64_t count, uint8_t* code, uint16_t* ss,
   for (int64_t i = 0; i < count; ++i) {
     const float q = st > 0 ? std::nearbyint((s[i] - m) / st) : 0.0f;
     code[i] = static_cast<uint8_t>(std::clamp(q, 0.0f, static_cast<float>((1 << kMixedScaleBits) - 1)));
-    s_hat[i] = m + static_cast<float>(code[i]) * st;   // the stored value's definition (layout.h)
+    s_hat[i] = std::fma(static_cast<float>(code[i]), st, m);   // the stored value's definition (layout.h)
   }
 }
 

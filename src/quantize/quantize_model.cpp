@@ -122,6 +122,7 @@ std::string method_json(const QuantizeOptions& o) {
     j["scale_group_rows"] = kMixedRowGroup;
     j["scale_bits"] = kMixedScaleBits;
     j["error_feedback"] = o.mixed24.error_feedback ? "gptq" : "none";
+    if (!o.mixed24_layers_4bit.empty()) j["layers_4bit"] = o.mixed24_layers_4bit;
     j["percdamp"] = o.mixed24.percdamp;
     j["sequential"] = o.sequential;
     j["calibration"] = {{"file", o.calib.file.empty() ? default_calibration_file() : o.calib.file},
@@ -196,7 +197,14 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
           factors[kSlotOf[i]] = gptq_factor(h, shape[1], go);
         }
         Mixed24Stats ms;
-        const Mixed24Quantized mq = mixed24_quantize(w, shape[0], shape[1], h, factors.at(kSlotOf[i]), opts.mixed24, &ms);
+        Mixed24Options mo = opts.mixed24;
+        if (!opts.mixed24_layers_4bit.empty()) {
+          static constexpr const char* kKinds[7] = {"q", "k", "v", "o", "gate", "up", "down"};
+          const bool four = std::find(opts.mixed24_layers_4bit.begin(), opts.mixed24_layers_4bit.end(), kKinds[i]) !=
+                            opts.mixed24_layers_4bit.end();
+          mo.group_bits.assign(static_cast<size_t>((shape[1] + kMixedGroup - 1) / kMixedGroup), four ? 4 : 2);
+        }
+        const Mixed24Quantized mq = mixed24_quantize(w, shape[0], shape[1], h, factors.at(kSlotOf[i]), mo, &ms);
         rep.hessian_error_sum += ms.hessian_error;
         rep.outliers += ms.outliers;
         std::vector<float> deq(static_cast<size_t>(shape[0] * shape[1]));

@@ -31,6 +31,9 @@ struct QuantizeOptions {
   DType dense_dtype = DType::F32;   // unquantized tensors (embeddings, norms, head, biases): F32 or F16
   AnyPrecOptions anyprec;           // AnyPrec only
   Mixed24Options mixed24;           // Mixed24 only (calibrated and sequential like GPTQ)
+  // Mixed24 ablation "manual inter-layer": these linear kinds (q, k, v, o, gate, up, down) entirely at 4 bits,
+  // all others entirely at 2 bits, instead of the per-group allocation.
+  std::vector<std::string> mixed24_layers_4bit;
   Sensitivity sensitivity = Sensitivity::Fisher;
   // AnyPrec: a safetensors file of sensitivities. Read when it exists (it must have been made for the same model,
   // sensitivity kind and calibration — else a clear error), written (atomically) when it does not.

@@ -58,6 +58,10 @@ void register_quantize(CLI::App& app, Common& common) {
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--outliers-from", a->outliers_from, "mixed24: 2bit (the paper) | all (ablation)")
       ->check(CLI::IsMember({"2bit", "all"}));
+  sub->add_option("--layers-4bit", a->opts.mixed24_layers_4bit,
+                  "mixed24 ablation: these linears (q,k,v,o,gate,up,down) wholly 4-bit, the rest 2-bit")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"q", "k", "v", "o", "gate", "up", "down"}));
   sub->add_option("--sensitivity-cache", a->opts.sensitivity_cache,
                   "anyprec: safetensors file of sensitivities, read if present (same model and calibration), else written");
   sub->add_option("--kmeans-iters", a->opts.anyprec.max_iter, "anyprec: Lloyd iteration cap (default 100)")

@@ -8,7 +8,7 @@
 //   4-bit groups: fp16 scale s and a zero z in 0..15 per (row, group);
 //   optional outliers (only inside 2-bit groups): CSR over rows, fp16 values with 16-bit column indices.
 // The weight it encodes, exactly, in fp32:
-//   2-bit: w = (float(q) - z) * ŝ,  ŝ = fp32(sm) + float(sc) * fp32(ss)     (one fp32 multiply-add, then the product)
+//   2-bit: w = (float(q) - z) * ŝ,  ŝ = fmaf(float(sc), fp32(ss), fp32(sm))   (fused: one rounding), then the product
 //   4-bit: w = (float(q) - z) * fp32(s)
 //   outlier (r, c): w = fp32(outlier_val)
 //

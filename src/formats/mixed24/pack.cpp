@@ -1,5 +1,6 @@
 // mixed24 format: the encoded value of a weight and packing (layout: layout.h, docs/formats/mixed24.md).
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/half.h"
@@ -15,10 +16,11 @@ void Mixed24Quantized::index() {
   for (size_t g = 0; g < group_bits.size(); ++g) slot[g] = group_bits[g] == 4 ? g4++ : g2++;
 }
 
-// One definition of the second-order scale: fp32 multiply-add of the stored fp16 step and offset.
+// One definition of the second-order scale: one fused multiply-add in fp32 (a single rounding, so no compiler
+// contraction choice can change it) of the stored fp16 step and offset.
 float Mixed24Quantized::scale2(int64_t r, int64_t j) const {
   const size_t i = static_cast<size_t>((r / kMixedRowGroup) * g2 + j);
-  return f16_to_f32(sm2[i]) + static_cast<float>(scode2[static_cast<size_t>(r * g2 + j)]) * f16_to_f32(ss2[i]);
+  return std::fma(static_cast<float>(scode2[static_cast<size_t>(r * g2 + j)]), f16_to_f32(ss2[i]), f16_to_f32(sm2[i]));
 }
 
 float Mixed24Quantized::value(int64_t r, int64_t c) const {
