@@ -288,3 +288,26 @@ TEST(Mixed24Model, Stories260KFileBitsMatchTheFileSize) {
 
 }  // namespace
 }  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+TEST(Mixed24Cli, QuantizesAndRefusesMisuse) {
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
+  const std::string dir = test::temp_dir();
+  std::string out;
+  ASSERT_EQ(test::run_cli("quantize " + bin + " --method mixed24 --calib-samples 4 --calib-seqlen 64 -o " + dir + "/m.lowbit", &out), 0) << out;
+  EXPECT_NE(out.find("outliers kept"), std::string::npos) << out;
+  ASSERT_EQ(test::run_cli("inspect " + dir + "/m.lowbit", &out), 0) << out;
+  EXPECT_NE(out.find("mixed24"), std::string::npos) << out;
+  test::expect_cli_refuses({
+      {"quantize " + bin + " --method mixed24 --outliers 0.05 -o " + dir + "/c.lowbit", "--outliers for mixed24 must be in [0, 0.02]"},
+      {"quantize " + bin + " --method mixed24 --layers-4bit mlp -o " + dir + "/c.lowbit", "--layers-4bit"},
+      {"ppl " + dir + "/m.lowbit --text " + bin + " --bits 3", "needs an any-precision model"},
+  }, dir + "/c.lowbit");
+}
+
+}  // namespace
+}  // namespace lowbit

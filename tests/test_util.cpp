@@ -66,6 +66,15 @@ std::string temp_dir() {
   return p.string();
 }
 
+void expect_cli_refuses(const std::vector<std::pair<std::string, std::string>>& cases, const std::string& must_not_exist) {
+  std::string out;
+  for (const auto& [args, phrase] : cases) {
+    EXPECT_NE(run_cli(args, &out), 0) << args;
+    EXPECT_NE(out.find(phrase), std::string::npos) << args << "\n" << out;
+  }
+  if (!must_not_exist.empty()) EXPECT_FALSE(file_exists(must_not_exist)) << must_not_exist;
+}
+
 int run_cli(const std::string& args, std::string* output) {
   std::string cmd = std::string(LOWBIT_CLI_PATH) + " " + args + " 2>&1";
   FILE* pipe = ::popen(cmd.c_str(), "r");

@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -23,6 +24,8 @@ int run_cli(const std::string& args, std::string* output);
 bool file_exists(const std::string& path);
 std::string read_file(const std::string& path);
 void write_file(const std::string& path, const std::string& bytes);
+// Each (args, phrase): the CLI exits non-zero and says phrase; afterwards `must_not_exist` (if not empty) is absent.
+void expect_cli_refuses(const std::vector<std::pair<std::string, std::string>>& cases, const std::string& must_not_exist);
 
 // Expects open(path) to throw one single-line lowbit::Error naming the path and containing phrase.
 template <typename Open>
