@@ -15,6 +15,7 @@
 #include "quantize/quantize_model.h"
 #include "runtime/eval_text.h"
 #include "runtime/perplexity.h"
+#include "packed_fixtures.h"
 #include "test_util.h"
 
 namespace lowbit {
@@ -40,20 +41,6 @@ RandomWeights random_weights(int64_t n, int64_t k, uint32_t seed) {
   return r;
 }
 
-AnyPrecQuantized random_codes(int64_t n, int64_t k, int planes, uint32_t widths, uint32_t seed) {
-  std::mt19937 rng(seed);
-  AnyPrecQuantized q;
-  q.n = n;
-  q.k = k;
-  q.planes = planes;
-  q.widths = widths;
-  for (int64_t i = 0; i < n * k; ++i) q.codes.push_back(static_cast<uint8_t>(rng() & ((1u << planes) - 1)));
-  for (int b : q.served_widths()) {
-    auto& lut = q.luts[b];
-    for (int64_t i = 0; i < (n << b); ++i) lut.push_back(f32_to_f16(std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, -14)));
-  }
-  return q;
-}
 
 TEST(AnyPrecKMeans, ObjectiveNeverRisesAndEndsAtALloydFixedPoint) {
   std::mt19937 rng(7);
@@ -253,7 +240,7 @@ TEST(AnyPrecPack, RoundTripIsBitExactForOddShapes) {
   for (int64_t k : {1, 7, 31, 33, 100, 1023, 1025, 2081}) {
     for (int planes : {2, 3, 5, 8}) {
       const uint32_t widths = (1u << planes) | (planes > 2 ? 1u << 2 : 0u);
-      const AnyPrecQuantized q = random_codes(3, k, planes, widths, seed++);
+      const AnyPrecQuantized q = test::random_codes(3, k, planes, widths, seed++);
       std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
       const PackedWeight w = pack_anyprec(q, storage);
       EXPECT_EQ(w.parts.at("planes").shape, (std::vector<int64_t>{planes, 3, (k + 31) / 32}));
@@ -318,7 +305,7 @@ TEST(AnyPrecLinear, ReadsOnlyItsPlanesAndMatchesTheReference) {
 
 // Corrupt parts: each gets a one-line error naming the problem.
 TEST(AnyPrecCorrupt, ReadersRefuseBadParts) {
-  const AnyPrecQuantized q = random_codes(4, 40, 4, (1u << 3) | (1u << 4), 3);
+  const AnyPrecQuantized q = test::random_codes(4, 40, 4, (1u << 3) | (1u << 4), 3);
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   auto fresh = [&] { return pack_anyprec(q, storage); };
   auto expect = [](const PackedWeight& w, const std::string& phrase) {

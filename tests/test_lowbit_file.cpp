@@ -17,7 +17,7 @@
 #include "io/lowbit_file.h"
 #include "io/safetensors.h"
 #include "test_util.h"
-#include "uniform_fixtures.h"
+#include "packed_fixtures.h"
 
 namespace lowbit {
 namespace {
@@ -552,6 +552,50 @@ TEST_F(LowbitFile, RefusedWriteKeepsTheExistingFile) {
   int entries = 0;
   for (const auto& e : fs::directory_iterator(dir_)) entries += e.is_regular_file() ? 1 : 0;
   EXPECT_EQ(entries, 1);
+}
+
+// Every truncation and single-byte corruption of a file holding an any-precision and a mixed24 weight either opens
+// (and then every width decodes and multiplies without fault) or is refused with lowbit::Error.
+TEST(LowbitFuzz, AnyPrecAndMixed24FilesNeverCrashTheReader) {
+  TinyModel m;
+  AnyPrecQuantized a = test::random_codes(64, 64, 4, (1u << 3) | (1u << 4), 5);
+  a.outlier_rowptr.assign(65, 0);
+  for (int64_t r = 0; r < 64; ++r) {
+    if (r % 9 == 0) {
+      a.outlier_col.push_back(static_cast<int32_t>(r % 64));
+      a.outlier_val.push_back(f32_to_f16(0.25f));
+    }
+    a.outlier_rowptr[static_cast<size_t>(r + 1)] = static_cast<int32_t>(a.outlier_col.size());
+  }
+  m.packed[kQ] = pack_anyprec(a, m.storage);
+  m.packed[kK] = pack_mixed24(test::random_mixed(32, 64, true, 6), m.storage);
+  const std::string dir = test::temp_dir();
+  write_lowbit(dir + "/valid.lowbit", m.spec());
+  const std::string valid = test::read_file(dir + "/valid.lowbit");
+  std::vector<float> x(64, 0.5f), y(64);
+  auto open_and_read = [&](const std::string& path) {
+    try {
+      const WeightSet ws = read_lowbit(path);
+      for (const auto& [name, w] : ws.packed) {
+        const auto op = make_packed_linear(w, nullptr, name);
+        for (int b = 0; b <= 8; ++b)
+          if (b == 0 || ((op->served_widths() >> b) & 1u)) {
+            op->forward(x.data(), 1, y.data(), b);
+            op->forward_ref(x.data(), 1, y.data(), b);
+          }
+      }
+      return true;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+      return false;
+    }
+  };
+  ASSERT_TRUE(open_and_read(dir + "/valid.lowbit"));
+  test::fuzz_file(valid, dir + "/mutant.lowbit", open_and_read,
+                  [](std::string& bytes, std::mt19937& rng) {
+                    for (int i = 0; i < 8; ++i) bytes[rng() % bytes.size()] = static_cast<char>(rng());
+                  },
+                  2000);
 }
 
 }  // namespace

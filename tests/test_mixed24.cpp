@@ -13,6 +13,7 @@
 #include "model/model.h"
 #include "quantize/mixed24.h"
 #include "quantize/quantize_model.h"
+#include "packed_fixtures.h"
 #include "test_util.h"
 
 namespace lowbit {
@@ -21,47 +22,12 @@ namespace {
 constexpr double kFastVsRefRelTol = 2e-5;        // fp32 BLAS vs double accumulation on identical weights
 constexpr double kScaleQuantRelErr = 1.0 / 30;   // 4-bit second-order codes: |ŝ - s| <= step/2 = range/30
 
-Mixed24Quantized random_mixed(int64_t n, int64_t k, bool outliers, uint32_t seed) {
-  std::mt19937 rng(seed);
-  Mixed24Quantized q;
-  q.n = n;
-  q.k = k;
-  for (int64_t g = 0; g < q.groups(); ++g) q.group_bits.push_back(rng() % 4 == 0 ? 4 : 2);
-  q.index();
-  for (int64_t r = 0; r < n; ++r)
-    for (int64_t c = 0; c < k; ++c) q.codes.push_back(static_cast<uint8_t>(rng() % (1u << q.group_bits[static_cast<size_t>(c / 16)])));
-  auto half = [&] { return f32_to_f16(std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, -8 - static_cast<int>(rng() % 4))); };
-  for (int64_t i = 0; i < n * q.g2; ++i) {
-    q.zero2.push_back(static_cast<uint8_t>(rng() % 4));
-    q.scode2.push_back(static_cast<uint8_t>(rng() % 16));
-  }
-  for (int64_t i = 0; i < q.row_groups() * q.g2; ++i) {
-    q.ss2.push_back(half());
-    q.sm2.push_back(half());
-  }
-  for (int64_t i = 0; i < n * q.g4; ++i) {
-    q.scale4.push_back(half());
-    q.zero4.push_back(static_cast<uint8_t>(rng() % 16));
-  }
-  if (outliers) {
-    q.outlier_rowptr.push_back(0);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < k; ++c)
-        if (rng() % 50 == 0) {
-          q.outlier_col.push_back(static_cast<uint16_t>(c));
-          q.outlier_val.push_back(half());
-        }
-      q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
-    }
-  }
-  return q;
-}
 
 TEST(Mixed24Pack, RoundTripIsBitExactForOddShapes) {
   uint32_t seed = 1;
   for (int64_t n : {1, 5, 17, 33})
     for (int64_t k : {1, 15, 16, 17, 100, 257}) {
-      const Mixed24Quantized q = random_mixed(n, k, seed % 2 == 0, seed);
+      const Mixed24Quantized q = test::random_mixed(n, k, seed % 2 == 0, seed);
       ++seed;
       std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
       const PackedWeight w = pack_mixed24(q, storage);
@@ -87,7 +53,7 @@ TEST(Mixed24Pack, RoundTripIsBitExactForOddShapes) {
 }
 
 TEST(Mixed24Linear, ReferenceEqualsDequantizeThenMatmul) {
-  const Mixed24Quantized q = random_mixed(40, 200, true, 7);
+  const Mixed24Quantized q = test::random_mixed(40, 200, true, 7);
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   const PackedWeight w = pack_mixed24(q, storage);
   std::vector<float> bias(40, 0.5f);
@@ -229,7 +195,7 @@ TEST(Mixed24Quantize, ErrorFeedbackAndOutliersLowerTheLayerObjective) {
 }
 
 TEST(Mixed24Corrupt, ReadersRefuseBadParts) {
-  const Mixed24Quantized q = random_mixed(4, 40, true, 11);
+  const Mixed24Quantized q = test::random_mixed(4, 40, true, 11);
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   const PackedWeight good = pack_mixed24(q, storage);
   auto with_byte = [&](const std::string& part, size_t offset, uint8_t value) {

@@ -12,7 +12,7 @@
 #include "formats/format_table.h"
 #include "formats/uniform/layout.h"
 #include "test_util.h"
-#include "uniform_fixtures.h"
+#include "packed_fixtures.h"
 
 using lowbit::test::random_quantized;
 

@@ -1,0 +1,95 @@
+// Random packed weights (uniform, anyprec, mixed24) for the format, container and fuzz tests.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <random>
+
+#include "core/half.h"
+#include "formats/anyprec/layout.h"
+#include "formats/mixed24/layout.h"
+#include "formats/uniform/layout.h"
+
+namespace lowbit::test {
+
+// A random quantized weight: codes, zeros and group indices uniform over their ranges, scales fp16 in
+// [2^-10, 2^-3) with random sign.
+inline UniformQuantized random_quantized(int64_t n, int64_t k, int bits, int64_t group_size, bool symmetric,
+                                  bool act_order, uint32_t seed) {
+  std::mt19937 rng(seed);
+  UniformQuantized q;
+  q.bits = bits;
+  q.n = n;
+  q.k = k;
+  q.group_size = group_size;
+  q.symmetric = symmetric;
+  const int64_t groups = q.groups();
+  std::uniform_int_distribution<int> code(0, (1 << bits) - 1);
+  std::uniform_real_distribution<float> mag(-10.0f, -3.0f);
+  for (int64_t i = 0; i < n * k; ++i) q.codes.push_back(static_cast<uint8_t>(code(rng)));
+  for (int64_t i = 0; i < n * groups; ++i) {
+    const float s = std::exp2(mag(rng)) * (rng() % 2 ? 1.0f : -1.0f);
+    q.scales.push_back(f32_to_f16(s));
+  }
+  if (!symmetric)
+    for (int64_t i = 0; i < n * groups; ++i) q.zeros.push_back(static_cast<uint8_t>(code(rng)));
+  if (act_order) {
+    std::uniform_int_distribution<int> group(0, static_cast<int>(groups) - 1);
+    for (int64_t c = 0; c < k; ++c) q.g_idx.push_back(group(rng));
+  }
+  return q;
+}
+
+// Random parent codes of `planes` bits and fp16 LUTs (multiples of 2^-14 in [-2^-4, 2^-4]) for the served widths.
+inline AnyPrecQuantized random_codes(int64_t n, int64_t k, int planes, uint32_t widths, uint32_t seed) {
+  std::mt19937 rng(seed);
+  AnyPrecQuantized q;
+  q.n = n;
+  q.k = k;
+  q.planes = planes;
+  q.widths = widths;
+  for (int64_t i = 0; i < n * k; ++i) q.codes.push_back(static_cast<uint8_t>(rng() & ((1u << planes) - 1)));
+  for (int b : q.served_widths()) {
+    auto& lut = q.luts[b];
+    for (int64_t i = 0; i < (n << b); ++i) lut.push_back(f32_to_f16(std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, -14)));
+  }
+  return q;
+}
+
+// Random group widths (1 in 4 at 4 bits), codes, scales, zeros and (optionally) ~2% outliers.
+inline Mixed24Quantized random_mixed(int64_t n, int64_t k, bool outliers, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Mixed24Quantized q;
+  q.n = n;
+  q.k = k;
+  for (int64_t g = 0; g < q.groups(); ++g) q.group_bits.push_back(rng() % 4 == 0 ? 4 : 2);
+  q.index();
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) q.codes.push_back(static_cast<uint8_t>(rng() % (1u << q.group_bits[static_cast<size_t>(c / 16)])));
+  auto half = [&] { return f32_to_f16(std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, -8 - static_cast<int>(rng() % 4))); };
+  for (int64_t i = 0; i < n * q.g2; ++i) {
+    q.zero2.push_back(static_cast<uint8_t>(rng() % 4));
+    q.scode2.push_back(static_cast<uint8_t>(rng() % 16));
+  }
+  for (int64_t i = 0; i < q.row_groups() * q.g2; ++i) {
+    q.ss2.push_back(half());
+    q.sm2.push_back(half());
+  }
+  for (int64_t i = 0; i < n * q.g4; ++i) {
+    q.scale4.push_back(half());
+    q.zero4.push_back(static_cast<uint8_t>(rng() % 16));
+  }
+  if (outliers) {
+    q.outlier_rowptr.push_back(0);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c)
+        if (rng() % 50 == 0) {
+          q.outlier_col.push_back(static_cast<uint16_t>(c));
+          q.outlier_val.push_back(half());
+        }
+      q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
+    }
+  }
+  return q;
+}
+
+}  // namespace lowbit::test
