@@ -42,11 +42,12 @@ TEST(Mixed24Pack, RoundTripIsBitExactForOddShapes) {
       EXPECT_EQ(u.zero4, q.zero4);
       EXPECT_EQ(u.outlier_col, q.outlier_col);
       EXPECT_EQ(u.outlier_val, q.outlier_val);
-      // Stored bits: 2 bits per 2-bit-group code and 4 per 4-bit one (short last group padded), 8 per (row, 2-bit
-      // group) of scale code + zero, 32 per (16 rows, 2-bit group), 24 per (row, 4-bit group), the group widths, CSR.
+      // Stored bits: 2 bits per 2-bit-group code and 4 per 4-bit one (short last group padded), 6 per (row, 2-bit
+      // group) of scale code + zero in whole words per row, 32 per (16 rows, 2-bit group), 16 + 4 per (row, 4-bit
+      // group) (zeros in whole words per row), the group widths, CSR.
       const int64_t G = q.groups();
-      const uint64_t want = 32ull * n * (q.g2 + 2 * q.g4) + 8ull * n * q.g2 + 32ull * q.row_groups() * q.g2 +
-                            24ull * n * q.g4 + 8ull * G +
+      const uint64_t want = 32ull * n * (q.g2 + 2 * q.g4) + 32ull * n * ((6 * q.g2 + 31) / 32) +
+                            32ull * q.row_groups() * q.g2 + 16ull * n * q.g4 + 32ull * n * ((4 * q.g4 + 31) / 32) + 8ull * G +
                             (q.outlier_rowptr.empty() ? 0 : 32ull * (n + 1) + 32ull * q.outlier_col.size());
       EXPECT_EQ(packed_stored_bits(w, "t"), want);
     }
@@ -224,8 +225,14 @@ TEST(Mixed24Corrupt, ReadersRefuseBadParts) {
   flip.index();
   const size_t last_word = static_cast<size_t>(flip.g2 + 2 * flip.g4) * 4 - 1;   // row 0's last byte: padding (k = 40)
   expect(with_byte("qweight", last_word, 0x80), "non-zero padding codes");
-  if (q.g4 > 0) expect(with_byte("zero4", 0, 16), "is not below 16");
-  if (q.g2 > 0) expect(with_byte("sz2", 0, 64), "uses bits above 5");
+  Mixed24Quantized idx = q;
+  idx.index();
+  ASSERT_TRUE(idx.g4 > 0 && idx.g2 > 0) << "the fixture should hold both group widths";
+  if (idx.g4 > 0 && idx.g4 < 8) expect(with_byte("zero4", 3, 0x80), "part zero4 row 0 has non-zero padding bits");
+  if (6 * idx.g2 % 32 != 0) {
+    const int64_t w2 = (6 * idx.g2 + 31) / 32;
+    expect(with_byte("meta2", static_cast<size_t>(4 * w2 - 1), 0x80), "part meta2 row 0 has non-zero padding bits");
+  }
 }
 
 TEST(Mixed24Model, Stories260KFileBitsMatchTheFileSize) {

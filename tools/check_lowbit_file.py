@@ -84,13 +84,19 @@ def mixed24_decode(parts, shape, params):
     is4 = bits == 4
     slot = np.where(is4, np.cumsum(is4) - 1, np.cumsum(~is4) - 1)
     w = np.zeros((n, k), dtype=np.float32)
-    sz2 = parts["sz2"].astype(np.int64)
+    def fields(words, count, width):   # per-row little-endian streams of fixed-width fields
+        words = words.astype(np.int64) & 0xFFFFFFFF
+        stream = ((words[:, :, None] >> np.arange(32)) & 1).reshape(words.shape[0], -1)
+        assert not stream[:, count * width:].any(), "non-zero padding bits"
+        return (stream[:, : count * width].reshape(-1, count, width) << np.arange(width)).sum(-1)
+    G4 = int(is4.sum())
+    sz2 = fields(parts["meta2"], G - G4, 6)
     rows = np.arange(n) // 16
     # ŝ = fmaf(code, ss, sm): exact in float64 (fp16 operands, 4-bit code), then one rounding to float32
     s2 = ((sz2 & 15) * parts["ss2"].astype(np.float64)[rows] + parts["sm2"].astype(np.float64)[rows]).astype(np.float32)
     z2 = (sz2 >> 4).astype(np.float32)
     s4 = parts["scale4"].astype(np.float32)
-    z4 = parts["zero4"].astype(np.float32)
+    z4 = fields(parts["zero4"], G4, 4).astype(np.float32)
     q = codes.astype(np.float32)
     m2 = ~is4[g]
     j = slot[g]

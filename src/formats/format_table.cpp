@@ -61,11 +61,11 @@ constexpr PackedParam kMixed24Params[] = {
 constexpr PackedPart kMixed24Parts[] = {
     {"group_bits", DType::U8, "[G]", "", 0, 0},
     {"qweight", DType::I32, "[n, G2 + 2 G4]", "", 0, 0},
-    {"sz2", DType::U8, "[n, G2]", "", 0, 0},
+    {"meta2", DType::I32, "[n, ceil(6 G2 / 32)]", "", 0, 0},
     {"ss2", DType::F16, "[ceil(n/16), G2]", "", 0, 0},
     {"sm2", DType::F16, "[ceil(n/16), G2]", "", 0, 0},
     {"scale4", DType::F16, "[n, G4]", "", 0, 0},
-    {"zero4", DType::U8, "[n, G4]", "", 0, 0},
+    {"zero4", DType::I32, "[n, ceil(4 G4 / 32)]", "", 0, 0},
     {"outlier_rowptr", DType::I32, "[n + 1]", "sparse", 1, 1},
     {"outlier_col", DType::I16, "[nnz]", "sparse", 1, 1},
     {"outlier_val", DType::F16, "[nnz]", "sparse", 1, 1},
@@ -191,9 +191,10 @@ std::vector<int64_t> mixed24_part_shape(std::string_view part, int64_t n, int64_
   const int64_t RG = (n + kMixedRowGroup - 1) / kMixedRowGroup;
   if (part == "group_bits") return {G};
   if (part == "qweight") return {n, G2 + 2 * G4};
-  if (part == "sz2") return {n, G2};
+  if (part == "meta2") return {n, (6 * G2 + 31) / 32};
   if (part == "ss2" || part == "sm2") return {RG, G2};
-  if (part == "scale4" || part == "zero4") return {n, G4};
+  if (part == "scale4") return {n, G4};
+  if (part == "zero4") return {n, (4 * G4 + 31) / 32};
   if (part == "outlier_rowptr") return {n + 1};
   if (part == "outlier_col" || part == "outlier_val") return {params.at("nnz")};
   fail("mixed24_part_shape: no part '", part, "'");  // unreachable

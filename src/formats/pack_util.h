@@ -31,4 +31,27 @@ T element(const TensorView& v, int64_t i) {
   return out;
 }
 
+// Fixed-width fields in a little-endian uint32 bit stream: field bits [bit, bit + width), which may straddle two words.
+inline void put_bits(uint32_t* words, int64_t bit, int width, uint32_t value) {
+  words[bit / 32] |= value << (bit % 32);
+  if (bit % 32 + width > 32) words[bit / 32 + 1] |= value >> (32 - bit % 32);
+}
+inline uint32_t get_bits(const TensorView& v, int64_t first_word, int64_t bit, int width) {
+  uint64_t two = element<uint32_t>(v, first_word + bit / 32);
+  if (bit % 32 + width > 32) two |= static_cast<uint64_t>(element<uint32_t>(v, first_word + bit / 32 + 1)) << 32;
+  return static_cast<uint32_t>((two >> (bit % 32)) & ((uint64_t{1} << width) - 1));
+}
+// Checks that the bits of each row's last word past `used_bits` are zero (rows of `words_per_row` words).
+inline bool row_padding_is_zero(const TensorView& v, int64_t rows, int64_t words_per_row, int64_t used_bits, int64_t* bad_row) {
+  const int64_t used_in_last = used_bits - (words_per_row - 1) * 32;
+  if (words_per_row == 0 || used_in_last >= 32) return true;
+  const uint32_t pad = used_in_last <= 0 ? 0xffffffffu : ~((1u << used_in_last) - 1u);
+  for (int64_t r = 0; r < rows; ++r)
+    if (element<uint32_t>(v, r * words_per_row + words_per_row - 1) & pad) {
+      *bad_row = r;
+      return false;
+    }
+  return true;
+}
+
 }  // namespace lowbit

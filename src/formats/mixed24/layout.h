@@ -17,9 +17,10 @@
 //   qweight       i32 [n, G2 + 2 G4]      each row one little-endian bit stream of its groups in column order,
 //                                         16 codes per group (a short last group padded with zero codes):
 //                                         2-bit groups take one word, 4-bit groups two
-//   sz2           u8  [n, G2]             bits 0-3 scale code sc, bits 4-5 zero z (2-bit groups, in column order)
+//   meta2         i32 [n, ceil(6 G2/32)]  per row a bit stream of 6-bit fields, one per 2-bit group in column
+//                                         order: bits 0-3 scale code sc, bits 4-5 zero z (fields may straddle words)
 //   ss2, sm2      f16 [ceil(n/16), G2]    second-order step and offset
-//   scale4        f16 [n, G4]; zero4 u8 [n, G4]   (4-bit groups, in column order)
+//   scale4        f16 [n, G4]; zero4 i32 [n, ceil(G4/8)]: 4-bit zeros, 8 per word (4-bit groups, column order)
 //   outlier_rowptr i32 [n+1], outlier_col i16 [nnz] (uint16 bits, increasing within a row), outlier_val f16 [nnz]
 // params: groups4 = G4 (0..G), sparse (0/1), nnz.
 #pragma once

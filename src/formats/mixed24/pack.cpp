@@ -66,7 +66,8 @@ PackedWeight pack_mixed24(const Mixed24Quantized& qin, std::vector<std::shared_p
   w.params = {{"groups4", q.g4}, {"sparse", sparse ? 1 : 0}, {"nnz", sparse ? static_cast<int64_t>(q.outlier_col.size()) : 0}};
   const int64_t W = q.g2 + 2 * q.g4;
   std::vector<uint32_t> words(static_cast<size_t>(n * W), 0u);
-  std::vector<uint8_t> sz2(static_cast<size_t>(n * q.g2));
+  const int64_t W2 = (6 * q.g2 + 31) / 32, W4 = (4 * q.g4 + 31) / 32;
+  std::vector<uint32_t> meta2(static_cast<size_t>(n * W2), 0u), zero4(static_cast<size_t>(n * W4), 0u);
   for (int64_t r = 0; r < n; ++r) {
     int64_t bit = 0;
     for (int64_t g = 0; g < G; ++g) {
@@ -80,7 +81,12 @@ PackedWeight pack_mixed24(const Mixed24Quantized& qin, std::vector<std::shared_p
     for (int64_t j = 0; j < q.g2; ++j) {
       const size_t i = static_cast<size_t>(r * q.g2 + j);
       LOWBIT_CHECK(q.zero2[i] < 4 && q.scode2[i] < 16, "pack_mixed24: 2-bit zero or scale code out of range");
-      sz2[i] = static_cast<uint8_t>(q.scode2[i] | (q.zero2[i] << 4));
+      put_bits(meta2.data() + r * W2, 6 * j, 6, static_cast<uint32_t>(q.scode2[i] | (q.zero2[i] << 4)));
+    }
+    for (int64_t j = 0; j < q.g4; ++j) {
+      const uint8_t z = q.zero4[static_cast<size_t>(r * q.g4 + j)];
+      LOWBIT_CHECK(z < 16, "pack_mixed24: 4-bit zero ", int{z}, " out of range");
+      put_bits(zero4.data() + r * W4, 4 * j, 4, z);
     }
   }
   auto put = [&](const std::string& name, DType dt, std::vector<int64_t> shape, std::shared_ptr<std::vector<uint8_t>> buf) {
@@ -89,11 +95,11 @@ PackedWeight pack_mixed24(const Mixed24Quantized& qin, std::vector<std::shared_p
   };
   put("group_bits", DType::U8, {G}, bytes_of(q.group_bits));
   put("qweight", DType::I32, {n, W}, bytes_of(words));
-  put("sz2", DType::U8, {n, q.g2}, bytes_of(sz2));
+  put("meta2", DType::I32, {n, W2}, bytes_of(meta2));
   put("ss2", DType::F16, {RG, q.g2}, bytes_of(q.ss2));
   put("sm2", DType::F16, {RG, q.g2}, bytes_of(q.sm2));
   put("scale4", DType::F16, {n, q.g4}, bytes_of(q.scale4));
-  put("zero4", DType::U8, {n, q.g4}, bytes_of(q.zero4));
+  put("zero4", DType::I32, {n, W4}, bytes_of(zero4));
   if (sparse) {
     const int64_t nnz = static_cast<int64_t>(q.outlier_col.size());
     put("outlier_rowptr", DType::I32, {n + 1}, bytes_of(q.outlier_rowptr));

@@ -35,12 +35,12 @@ void mixed24_check_values(const PackedWeight& w, const std::string& where) {
         LOWBIT_CHECK(((element<uint32_t>(qw, r * W + bit / 32) >> (bit % 32)) & 1u) == 0, where,
                      ": part qweight row ", r, " has non-zero padding codes after its ", k, " columns");
   }
-  const TensorView& sz2 = w.parts.at("sz2");
-  for (int64_t i = 0; i < sz2.numel(); ++i)
-    LOWBIT_CHECK(element<uint8_t>(sz2, i) < 64, where, ": part sz2 [", i, "] uses bits above 5");
-  const TensorView& z4 = w.parts.at("zero4");
-  for (int64_t i = 0; i < z4.numel(); ++i)
-    LOWBIT_CHECK(element<uint8_t>(z4, i) < 16, where, ": part zero4 [", i, "] = ", int{element<uint8_t>(z4, i)}, " is not below 16");
+  for (const auto& [part, used] : {std::pair<const char*, int64_t>{"meta2", 6 * (G - G4)}, {"zero4", 4 * G4}}) {
+    const TensorView& v = w.parts.at(part);
+    int64_t bad = 0;
+    LOWBIT_CHECK(row_padding_is_zero(v, n, v.shape[1], used, &bad), where, ": part ", part, " row ", bad,
+                 " has non-zero padding bits after its fields");
+  }
   for (const char* part : {"ss2", "sm2", "scale4"}) {
     const TensorView& v = w.parts.at(part);
     for (int64_t i = 0; i < v.numel(); ++i)
@@ -95,18 +95,23 @@ Mixed24Quantized unpack_mixed24(const PackedWeight& w, const std::string& where)
       }
     }
   }
-  std::vector<uint8_t> sz2;
-  copy("sz2", sz2);
-  q.zero2.resize(sz2.size());
-  q.scode2.resize(sz2.size());
-  for (size_t i = 0; i < sz2.size(); ++i) {
-    q.scode2[i] = sz2[i] & 15u;
-    q.zero2[i] = static_cast<uint8_t>(sz2[i] >> 4);
+  const TensorView& meta2 = w.parts.at("meta2");
+  const TensorView& z4 = w.parts.at("zero4");
+  q.zero2.resize(static_cast<size_t>(q.n * q.g2));
+  q.scode2.resize(q.zero2.size());
+  q.zero4.resize(static_cast<size_t>(q.n * q.g4));
+  for (int64_t r = 0; r < q.n; ++r) {
+    for (int64_t j = 0; j < q.g2; ++j) {
+      const uint32_t f = get_bits(meta2, r * meta2.shape[1], 6 * j, 6);
+      q.scode2[static_cast<size_t>(r * q.g2 + j)] = static_cast<uint8_t>(f & 15u);
+      q.zero2[static_cast<size_t>(r * q.g2 + j)] = static_cast<uint8_t>(f >> 4);
+    }
+    for (int64_t j = 0; j < q.g4; ++j)
+      q.zero4[static_cast<size_t>(r * q.g4 + j)] = static_cast<uint8_t>(get_bits(z4, r * z4.shape[1], 4 * j, 4));
   }
   copy("ss2", q.ss2);
   copy("sm2", q.sm2);
   copy("scale4", q.scale4);
-  copy("zero4", q.zero4);
   if (w.params.at("sparse") == 1) {
     copy("outlier_rowptr", q.outlier_rowptr);
     copy("outlier_col", q.outlier_col);
