@@ -97,8 +97,9 @@ TEST(AnyPrecKMeans, ObjectiveNeverRisesAndEndsAtALloydFixedPoint) {
                     std::fabs(x[static_cast<size_t>(i)] - km.centroids[static_cast<size_t>(o)]) + 1e-9);
     // No empty cluster while the data has enough distinct values.
     const std::set<float> distinct(x.begin(), x.end());
-    if (static_cast<int64_t>(distinct.size()) >= K)
+    if (static_cast<int64_t>(distinct.size()) >= K) {
       for (int j = 0; j < K; ++j) EXPECT_LT(km.start[static_cast<size_t>(j)], km.start[static_cast<size_t>(j) + 1]);
+    }
   }
 }
 
@@ -160,7 +161,7 @@ TEST(AnyPrecQuantize, LutsAreWeightedMeansAndSplitsAreOptimal2Means) {
           };
           size_t left = 0;
           for (int64_t c = 0; c < k; ++c)
-            if ((q.codes[static_cast<size_t>(r * k + c)] >> (o.parent_bits - b)) == j &&
+            if (static_cast<size_t>(q.codes[static_cast<size_t>(r * k + c)] >> (o.parent_bits - b)) == j &&
                 ((q.codes[static_cast<size_t>(r * k + c)] >> (o.parent_bits - b - 1)) & 1) == 0)
               ++left;
           double best = INFINITY;

@@ -72,7 +72,9 @@ void expect_cli_refuses(const std::vector<std::pair<std::string, std::string>>& 
     EXPECT_NE(run_cli(args, &out), 0) << args;
     EXPECT_NE(out.find(phrase), std::string::npos) << args << "\n" << out;
   }
-  if (!must_not_exist.empty()) EXPECT_FALSE(file_exists(must_not_exist)) << must_not_exist;
+  if (!must_not_exist.empty()) {
+    EXPECT_FALSE(file_exists(must_not_exist)) << must_not_exist;
+  }
 }
 
 int run_cli(const std::string& args, std::string* output) {

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "formats/pack_util.h"
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24/layout.h"
 #include "formats/uniform/layout.h"
@@ -245,6 +246,29 @@ void check_packed_structure(const PackedWeight& w, const std::string& where) {
     const uint64_t bytes = dtype_bytes(part.dtype, numel_of(shape));
     LOWBIT_CHECK(v.nbytes == bytes && (bytes == 0 || v.data != nullptr), where, ": part ", part.name, " holds ",
                  v.nbytes, " bytes, its shape needs ", bytes);
+  }
+}
+
+void check_outlier_csr(const PackedWeight& w, const std::string& where) {
+  const int64_t n = w.shape[0], k = w.shape[1], nnz = w.params.at("nnz");
+  const TensorView& rp = w.parts.at("outlier_rowptr");
+  const TensorView& col = w.parts.at("outlier_col");
+  const TensorView& val = w.parts.at("outlier_val");
+  auto column = [&](int64_t i) -> int64_t {
+    return col.dtype == DType::I16 ? int64_t{element<uint16_t>(col, i)} : int64_t{element<int32_t>(col, i)};
+  };
+  LOWBIT_CHECK(element<int32_t>(rp, 0) == 0 && element<int32_t>(rp, n) == nnz, where,
+               ": part outlier_rowptr must start at 0 and end at nnz = ", nnz);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t a = element<int32_t>(rp, r), e = element<int32_t>(rp, r + 1);
+    LOWBIT_CHECK(a <= e && e <= nnz, where, ": part outlier_rowptr [", r + 1, "] = ", e,
+                 " is below the previous entry or past nnz");
+    for (int64_t i = a; i < e; ++i) {
+      const int64_t c = column(i);
+      LOWBIT_CHECK(c >= 0 && c < k && (i == a || c > column(i - 1)), where, ": part outlier_col [", i, "] = ", c,
+                   " is outside [0, k) or not increasing within row ", r);
+      LOWBIT_CHECK((element<uint16_t>(val, i) & 0x7c00u) != 0x7c00u, where, ": part outlier_val [", i, "] is not finite");
+    }
   }
 }
 

@@ -79,6 +79,11 @@ void check_packed_structure(const PackedWeight& w, const std::string& where);
 // once per weight before anything decodes it.
 void validate_packed(const PackedWeight& w, const std::string& where);
 
+// The fp16 outliers some formats keep beside their codes (parts outlier_rowptr i32 [n+1], outlier_col i32 or i16
+// (uint16 bits) [nnz], outlier_val f16 [nnz], param nnz): row pointers from 0 to nnz, non-decreasing; columns in
+// [0, k) and strictly increasing within a row; finite values. For a weight whose structure is already checked.
+void check_outlier_csr(const PackedWeight& w, const std::string& where);
+
 // Exact bits the weight occupies when stored (see the file comment). Checks the structure first.
 uint64_t packed_stored_bits(const PackedWeight& w, const std::string& where);
 

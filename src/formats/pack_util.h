@@ -1,5 +1,6 @@
 // Small helpers every packed format's packer and reader share.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -29,6 +30,30 @@ T element(const TensorView& v, int64_t i) {
   T out;
   std::memcpy(&out, v.data + static_cast<size_t>(i) * sizeof(T), sizeof(T));
   return out;
+}
+
+// fp16 outliers in CSR (anyprec: int32 columns, mixed24: uint16 columns; columns increasing within a row).
+// The index of outlier (r, c), or -1.
+template <typename Col>
+int64_t csr_find(const std::vector<int32_t>& rowptr, const std::vector<Col>& col, int64_t r, int64_t c) {
+  if (rowptr.empty()) return -1;
+  const auto first = col.begin() + rowptr[static_cast<size_t>(r)], last = col.begin() + rowptr[static_cast<size_t>(r + 1)];
+  const auto it = std::lower_bound(first, last, static_cast<Col>(c));
+  return it != last && *it == c ? it - col.begin() : -1;
+}
+// The CSR of the set entries of mask [n, k]; fp16_value(r, c) gives each one's stored fp16 bits.
+template <typename Col, typename Fp16Value>
+void csr_from_mask(const std::vector<char>& mask, int64_t n, int64_t k, Fp16Value fp16_value, std::vector<int32_t>& rowptr,
+                   std::vector<Col>& col, std::vector<uint16_t>& val) {
+  rowptr.assign(static_cast<size_t>(n + 1), 0);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t c = 0; c < k; ++c)
+      if (mask[static_cast<size_t>(r * k + c)]) {
+        col.push_back(static_cast<Col>(c));
+        val.push_back(fp16_value(r, c));
+      }
+    rowptr[static_cast<size_t>(r + 1)] = static_cast<int32_t>(col.size());
+  }
 }
 
 // Fixed-width fields in a little-endian uint32 bit stream: field bits [bit, bit + width), which may straddle two words.

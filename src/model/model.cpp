@@ -219,7 +219,7 @@ void Model::update_widths() {
   uint32_t common = 0;
   bool any = false;
   for (const LayerWeights& L : layers_)
-    for (const LinearOp* op : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.gate.get(), L.up.get(), L.down.get()}) {
+    for (const LinearOp* op : L.linears()) {
       if (op == nullptr || op->served_widths() == 0) continue;
       common = any ? common & op->served_widths() : op->served_widths();
       any = true;
@@ -231,7 +231,7 @@ uint64_t Model::weight_bytes_per_token(int bits) const {
   check_bits(bits);
   uint64_t total = head_->weight_bytes(0);
   for (const LayerWeights& L : layers_)
-    for (const LinearOp* op : {L.q.get(), L.k.get(), L.v.get(), L.o.get(), L.gate.get(), L.up.get(), L.down.get()})
+    for (const LinearOp* op : L.linears())
       total += op->served_widths() != 0 ? op->weight_bytes(bits) : op->weight_bytes(0);
   return total;
 }
@@ -248,7 +248,10 @@ void Model::check_bits(int bits) const {
   if (widths_ == 0) fail(ws_.path, ": --bits ", bits, " needs an any-precision model (this one has one precision)");
   if (bits < 0 || bits >= 32 || ((widths_ >> bits) & 1u) == 0) {
     std::string list;
-    for (int b : widths()) list += (list.empty() ? "" : ",") + std::to_string(b);
+    for (int b : widths()) {
+      if (!list.empty()) list += ',';
+      list += std::to_string(b);
+    }
     fail(ws_.path, ": --bits ", bits, " is not a width this model serves (", list, ")");
   }
 }

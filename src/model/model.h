@@ -6,6 +6,7 @@
 //                   OpenMP threads for the element-wise work.
 //   forward_ref() — plain scalar loops, one token at a time, double accumulation: the oracle for tests.
 #pragma once
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,6 +30,9 @@ struct LayerWeights {
   const float* ffn_norm = nullptr;    // [dim]
   std::unique_ptr<LinearOp> q, k, v, o;        // q: [q_dim, dim], k/v: [kv_dim, dim], o: [dim, q_dim]
   std::unique_ptr<LinearOp> gate, up, down;    // gate/up: [hidden, dim], down: [dim, hidden]
+  std::array<const LinearOp*, 7> linears() const {   // in slot order: q, k, v, o, gate, up, down
+    return {q.get(), k.get(), v.get(), o.get(), gate.get(), up.get(), down.get()};
+  }
 };
 
 class Model {

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "formats/pack_util.h"
 #include "quantize/rtn.h"
 
 namespace lowbit {
@@ -222,15 +223,8 @@ AnyPrecQuantized anyprec_quantize(const float* w, const float* sens, int64_t n, 
     });
     outlier.assign(static_cast<size_t>(n * k), 0);
     for (int64_t i = 0; i < n_out; ++i) outlier[static_cast<size_t>(idx[static_cast<size_t>(i)])] = 1;
-    q.outlier_rowptr.assign(static_cast<size_t>(n + 1), 0);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < k; ++c)
-        if (outlier[static_cast<size_t>(r * k + c)]) {
-          q.outlier_col.push_back(static_cast<int32_t>(c));
-          q.outlier_val.push_back(f32_to_f16(w[r * k + c]));
-        }
-      q.outlier_rowptr[static_cast<size_t>(r + 1)] = static_cast<int32_t>(q.outlier_col.size());
-    }
+    csr_from_mask(outlier, n, k, [&](int64_t r, int64_t c) { return f32_to_f16(w[r * k + c]); }, q.outlier_rowptr,
+                  q.outlier_col, q.outlier_val);
   }
 
 #pragma omp parallel

@@ -185,15 +185,13 @@ UniformQuantized gptq_quantize(const float* w_in, int64_t n, int64_t k, const st
   return q;
 }
 
-double hessian_weighted_error(const float* w, const UniformQuantized& q, const std::vector<double>& h) {
-  std::vector<float> w_hat(static_cast<size_t>(q.n * q.k));
-  q.dequantize(w_hat.data());
-  return hessian_weighted_error(w, w_hat.data(), q.n, q.k, h);
-}
+namespace {
 
-double hessian_weighted_error(const float* w, const float* w_hat, int64_t n, int64_t k, const std::vector<double>& h) {
-  // Σ_r d_rᵀ H d_r = Σ (D H) ⊙ D with D = W - Ŵ, as one dsymm per block of rows (a dsymv per row would stream
-  // all of H once per row: 19 MB x 576 rows for SmolLM2's down_proj).
+// Σ_r d_rᵀ H d_r = Σ (D H) ⊙ D with D = W - Ŵ, as one dsymm per block of rows (a dsymv per row would stream all of
+// H once per row: 19 MB x 576 rows for SmolLM2's down_proj). w_hat(r, c) is read block by block, so no full Ŵ is
+// materialised.
+template <typename WHat>
+double weighted_error_by_row_blocks(const float* w, WHat w_hat, int64_t n, int64_t k, const std::vector<double>& h) {
   constexpr int64_t kRows = 256;
   std::vector<double> d(static_cast<size_t>(std::min(n, kRows) * k)), dh(d.size());
   double total = 0;
@@ -201,12 +199,22 @@ double hessian_weighted_error(const float* w, const float* w_hat, int64_t n, int
     const int64_t m = std::min(kRows, n - r0);
     for (int64_t r = 0; r < m; ++r)
       for (int64_t c = 0; c < k; ++c)
-        d[static_cast<size_t>(r * k + c)] = static_cast<double>(w[(r0 + r) * k + c]) - w_hat[(r0 + r) * k + c];
+        d[static_cast<size_t>(r * k + c)] = static_cast<double>(w[(r0 + r) * k + c]) - w_hat(r0 + r, c);
     cblas_dsymm(CblasRowMajor, CblasRight, CblasUpper, static_cast<int>(m), static_cast<int>(k), 1.0, h.data(),
                 static_cast<int>(k), d.data(), static_cast<int>(k), 0.0, dh.data(), static_cast<int>(k));
     total += cblas_ddot(static_cast<int>(m * k), d.data(), 1, dh.data(), 1);
   }
   return total;
+}
+
+}  // namespace
+
+double hessian_weighted_error(const float* w, const UniformQuantized& q, const std::vector<double>& h) {
+  return weighted_error_by_row_blocks(w, [&](int64_t r, int64_t c) { return q.dequant(r, c); }, q.n, q.k, h);
+}
+
+double hessian_weighted_error(const float* w, const float* w_hat, int64_t n, int64_t k, const std::vector<double>& h) {
+  return weighted_error_by_row_blocks(w, [&](int64_t r, int64_t c) { return w_hat[r * k + c]; }, n, k, h);
 }
 
 }  // namespace lowbit

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "formats/pack_util.h"
 #include "quantize/rtn.h"
 
 namespace lowbit {
@@ -28,6 +29,12 @@ std::vector<double> mixed24_group_sensitivity(const float* w, int64_t n, int64_t
   for (int64_t c = 0; c < k; ++c)
     s[static_cast<size_t>(c / kMixedGroup)] += col[static_cast<size_t>(c)] / (hinv[static_cast<size_t>(c)] * hinv[static_cast<size_t>(c)]);
   return s;
+}
+
+void validate_mixed24_options(const Mixed24Options& o) {
+  LOWBIT_CHECK(o.ratio_4bit >= 0 && o.ratio_4bit <= 1, "--ratio-4bit must be in [0, 1]");
+  LOWBIT_CHECK(o.outlier_fraction >= 0 && o.outlier_fraction <= 0.02, "--outliers for mixed24 must be in [0, 0.02]");
+  LOWBIT_CHECK(o.block_size > 0 && o.block_size % kMixedGroup == 0, "mixed24: block size must be a multiple of 16");
 }
 
 std::vector<uint8_t> allocate_4bit_groups(const std::vector<double>& s, double ratio) {
@@ -77,10 +84,10 @@ Mixed24Quantized mixed24_quantize(const float* w_in, int64_t n, int64_t k, const
                                   const GptqFactor& f, const Mixed24Options& o, Mixed24Stats* stats) {
   check_weights_finite(w_in, n * k, "mixed24");
   LOWBIT_CHECK(k < 65536, "mixed24: k = ", k, " is too large for 16-bit outlier column indices");
-  LOWBIT_CHECK(o.outlier_fraction >= 0 && o.outlier_fraction <= 0.02, "--outliers must be in [0, 0.02]");
-  LOWBIT_CHECK(o.block_size > 0 && o.block_size % kMixedGroup == 0, "mixed24: block size must be a multiple of 16");
-  LOWBIT_CHECK(f.k == k && !std::any_of(f.perm.begin(), f.perm.end(), [i = int64_t{0}](int64_t p) mutable { return p != i++; }),
-               "mixed24: needs a GPTQ factor for k = ", k, " in the original column order");
+  validate_mixed24_options(o);
+  std::vector<int64_t> identity(static_cast<size_t>(k));
+  std::iota(identity.begin(), identity.end(), 0);
+  LOWBIT_CHECK(f.k == k && f.perm == identity, "mixed24: needs a GPTQ factor for k = ", k, " in the original column order");
   const int64_t G = (k + kMixedGroup - 1) / kMixedGroup, RG = (n + kMixedRowGroup - 1) / kMixedRowGroup;
   const std::vector<double> hinv = hinv_diagonal(f);
 
@@ -195,15 +202,8 @@ Mixed24Quantized mixed24_quantize(const float* w_in, int64_t n, int64_t k, const
                   static_cast<int>(k), 1.0f, W.data() + i2, static_cast<int>(k));
   }
   if (n_out > 0) {
-    q.outlier_rowptr.assign(static_cast<size_t>(n + 1), 0);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < k; ++c)
-        if (outlier[static_cast<size_t>(r * k + c)]) {
-          q.outlier_col.push_back(static_cast<uint16_t>(c));
-          q.outlier_val.push_back(out_val[static_cast<size_t>(r * k + c)]);
-        }
-      q.outlier_rowptr[static_cast<size_t>(r + 1)] = static_cast<int32_t>(q.outlier_col.size());
-    }
+    csr_from_mask(outlier, n, k, [&](int64_t r, int64_t c) { return out_val[static_cast<size_t>(r * k + c)]; },
+                  q.outlier_rowptr, q.outlier_col, q.outlier_val);
   }
   if (stats) {
     stats->outliers = static_cast<int64_t>(q.outlier_col.size());

@@ -33,6 +33,9 @@ struct Mixed24Stats {
   int64_t outliers = 0;
 };
 
+// Refuses options out of range (--ratio-4bit in [0, 1], --outliers in [0, 0.02], block size a multiple of 16).
+void validate_mixed24_options(const Mixed24Options& o);
+
 // Eq. 9 scores, one per group of 16 input columns. hinv_diag: diag of the damped H⁻¹ [k].
 std::vector<double> mixed24_group_sensitivity(const float* w, int64_t n, int64_t k, const std::vector<double>& hinv_diag);
 // diag of (H + λI)⁻¹ from a GPTQ factor (identity order): Σ_{r<=c} U_rc^2.

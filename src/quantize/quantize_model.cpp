@@ -125,43 +125,37 @@ std::string method_json(const QuantizeOptions& o) {
     if (!o.mixed24_layers_4bit.empty()) j["layers_4bit"] = o.mixed24_layers_4bit;
     j["percdamp"] = o.mixed24.percdamp;
     j["sequential"] = o.sequential;
-    j["calibration"] = {{"file", o.calib.file.empty() ? default_calibration_file() : o.calib.file},
-                        {"samples", o.calib.samples}, {"seqlen", o.calib.seqlen}, {"seed", o.calib.seed}};
-    j["dense_dtype"] = std::string(dtype_info(o.dense_dtype).name);
-    return j.dump();
-  }
-  if (o.method == QuantMethod::AnyPrec) {
+  } else if (o.method == QuantMethod::AnyPrec) {
     const AnyPrecOptions& a = o.anyprec;
     j["name"] = "anyprec";
     j["seed_bits"] = a.seed_bits;
     j["parent_bits"] = a.parent_bits;
+    const uint32_t mask = anyprec_width_mask(a);
     std::vector<int> widths;
     for (int b = 0; b < 32; ++b)
-      if ((anyprec_width_mask(a) >> b) & 1u) widths.push_back(b);
+      if ((mask >> b) & 1u) widths.push_back(b);
     j["widths"] = widths;
     j["sensitivity"] = o.sensitivity == Sensitivity::Fisher ? "fisher" : "hessian-diag";
     j["kmeans_max_iter"] = a.max_iter;
     j["outlier_fraction"] = a.outlier_fraction;
+  } else {
+    const UniformSpec& s = o.gptq.spec;
+    j["name"] = o.method == QuantMethod::Gptq ? "gptq" : "rtn";
+    j["bits"] = s.bits;
+    j["group_size"] = s.group_size;
+    j["symmetric"] = s.symmetric;
+    j["mse_clip"] = s.mse_clip;
+    if (o.method == QuantMethod::Gptq) {
+      j["act_order"] = o.gptq.act_order;
+      j["static_groups"] = o.gptq.static_groups;
+      j["percdamp"] = o.gptq.percdamp;
+      j["block_size"] = o.gptq.block_size;
+      j["sequential"] = o.sequential;
+    }
+  }
+  if (o.method != QuantMethod::Rtn)   // every other method is calibrated
     j["calibration"] = {{"file", o.calib.file.empty() ? default_calibration_file() : o.calib.file},
                         {"samples", o.calib.samples}, {"seqlen", o.calib.seqlen}, {"seed", o.calib.seed}};
-    j["dense_dtype"] = std::string(dtype_info(o.dense_dtype).name);
-    return j.dump();
-  }
-  const UniformSpec& s = o.gptq.spec;
-  j["name"] = o.method == QuantMethod::Gptq ? "gptq" : "rtn";
-  j["bits"] = s.bits;
-  j["group_size"] = s.group_size;
-  j["symmetric"] = s.symmetric;
-  j["mse_clip"] = s.mse_clip;
-  if (o.method == QuantMethod::Gptq) {
-    j["act_order"] = o.gptq.act_order;
-    j["static_groups"] = o.gptq.static_groups;
-    j["percdamp"] = o.gptq.percdamp;
-    j["block_size"] = o.gptq.block_size;
-    j["sequential"] = o.sequential;
-    j["calibration"] = {{"file", o.calib.file.empty() ? default_calibration_file() : o.calib.file},
-                        {"samples", o.calib.samples}, {"seqlen", o.calib.seqlen}, {"seed", o.calib.seed}};
-  }
   j["dense_dtype"] = std::string(dtype_info(o.dense_dtype).name);
   return j.dump();
 }
@@ -178,6 +172,12 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
 
   // Quantizes the linears of block l whose inputs are described by stats (nullptr for RTN), and swaps them into
   // the model so the next capture pass runs the quantized block.
+  // The GPTQ factor of each input: mixed24 needs groups of contiguous columns (no act-order) and its own damping.
+  GptqOptions factor_opts = opts.gptq;
+  if (opts.method == QuantMethod::Mixed24) {
+    factor_opts.act_order = false;
+    factor_opts.percdamp = opts.mixed24.percdamp;
+  }
   auto quantize_block = [&](int l, const std::map<LinearSlot, InputStats>* stats) {
     const auto names = model.linear_names(l);
     std::map<LinearSlot, std::vector<double>> hessians;
@@ -186,75 +186,68 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
       const std::string& name = names[i];
       const float* w = model.tensor_f32(name);
       const auto& shape = model.tensor_shape(name);
-      UniformQuantized q;
-      if (opts.method == QuantMethod::Mixed24) {   // 2/4-bit groups over GPTQ's error feedback
-        auto& h = hessians[kSlotOf[i]];
-        if (h.empty()) {
-          h = stats->at(kSlotOf[i]).hessian();
-          GptqOptions go = opts.gptq;
-          go.act_order = false;   // groups are contiguous input columns
-          go.percdamp = opts.mixed24.percdamp;
-          factors[kSlotOf[i]] = gptq_factor(h, shape[1], go);
-        }
-        Mixed24Stats ms;
-        Mixed24Options mo = opts.mixed24;
-        if (!opts.mixed24_layers_4bit.empty()) {
-          static constexpr const char* kKinds[7] = {"q", "k", "v", "o", "gate", "up", "down"};
-          const bool four = std::find(opts.mixed24_layers_4bit.begin(), opts.mixed24_layers_4bit.end(), kKinds[i]) !=
-                            opts.mixed24_layers_4bit.end();
-          mo.group_bits.assign(static_cast<size_t>((shape[1] + kMixedGroup - 1) / kMixedGroup), four ? 4 : 2);
-        }
-        const Mixed24Quantized mq = mixed24_quantize(w, shape[0], shape[1], h, factors.at(kSlotOf[i]), mo, &ms);
-        rep.hessian_error_sum += ms.hessian_error;
-        rep.outliers += ms.outliers;
-        std::vector<float> deq(static_cast<size_t>(shape[0] * shape[1]));
-        mq.dequantize(deq.data());
-        model.replace_linear(name, std::make_unique<OwnedDense>(std::move(deq), bias_of(model, name), shape[0], shape[1]));
-        quantized[name] = pack_mixed24(mq, storage);
-        continue;
-      }
+      const int64_t n = shape[0], k = shape[1];
+      std::vector<float> deq(static_cast<size_t>(n * k));   // exactly what the packed weight encodes
       if (stats == nullptr) {
-        q = rtn_quantize(w, shape[0], shape[1], opts.gptq.spec);
+        const UniformQuantized q = rtn_quantize(w, n, k, opts.gptq.spec);
+        q.dequantize(deq.data());
+        quantized[name] = pack_uniform(q, storage);
       } else {
         auto& h = hessians[kSlotOf[i]];
         if (h.empty()) {
           h = stats->at(kSlotOf[i]).hessian();
-          factors[kSlotOf[i]] = gptq_factor(h, shape[1], opts.gptq);
+          factors[kSlotOf[i]] = gptq_factor(h, k, factor_opts);
         }
-        GptqStats gs;
-        q = gptq_quantize(w, shape[0], shape[1], h, factors.at(kSlotOf[i]), opts.gptq, &gs);
-        rep.hessian_error_sum += gs.hessian_error;
-        // RTN on the same Hessian: what GPTQ's error feedback buys, layer by layer
-        rep.rtn_hessian_error_sum += hessian_weighted_error(w, rtn_quantize(w, shape[0], shape[1], opts.gptq.spec), h);
+        if (opts.method == QuantMethod::Mixed24) {   // 2/4-bit groups over GPTQ's error feedback
+          Mixed24Options mo = opts.mixed24;
+          if (!opts.mixed24_layers_4bit.empty()) {
+            static constexpr const char* kKinds[7] = {"q", "k", "v", "o", "gate", "up", "down"};
+            const bool four = std::find(opts.mixed24_layers_4bit.begin(), opts.mixed24_layers_4bit.end(), kKinds[i]) !=
+                              opts.mixed24_layers_4bit.end();
+            mo.group_bits.assign(static_cast<size_t>((k + kMixedGroup - 1) / kMixedGroup), four ? 4 : 2);
+          }
+          Mixed24Stats ms;
+          const Mixed24Quantized mq = mixed24_quantize(w, n, k, {}, factors.at(kSlotOf[i]), mo, &ms);
+          mq.dequantize(deq.data());
+          rep.hessian_error_sum += hessian_weighted_error(w, deq.data(), n, k, h);
+          rep.outliers += ms.outliers;
+          quantized[name] = pack_mixed24(mq, storage);
+        } else {
+          GptqStats gs;
+          const UniformQuantized q = gptq_quantize(w, n, k, h, factors.at(kSlotOf[i]), opts.gptq, &gs);
+          rep.hessian_error_sum += gs.hessian_error;
+          // RTN on the same Hessian: what GPTQ's error feedback buys, layer by layer
+          rep.rtn_hessian_error_sum += hessian_weighted_error(w, rtn_quantize(w, n, k, opts.gptq.spec), h);
+          q.dequantize(deq.data());
+          quantized[name] = pack_uniform(q, storage);
+        }
       }
-      std::vector<float> deq(static_cast<size_t>(shape[0] * shape[1]));
-      q.dequantize(deq.data());
-      model.replace_linear(name, std::make_unique<OwnedDense>(std::move(deq), bias_of(model, name), shape[0], shape[1]));
-      quantized[name] = pack_uniform(q, storage);
+      model.replace_linear(name, std::make_unique<OwnedDense>(std::move(deq), bias_of(model, name), n, k));
     }
   };
 
-  if (opts.method == QuantMethod::Mixed24)
-    LOWBIT_CHECK(opts.mixed24.ratio_4bit >= 0 && opts.mixed24.ratio_4bit <= 1 && opts.mixed24.outlier_fraction >= 0 &&
-                     opts.mixed24.outlier_fraction <= 0.02,
-                 "mixed24: --ratio-4bit must be in [0, 1] and --outliers in [0, 0.02]");
+  if (opts.method == QuantMethod::Mixed24) validate_mixed24_options(opts.mixed24);   // before any calibration work
   if (opts.method == QuantMethod::AnyPrec) {
     const uint32_t mask = anyprec_width_mask(opts.anyprec);   // refuse bad options before any work
-    const auto calib = draw_calibration(model.tokenizer(), opts.calib);
-    rep.calib_windows = static_cast<int>(calib.size());
+    rep.calib_windows = opts.calib.samples;   // draw_calibration returns exactly this many
     rep.calib_seqlen = opts.calib.seqlen;
     const double ts = now_s();
     const bool cached = !opts.sensitivity_cache.empty() && std::filesystem::exists(opts.sensitivity_cache);
-    std::map<std::string, std::vector<float>> sens = cached ? read_sensitivity_cache(model, opts)
-        : opts.sensitivity == Sensitivity::Fisher
-        ? [&] {
-            FisherDiag f = fisher_diagonal(model, calib, [&](int done, int total) {
-              if (progress) progress(done, total, "fisher");
-            });
-            rep.mean_calib_loss = f.mean_loss;
-            return std::move(f.diag);
-          }()
-        : hessian_diagonal_sensitivity(model, calib);
+    std::map<std::string, std::vector<float>> sens;
+    if (cached) {   // the cache key already pins the calibration: no windows are drawn
+      sens = read_sensitivity_cache(model, opts);
+    } else {
+      const auto calib = draw_calibration(model.tokenizer(), opts.calib);
+      if (opts.sensitivity == Sensitivity::Fisher) {
+        FisherDiag f = fisher_diagonal(model, calib, [&](int done, int total) {
+          if (progress) progress(done, total, "fisher");
+        });
+        rep.mean_calib_loss = f.mean_loss;
+        sens = std::move(f.diag);
+      } else {
+        sens = hessian_diagonal_sensitivity(model, calib);
+      }
+    }
     rep.sensitivity_seconds = now_s() - ts;
     rep.sensitivity_from_cache = cached;
     if (!cached && !opts.sensitivity_cache.empty()) {

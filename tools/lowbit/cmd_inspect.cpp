@@ -14,7 +14,8 @@ namespace {
 
 // Any-precision files: what each served width reads, and one parent against separate per-width models (the
 // paper's Table 1). A separately quantized b-bit model of this format stores exactly what the b-bit view reads.
-void print_anyprec_widths(const WeightSet& ws, double dense_bytes) {
+// packed_params / packed_bits: the totals over every packed weight that the caller has already counted.
+void print_anyprec_widths(const WeightSet& ws, double dense_bytes, int64_t packed_params, double packed_bits) {
   uint32_t common = ~0u;
   bool any = false;
   for (const auto& [name, w] : ws.packed)
@@ -23,12 +24,8 @@ void print_anyprec_widths(const WeightSet& ws, double dense_bytes) {
       any = true;
     }
   if (!any) return;
-  int64_t weights = 0;
-  double stored = 0;
-  for (const auto& [name, w] : ws.packed) {
-    weights += w.shape[0] * w.shape[1];
-    stored += static_cast<double>(packed_stored_bits(w, ws.path + ": " + name)) / 8.0;
-  }
+  const int64_t weights = packed_params;
+  const double stored = packed_bits / 8.0;
   std::printf("\nany-precision widths (one file serves them all; bytes read per forward at each width):\n");
   std::printf("  %5s %14s %16s %18s\n", "width", "bits/weight", "quantized MiB", "model MiB (+dense)");
   double separate = 0;
@@ -122,7 +119,7 @@ void register_inspect(CLI::App& app, Common& common) {
     for (const auto& [type, pb] : by_type)
       std::printf("  %-6s %12lld params %12llu bytes\n", type.c_str(), static_cast<long long>(pb.first),
                   static_cast<unsigned long long>(pb.second));
-    print_anyprec_widths(ws, static_cast<double>(bytes));
+    print_anyprec_widths(ws, static_cast<double>(bytes), packed_params, packed_bits);
   });
 }
 

@@ -81,8 +81,7 @@ void register_quantize(CLI::App& app, Common& common) {
     o.mixed24.outlier_fraction = a->outliers < 0 ? 0.002 : a->outliers;
     o.mixed24.outliers_from_all_groups = a->outliers_from == "all";
     o.mixed24.percdamp = o.gptq.percdamp;
-    if (o.method == QuantMethod::Mixed24)
-      LOWBIT_CHECK(o.mixed24.outlier_fraction <= 0.02, "--outliers for mixed24 must be in [0, 0.02]");
+    if (o.method == QuantMethod::Mixed24) validate_mixed24_options(o.mixed24);   // before loading the model
     o.sensitivity = a->sensitivity == "fisher" ? Sensitivity::Fisher : Sensitivity::HessianDiag;
     if (o.method == QuantMethod::AnyPrec) {   // the any-precision paper's calibration: 100 x 512 from C4
       if (a->samples->count() == 0) o.calib.samples = 100;

@@ -47,7 +47,10 @@ class AnyPrecLinear final : public LinearOp {
         plane_data_(w.parts.at("planes").data),
         bias_(bias) {
     for (int b = kAnyPrecMinBits; b <= planes_; ++b)
-      if ((widths_ >> b) & 1u) lut_[static_cast<size_t>(b)] = w.parts.at("lut" + std::to_string(b)).data;
+      if ((widths_ >> b) & 1u) {
+        lut_[static_cast<size_t>(b)] = w.parts.at("lut" + std::to_string(b)).data;
+        view_bytes_[static_cast<size_t>(b)] = anyprec_view_bits(w, b) / 8;
+      }
     if (w.params.at("sparse") == 1) {
       const int64_t nnz = w.params.at("nnz");
       rowptr_.resize(static_cast<size_t>(n_ + 1));
@@ -60,11 +63,7 @@ class AnyPrecLinear final : public LinearOp {
   }
 
   uint32_t served_widths() const override { return widths_; }
-  uint64_t weight_bytes(int bits) const override {   // planes 0..b-1, lut_b and the outliers
-    const int b = width(bits);
-    return static_cast<uint64_t>(b * n_ * words_) * 4 + (static_cast<uint64_t>(n_) << b) * 2 +
-           (rowptr_.empty() ? 0 : rowptr_.size() * 4 + col_.size() * 6);
-  }
+  uint64_t weight_bytes(int bits) const override { return view_bytes_[static_cast<size_t>(width(bits))]; }
 
   void forward(const float* x, int64_t m, float* y, int bits) const override {
     const int b = width(bits);
@@ -164,6 +163,7 @@ class AnyPrecLinear final : public LinearOp {
   int64_t words_;                               // words per plane row
   const uint8_t* plane_data_;                   // [planes, n, words] uint32, not owned (mapped file)
   std::array<const uint8_t*, kAnyPrecMaxBits + 1> lut_{};   // width -> [n, 2^width] fp16, not owned
+  std::array<uint64_t, kAnyPrecMaxBits + 1> view_bytes_{};    // width -> bytes its view reads (anyprec_view_bits)
   const float* bias_;
   std::vector<int32_t> rowptr_, col_;           // outliers (CSR), copied
   std::vector<float> val_;

@@ -21,12 +21,7 @@ std::vector<int> AnyPrecQuantized::served_widths() const {
 
 // The one definition of the encoded value (see layout.h).
 float AnyPrecQuantized::value(int64_t r, int64_t c, int b) const {
-  if (!outlier_rowptr.empty()) {
-    const auto first = outlier_col.begin() + outlier_rowptr[static_cast<size_t>(r)];
-    const auto last = outlier_col.begin() + outlier_rowptr[static_cast<size_t>(r + 1)];
-    const auto it = std::lower_bound(first, last, static_cast<int32_t>(c));
-    if (it != last && *it == c) return f16_to_f32(outlier_val[static_cast<size_t>(it - outlier_col.begin())]);
-  }
+  if (const int64_t i = csr_find(outlier_rowptr, outlier_col, r, c); i >= 0) return f16_to_f32(outlier_val[static_cast<size_t>(i)]);
   const int code = codes[static_cast<size_t>(r * k + c)] >> (planes - b);
   return f16_to_f32(luts.at(b)[static_cast<size_t>((r << b) + code)]);
 }

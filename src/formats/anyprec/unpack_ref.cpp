@@ -45,25 +45,7 @@ void anyprec_check_values(const PackedWeight& w, const std::string& where) {
                    "] is not finite (fp16 bits 0x", std::hex, h, std::dec, ")");
     }
   }
-  if (w.params.at("sparse") == 1) {
-    const TensorView& rp = w.parts.at("outlier_rowptr");
-    const TensorView& col = w.parts.at("outlier_col");
-    const TensorView& val = w.parts.at("outlier_val");
-    LOWBIT_CHECK(element<int32_t>(rp, 0) == 0 && element<int32_t>(rp, n) == nnz, where,
-                 ": part outlier_rowptr must start at 0 and end at nnz = ", nnz);
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t a = element<int32_t>(rp, r), e = element<int32_t>(rp, r + 1);
-      LOWBIT_CHECK(a <= e && e <= nnz, where, ": part outlier_rowptr [", r + 1, "] = ", e,
-                   " is below the previous entry or past nnz");
-      for (int64_t i = a; i < e; ++i) {
-        const int32_t c = element<int32_t>(col, i);
-        LOWBIT_CHECK(c >= 0 && c < k && (i == a || c > element<int32_t>(col, i - 1)), where, ": part outlier_col [",
-                     i, "] = ", c, " is outside [0, k) or not increasing within row ", r);
-        const uint16_t h = element<uint16_t>(val, i);
-        LOWBIT_CHECK((h & 0x7c00u) != 0x7c00u, where, ": part outlier_val [", i, "] is not finite");
-      }
-    }
-  }
+  if (w.params.at("sparse") == 1) check_outlier_csr(w, where);
 }
 
 AnyPrecQuantized unpack_anyprec(const PackedWeight& w, const std::string& where) {

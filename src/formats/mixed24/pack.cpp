@@ -24,12 +24,7 @@ float Mixed24Quantized::scale2(int64_t r, int64_t j) const {
 }
 
 float Mixed24Quantized::value(int64_t r, int64_t c) const {
-  if (!outlier_rowptr.empty()) {
-    const auto first = outlier_col.begin() + outlier_rowptr[static_cast<size_t>(r)];
-    const auto last = outlier_col.begin() + outlier_rowptr[static_cast<size_t>(r + 1)];
-    const auto it = std::lower_bound(first, last, static_cast<uint16_t>(c));
-    if (it != last && *it == c) return f16_to_f32(outlier_val[static_cast<size_t>(it - outlier_col.begin())]);
-  }
+  if (const int64_t i = csr_find(outlier_rowptr, outlier_col, r, c); i >= 0) return f16_to_f32(outlier_val[static_cast<size_t>(i)]);
   const int64_t g = c / kMixedGroup, j = slot[static_cast<size_t>(g)];
   const float q = static_cast<float>(codes[static_cast<size_t>(r * k + c)]);
   if (group_bits[static_cast<size_t>(g)] == 4)

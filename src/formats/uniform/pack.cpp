@@ -71,13 +71,7 @@ PackedWeight pack_uniform(const UniformQuantized& q, std::vector<std::shared_ptr
   std::vector<uint32_t> words(static_cast<size_t>(q.n * words_per_row), 0u);
   for (int64_t r = 0; r < q.n; ++r) {
     uint32_t* row = words.data() + r * words_per_row;
-    for (int64_t c = 0; c < q.k; ++c) {
-      const uint32_t code = q.codes[static_cast<size_t>(r * q.k + c)];
-      const int64_t bit = c * q.bits;
-      const int64_t word = bit / 32, shift = bit % 32;
-      row[word] |= code << shift;
-      if (shift + q.bits > 32) row[word + 1] |= code >> (32 - shift);  // the code straddles two words
-    }
+    for (int64_t c = 0; c < q.k; ++c) put_bits(row, c * q.bits, q.bits, q.codes[static_cast<size_t>(r * q.k + c)]);
   }
 
   auto qweight = bytes_of(words);

@@ -18,14 +18,11 @@ void uniform_check_values(const PackedWeight& w, const std::string& where) {
 
   // Bits of a row's last word past its k codes must be zero: a writer that leaves them set packed with another
   // k or bits than it declares.
-  const int used_in_last = static_cast<int>((k * bits) % 32);
-  if (used_in_last != 0) {
-    const uint32_t padding = ~((1u << used_in_last) - 1u);
-    for (int64_t r = 0; r < n; ++r) {
-      const uint32_t last = element<uint32_t>(qweight, r * words_per_row + words_per_row - 1);
-      LOWBIT_CHECK((last & padding) == 0, where, ": part qweight row ", r, " has non-zero padding bits after its ",
-                   k, " codes (0x", std::hex, last, std::dec, ")");
-    }
+  int64_t bad = 0;
+  if (!row_padding_is_zero(qweight, n, words_per_row, k * bits, &bad)) {
+    const uint32_t last = element<uint32_t>(qweight, bad * words_per_row + words_per_row - 1);
+    fail(where, ": part qweight row ", bad, " has non-zero padding bits after its ", k, " codes (0x", std::hex, last,
+         std::dec, ")");
   }
   for (int64_t i = 0; i < n * groups; ++i) {
     const uint16_t s = element<uint16_t>(scales, i);
@@ -59,19 +56,13 @@ UniformQuantized unpack_uniform(const PackedWeight& w, const std::string& where)
   q.symmetric = w.params.at("symmetric") == 1;
   const TensorView& qweight = w.parts.at("qweight");
   const int64_t words_per_row = qweight.shape[1], groups = q.groups();
-  const uint32_t mask = (1u << q.bits) - 1u;
 
   q.codes.resize(static_cast<size_t>(q.n * q.k));
 #pragma omp parallel for if (q.n * q.k > 65536)
   for (int64_t r = 0; r < q.n; ++r) {
     const int64_t row = r * words_per_row;
-    for (int64_t c = 0; c < q.k; ++c) {
-      const int64_t bit = c * q.bits;
-      const int64_t word = bit / 32, shift = bit % 32;
-      uint32_t v = element<uint32_t>(qweight, row + word) >> shift;
-      if (shift + q.bits > 32) v |= element<uint32_t>(qweight, row + word + 1) << (32 - shift);  // straddles
-      q.codes[static_cast<size_t>(r * q.k + c)] = static_cast<uint8_t>(v & mask);
-    }
+    for (int64_t c = 0; c < q.k; ++c)
+      q.codes[static_cast<size_t>(r * q.k + c)] = static_cast<uint8_t>(get_bits(qweight, row, c * q.bits, q.bits));
   }
   q.scales.resize(static_cast<size_t>(q.n * groups));
   std::memcpy(q.scales.data(), w.parts.at("scales").data, q.scales.size() * sizeof(uint16_t));
