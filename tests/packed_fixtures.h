@@ -1,12 +1,14 @@
-// Random packed weights (uniform, anyprec, mixed24) for the format, container and fuzz tests.
+// Random packed weights (uniform, anyprec, mixed24, mixed24a) for the format, container and fuzz tests.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <random>
 
 #include "core/half.h"
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24/layout.h"
+#include "formats/mixed24a/layout.h"
 #include "formats/uniform/layout.h"
 
 namespace lowbit::test {
@@ -85,6 +87,47 @@ inline Mixed24Quantized random_mixed(int64_t n, int64_t k, bool outliers, uint32
         if (rng() % 50 == 0) {
           q.outlier_col.push_back(static_cast<uint16_t>(c));
           q.outlier_val.push_back(half());
+        }
+      q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
+    }
+  }
+  return q;
+}
+
+}  // namespace lowbit::test
+
+namespace lowbit::test {
+
+// A random mixed24a weight (k a multiple of 64): a random group permutation, codes and fields within their widths,
+// and (optionally) about 2% outliers, each over a dense code equal to its group's zero point.
+inline Mixed24AQuantized random_mixed24a(int64_t n, int64_t k, bool outliers, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Mixed24AQuantized q;
+  q.n = n;
+  q.k = k;
+  const int64_t G = q.groups();
+  for (int64_t g = 0; g < G; ++g) q.perm.push_back(static_cast<uint16_t>(g));
+  std::shuffle(q.perm.begin(), q.perm.end(), rng);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t p = 0; p < G; ++p) {
+      q.zero.push_back(static_cast<uint8_t>(rng() % (1u << mixed24a_code_bits(p))));
+      q.scode.push_back(static_cast<uint8_t>(rng() % (1u << mixed24a_scale_bits(p))));
+    }
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c) q.codes.push_back(static_cast<uint8_t>(rng() % (1u << mixed24a_code_bits(c / 16))));
+  auto half = [&] { return f32_to_f16(std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, -8 - static_cast<int>(rng() % 4))); };
+  for (int64_t i = 0; i < q.row_groups() * G; ++i) {
+    q.ss.push_back(half());
+    q.sm.push_back(half());
+  }
+  if (outliers) {
+    q.outlier_rowptr.push_back(0);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c)
+        if (rng() % 50 == 0) {
+          q.outlier_col.push_back(static_cast<uint16_t>(c));
+          q.outlier_val.push_back(half());
+          q.codes[static_cast<size_t>(r * k + c)] = q.zero[static_cast<size_t>(r * G + c / 16)];
         }
       q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
     }

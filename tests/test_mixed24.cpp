@@ -9,6 +9,7 @@
 #include "core/half.h"
 #include "formats/format_table.h"
 #include "formats/mixed24/layout.h"
+#include "formats/mixed24a/layout.h"
 #include "io/lowbit_file.h"
 #include "model/model.h"
 #include "quantize/mixed24.h"
@@ -83,8 +84,9 @@ struct Problem {
   std::vector<float> w;
   std::vector<double> h;
 };
-Problem random_problem(uint32_t seed) {
+Problem random_problem(uint32_t seed, int64_t k = 160) {
   Problem p;
+  p.k = k;
   std::mt19937 rng(seed);
   std::student_t_distribution<float> heavy(4.0f);
   for (int64_t i = 0; i < p.n * p.k; ++i) p.w.push_back(0.02f * heavy(rng));
@@ -235,6 +237,162 @@ TEST(Mixed24Corrupt, ReadersRefuseBadParts) {
   }
 }
 
+// ---- mixed24a: the memory-aligned layout ------------------------------------------------------------------------
+
+// Named budgets of the aligned quantizer on the synthetic problem (k = 192, 12 groups, 3 units).
+constexpr double kAlignedVsGenericObjective = 1.25;   // 3-bit scale codes in two slots + two-order 4-bit scales
+constexpr double kAlignedFeedbackGain = 0.9;          // GPTQ feedback: objective at most 90% of round-to-nearest
+
+TEST(Mixed24APack, RoundTripIsBitExactAndBitsFollowTheLayout) {
+  uint32_t seed = 1;
+  for (int64_t n : {1, 5, 17, 33})
+    for (int64_t k : {64, 128, 320}) {
+      const Mixed24AQuantized q = test::random_mixed24a(n, k, seed % 2 == 0, seed);
+      ++seed;
+      std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+      const PackedWeight w = pack_mixed24a(q, storage);
+      const Mixed24AQuantized u = unpack_mixed24a(w, "t");
+      EXPECT_EQ(u.perm, q.perm) << n << "x" << k;
+      EXPECT_EQ(u.codes, q.codes);
+      EXPECT_EQ(u.zero, q.zero);
+      EXPECT_EQ(u.scode, q.scode);
+      EXPECT_EQ(u.ss, q.ss);
+      EXPECT_EQ(u.sm, q.sm);
+      EXPECT_EQ(u.outlier_rowptr, q.outlier_rowptr);
+      EXPECT_EQ(u.outlier_col, q.outlier_col);
+      EXPECT_EQ(u.outlier_val, q.outlier_val);
+      // Per (row, unit): 128 + 32 code bits, 16 + 8 metadata bits; per (16 rows, group) 32 bits; 16 per group of
+      // perm; CSR. = 3.0 bits per weight + perm + outliers when n is a multiple of 16.
+      const int64_t U = k / 64, G = k / 16, RG = (n + 15) / 16;
+      const uint64_t want = 184ull * n * U + 32ull * RG * G + 16ull * G +
+                            (q.outlier_rowptr.empty() ? 0 : 32ull * (n + 1) + 32ull * q.outlier_col.size());
+      EXPECT_EQ(packed_stored_bits(w, "t"), want);
+    }
+}
+
+TEST(Mixed24ALinear, PackedGemmEqualsDequantizeThenMatmul) {
+  for (const auto& [n, k] : std::vector<std::pair<int64_t, int64_t>>{{40, 192}, {1, 64}, {17, 576}}) {
+    const Mixed24AQuantized q = test::random_mixed24a(n, k, true, static_cast<uint32_t>(n + k));
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    const PackedWeight w = pack_mixed24a(q, storage);
+    std::vector<float> bias(static_cast<size_t>(n), 0.5f), deq(static_cast<size_t>(n * k));
+    const auto op = make_packed_linear(w, bias.data(), "t");
+    q.dequantize(deq.data());   // original column order
+    // dequantize() puts stored column c of group p at original column 16 perm[p] + c % 16
+    EXPECT_EQ(deq[static_cast<size_t>(q.perm[0]) * 16 + 3], q.value(0, 3));
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd;
+    for (int64_t m : {1, 3}) {
+      std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n), NAN), yr(y.size(), NAN), yd(y.size());
+      for (auto& v : x) v = nd(rng);
+      op->forward(x.data(), m, y.data());
+      op->forward_ref(x.data(), m, yr.data());   // mixed24a_gemm_packed_ref: x gathered through perm, CSR added
+      DenseLinear(deq.data(), bias.data(), n, k).forward_ref(x.data(), m, yd.data());
+      for (size_t i = 0; i < y.size(); ++i) {
+        EXPECT_NEAR(yd[i], yr[i], 1e-6 * (1 + std::fabs(yr[i]))) << n << "x" << k << " m " << m << " i " << i;
+        EXPECT_NEAR(y[i], yr[i], kFastVsRefRelTol * (1 + std::fabs(yr[i])));
+      }
+    }
+  }
+}
+
+TEST(Mixed24AQuantize, PermutationSlotsScalesAndObjective) {
+  const Problem p = random_problem(5, 192);
+  const GptqFactor f = gptq_factor(p.h, p.k, GptqOptions{});
+  const std::vector<double> s = mixed24_group_sensitivity(p.w.data(), p.n, p.k, hinv_diagonal(f));
+  Mixed24Options o;
+  o.outlier_fraction = 0.01;
+  Mixed24Stats st;
+  const Mixed24AQuantized q = mixed24a_quantize(p.w.data(), p.n, p.k, p.h, f, o, &st);
+  // Slot 3 of each unit holds one of the top-25% groups (the generic allocation), units by decreasing sensitivity,
+  // and slot 0 is the most sensitive 2-bit group of its unit.
+  const std::vector<uint8_t> bits = allocate_4bit_groups(s, 0.25);
+  ASSERT_EQ(q.perm.size(), 12u);
+  for (int64_t p4 = 0; p4 < 12; ++p4) EXPECT_EQ(bits[q.perm[static_cast<size_t>(p4)]], mixed24a_code_bits(p4)) << p4;
+  for (int64_t u = 0; u + 1 < 3; ++u) EXPECT_GE(s[q.perm[static_cast<size_t>(4 * u + 3)]], s[q.perm[static_cast<size_t>(4 * u + 7)]]);
+  for (int64_t u = 0; u < 3; ++u)
+    for (int64_t slot : {1, 2}) EXPECT_GE(s[q.perm[static_cast<size_t>(4 * u)]], s[q.perm[static_cast<size_t>(4 * u + slot)]]);
+  // Outliers: the requested count, only in 2-bit slots, and the dense code under each is its zero point.
+  EXPECT_EQ(st.outliers, std::llround(0.01 * p.n * p.k));
+  for (uint16_t c : q.outlier_col) EXPECT_NE((c / 16) % 4, 3) << "outlier in the 4-bit slot";
+  // Scale codes fit their fields (3 bits in slots 1, 2); every ŝ is positive.
+  for (int64_t r = 0; r < p.n; ++r)
+    for (int64_t g = 0; g < 12; ++g) {
+      EXPECT_LT(q.scode[static_cast<size_t>(r * 12 + g)], 1 << mixed24a_scale_bits(g));
+      EXPECT_GT(q.scale(r, g), 0.0f);
+    }
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  EXPECT_NO_THROW(pack_mixed24a(q, storage));
+  // The layer objective: within the named budget of the generic layout (4-bit scale codes everywhere, fp16 4-bit
+  // scales), and GPTQ's feedback beats round-to-nearest on the same grid.
+  Mixed24Options o0 = o;
+  o0.outlier_fraction = 0;
+  Mixed24Stats generic, aligned, rtn;
+  mixed24_quantize(p.w.data(), p.n, p.k, p.h, f, o0, &generic);
+  mixed24a_quantize(p.w.data(), p.n, p.k, p.h, f, o0, &aligned);
+  o0.error_feedback = false;
+  mixed24a_quantize(p.w.data(), p.n, p.k, p.h, f, o0, &rtn);
+  std::printf("[ mixed24a layer objective ] generic %.4g  aligned %.4g  aligned RTN %.4g\n", generic.hessian_error,
+              aligned.hessian_error, rtn.hessian_error);
+  EXPECT_LT(aligned.hessian_error, kAlignedVsGenericObjective * generic.hessian_error);
+  EXPECT_LT(aligned.hessian_error, kAlignedFeedbackGain * rtn.hessian_error);
+  EXPECT_LT(st.hessian_error, aligned.hessian_error);   // 1% outliers help
+  // The aligned layout refuses what it cannot hold.
+  Mixed24Options r10 = o;
+  r10.ratio_4bit = 0.1;
+  EXPECT_FALSE(mixed24_aligned_fits(192, r10));
+  EXPECT_FALSE(mixed24_aligned_fits(160, o));
+  EXPECT_THROW(mixed24a_quantize(p.w.data(), p.n, p.k, p.h, f, r10, nullptr), Error);
+}
+
+TEST(Mixed24ACorrupt, ReadersRefuseBadParts) {
+  const Mixed24AQuantized q = test::random_mixed24a(20, 128, true, 11);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  const PackedWeight good = pack_mixed24a(q, storage);
+  auto with_bytes = [&](const std::string& part, size_t offset, std::vector<uint8_t> value) {
+    PackedWeight w = good;
+    auto buf = std::make_shared<std::vector<uint8_t>>(w.parts[part].data, w.parts[part].data + w.parts[part].nbytes);
+    std::copy(value.begin(), value.end(), buf->begin() + static_cast<std::ptrdiff_t>(offset));
+    storage.push_back(buf);
+    w.parts[part].data = buf->data();
+    return w;
+  };
+  auto expect = [](const PackedWeight& w, const std::string& phrase) {
+    try {
+      validate_packed(w, "w");
+      ADD_FAILURE() << "accepted; expected " << phrase;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  };
+  expect(with_bytes("perm", 2, {static_cast<uint8_t>(q.perm[0]), 0}), "repeats a group");
+  expect(with_bytes("perm", 0, {99, 0}), "repeats a group or is not below G = 8");
+  expect(with_bytes("ss4", 2, {0x00, 0x7c}), "part ss4 [1] is not finite");
+  ASSERT_FALSE(q.outlier_col.empty());
+  {   // the dense code under the first outlier made different from its zero point
+    const int64_t r = std::upper_bound(q.outlier_rowptr.begin(), q.outlier_rowptr.end(), 0) - q.outlier_rowptr.begin() - 1;
+    const int64_t c = q.outlier_col[0], u = c / 64, s = (c / 16) % 4, i = c % 16;
+    const int bits = mixed24a_code_bits(s), zero = q.zero[static_cast<size_t>(r * 8 + c / 16)];
+    const int other = (zero + 1) % (1 << bits);
+    PackedWeight w = good;
+    const std::string part = s < 3 || i < 8 ? "qa" : "qb";
+    const size_t word = part == "qa" ? static_cast<size_t>((r * 2 + u) * 4 + s) : static_cast<size_t>(r * 2 + u);
+    const int shift = s < 3 ? 2 * static_cast<int>(i) : 4 * static_cast<int>(i % 8);
+    uint32_t v = 0;
+    std::memcpy(&v, good.parts.at(part).data + 4 * word, 4);
+    v = (v & ~(((1u << bits) - 1u) << shift)) | (static_cast<uint32_t>(other) << shift);
+    std::vector<uint8_t> bytes(4);
+    std::memcpy(bytes.data(), &v, 4);
+    expect(with_bytes(part, 4 * word, bytes), "has a dense code other than its group's zero point");
+  }
+  {
+    PackedWeight w = good;
+    w.shape[1] = 100;
+    expect(w, "part perm has shape");
+  }
+  EXPECT_THROW(unpack_mixed24(good, "w"), Error);   // a mixed24a weight is not a mixed24 one
+}
+
 TEST(Mixed24Model, Stories260KFileBitsMatchTheFileSize) {
   const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
@@ -275,9 +433,14 @@ TEST(Mixed24Cli, QuantizesAndRefusesMisuse) {
   EXPECT_NE(out.find("outliers kept"), std::string::npos) << out;
   ASSERT_EQ(test::run_cli("inspect " + dir + "/m.lowbit", &out), 0) << out;
   EXPECT_NE(out.find("mixed24"), std::string::npos) << out;
+  EXPECT_NE(out.find("mixed24a"), std::string::npos) << "stories260K's k = 64 linears take the aligned layout\n" << out;
   test::expect_cli_refuses({
       {"quantize " + bin + " --method mixed24 --outliers 0.05 -o " + dir + "/c.lowbit", "--outliers for mixed24 must be in [0, 0.02]"},
       {"quantize " + bin + " --method mixed24 --layers-4bit mlp -o " + dir + "/c.lowbit", "--layers-4bit"},
+      {"quantize " + bin + " --method mixed24 --layout aligned --ratio-4bit 0.1 -o " + dir + "/c.lowbit",
+       "--layout aligned needs --ratio-4bit 0.25"},
+      {"quantize " + bin + " --method mixed24 --layout aligned -o " + dir + "/c.lowbit",
+       "--layout aligned: model.layers.0.mlp.down_proj.weight has k = 172"},
       {"ppl " + dir + "/m.lowbit --text " + bin + " --bits 3", "needs an any-precision model"},
   }, dir + "/c.lowbit");
 }

@@ -9,6 +9,7 @@
 #include "formats/pack_util.h"
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24/layout.h"
+#include "formats/mixed24a/layout.h"
 #include "formats/uniform/layout.h"
 
 namespace lowbit {
@@ -72,10 +73,31 @@ constexpr PackedPart kMixed24Parts[] = {
     {"outlier_val", DType::F16, "[nnz]", "sparse", 1, 1},
 };
 
+// ---- mixed24a: the memory-aligned 2/4-bit layout (sec. 3.3): units [2,2,2,4] of permuted groups ----------------
+constexpr PackedParam kMixed24AParams[] = {
+    {"sparse", 0, 1, "1: fp16 outliers in CSR with 16-bit stored-column indices; the dense code there is its zero"},
+    {"nnz", 0, int64_t{1} << 40, "number of outliers (0 unless sparse; at most n*k)"},
+};
+constexpr PackedPart kMixed24AParts[] = {
+    {"perm", DType::I16, "[G]", "", 0, 0},
+    {"qa", DType::I32, "[n, U, 4]", "", 0, 0},
+    {"qb", DType::I32, "[n, U]", "", 0, 0},
+    {"meta2", DType::I16, "[n, U]", "", 0, 0},
+    {"meta4", DType::U8, "[n, U]", "", 0, 0},
+    {"ss2", DType::F16, "[ceil(n/16), 3U]", "", 0, 0},
+    {"sm2", DType::F16, "[ceil(n/16), 3U]", "", 0, 0},
+    {"ss4", DType::F16, "[ceil(n/16), U]", "", 0, 0},
+    {"sm4", DType::F16, "[ceil(n/16), U]", "", 0, 0},
+    {"outlier_rowptr", DType::I32, "[n + 1]", "sparse", 1, 1},
+    {"outlier_col", DType::I16, "[nnz]", "sparse", 1, 1},
+    {"outlier_val", DType::F16, "[nnz]", "sparse", 1, 1},
+};
+
 constexpr PackedFormat kPackedFormats[] = {
     {"uniform", kUniformParams, kUniformParts, &uniform_part_shape, &uniform_check_values, &make_uniform_linear},
     {"anyprec", kAnyPrecParams, kAnyPrecParts, &anyprec_part_shape, &anyprec_check_values, &make_anyprec_linear},
     {"mixed24", kMixed24Params, kMixed24Parts, &mixed24_part_shape, &mixed24_check_values, &make_mixed24_linear},
+    {"mixed24a", kMixed24AParams, kMixed24AParts, &mixed24a_part_shape, &mixed24a_check_values, &make_mixed24a_linear},
 };
 
 // Compile-time consistency of the table: unique format names, unique part and parameter names within a format,

@@ -102,5 +102,8 @@ void anyprec_check_values(const PackedWeight& w, const std::string& where);
 // mixed24 (formats/mixed24/layout.h): shapes beside the table, checks in formats/mixed24/unpack_ref.cpp.
 std::vector<int64_t> mixed24_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
 void mixed24_check_values(const PackedWeight& w, const std::string& where);
+// mixed24a (formats/mixed24a/layout.h): shapes and checks in formats/mixed24a/unpack_ref.cpp.
+std::vector<int64_t> mixed24a_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
+void mixed24a_check_values(const PackedWeight& w, const std::string& where);
 
 }  // namespace lowbit

@@ -122,6 +122,9 @@ std::string method_json(const QuantizeOptions& o) {
     j["scale_group_rows"] = kMixedRowGroup;
     j["scale_bits"] = kMixedScaleBits;
     j["error_feedback"] = o.mixed24.error_feedback ? "gptq" : "none";
+    j["layout"] = o.mixed24.layout == Mixed24Options::Layout::Auto ? "auto (mixed24a where it fits)"
+                  : o.mixed24.layout == Mixed24Options::Layout::Aligned ? "mixed24a" : "mixed24";
+    j["unit_order"] = o.mixed24.unit_order_by_sensitivity ? "sensitivity" : "column";
     if (!o.mixed24_layers_4bit.empty()) j["layers_4bit"] = o.mixed24_layers_4bit;
     j["percdamp"] = o.mixed24.percdamp;
     j["sequential"] = o.sequential;
@@ -169,6 +172,7 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
   QuantizeReport rep;
   std::map<std::string, PackedWeight> quantized;
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;   // the packed parts' bytes
+  double paper_bits = 0;   // Mixed24: QuantizeReport::paper_avg_bits' numerator
 
   // Quantizes the linears of block l whose inputs are described by stats (nullptr for RTN), and swaps them into
   // the model so the next capture pass runs the quantized block.
@@ -207,11 +211,24 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
             mo.group_bits.assign(static_cast<size_t>((k + kMixedGroup - 1) / kMixedGroup), four ? 4 : 2);
           }
           Mixed24Stats ms;
-          const Mixed24Quantized mq = mixed24_quantize(w, n, k, {}, factors.at(kSlotOf[i]), mo, &ms);
-          mq.dequantize(deq.data());
+          const bool aligned = mo.layout == Mixed24Options::Layout::Aligned ||
+                               (mo.layout == Mixed24Options::Layout::Auto && mixed24_aligned_fits(k, mo));
+          if (aligned) {
+            const Mixed24AQuantized mq = mixed24a_quantize(w, n, k, h, factors.at(kSlotOf[i]), mo, &ms);
+            mq.dequantize(deq.data());
+            quantized[name] = pack_mixed24a(mq, storage);
+            paper_bits += static_cast<double>(n * mq.units() * (3 * 16 * 2 + 16 * 4 + 4 + 3 + 3 + 3 * 2 + 4 + 4));
+            ++rep.mixed24_aligned_linears;
+          } else {
+            const Mixed24Quantized mq = mixed24_quantize(w, n, k, {}, factors.at(kSlotOf[i]), mo, &ms);
+            mq.dequantize(deq.data());
+            quantized[name] = pack_mixed24(mq, storage);
+            paper_bits += static_cast<double>(n * (mq.g2 * (16 * 2 + kMixedScaleBits + 2) + mq.g4 * (16 * 4 + 16 + 4)));
+            ++rep.mixed24_generic_linears;
+          }
+          paper_bits += 16.0 * static_cast<double>(ms.outliers);
           rep.hessian_error_sum += hessian_weighted_error(w, deq.data(), n, k, h);
           rep.outliers += ms.outliers;
-          quantized[name] = pack_mixed24(mq, storage);
         } else {
           GptqStats gs;
           const UniformQuantized q = gptq_quantize(w, n, k, h, factors.at(kSlotOf[i]), opts.gptq, &gs);
@@ -226,7 +243,16 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
     }
   };
 
-  if (opts.method == QuantMethod::Mixed24) validate_mixed24_options(opts.mixed24);   // before any calibration work
+  if (opts.method == QuantMethod::Mixed24) {   // before any calibration work
+    validate_mixed24_options(opts.mixed24);
+    if (opts.mixed24.layout == Mixed24Options::Layout::Aligned)
+      for (int l = 0; l < c.n_layers; ++l)
+        for (const std::string& name : model.linear_names(l)) {
+          const int64_t k = model.tensor_shape(name)[1];
+          LOWBIT_CHECK(mixed24_aligned_fits(k, opts.mixed24), "--layout aligned: ", name, " has k = ", k,
+                       " (the aligned layout needs k a multiple of 64, --ratio-4bit 0.25 and no --layers-4bit); use --layout auto");
+        }
+  }
   if (opts.method == QuantMethod::AnyPrec) {
     const uint32_t mask = anyprec_width_mask(opts.anyprec);   // refuse bad options before any work
     rep.calib_windows = opts.calib.samples;   // draw_calibration returns exactly this many
@@ -343,6 +369,7 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
   const LowbitSummary sum = write_lowbit(out_path, spec);
   rep.quantized_weights = sum.quantized_weights;
   rep.avg_bits = sum.avg_bits_per_weight;
+  if (opts.method == QuantMethod::Mixed24) rep.paper_avg_bits = paper_bits / static_cast<double>(rep.quantized_weights);
   rep.file_bytes = sum.file_bytes;
   rep.seconds = now_s() - t0;
   return rep;

@@ -49,6 +49,11 @@ struct QuantizeReport {
   double hessian_error_sum = 0;     // Σ over layers of the GPTQ objective (GPTQ only)
   double rtn_hessian_error_sum = 0; // the same objective for RTN of each layer on the same Hessians (GPTQ only)
   int64_t outliers = 0;             // Mixed24: fp16 outliers kept
+  // Mixed24: the paper's way of counting (eq. 10 as we read it): codes, first-order scales (or scale codes) and
+  // zeros, and 16 bits per outlier value; second-order step/offset, outlier indices and row pointers, the group
+  // permutation and word padding left out. avg_bits is the honest figure.
+  double paper_avg_bits = 0;
+  int mixed24_aligned_linears = 0, mixed24_generic_linears = 0;
   double sensitivity_seconds = 0;   // AnyPrec: Fisher (forward + backward) or Hessian-diagonal capture
   bool sensitivity_from_cache = false;
   double mean_calib_loss = 0;       // AnyPrec with Fisher: mean loss of the calibration windows

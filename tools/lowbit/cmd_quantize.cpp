@@ -1,6 +1,7 @@
 // lowbit quantize MODEL --method rtn|gptq --bits B [--group G] ... -o OUT.lowbit
 // lowbit quantize MODEL --method anyprec --seed-bits 3 --parent-bits 8 [--widths 3,4,6,8] ... -o OUT.lowbit
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
@@ -16,7 +17,7 @@ struct QuantArgs {
   QuantizeOptions opts;
   bool no_sequential = false;
   double outliers = -1;   // < 0: the method's default (anyprec 0, mixed24 0.002)
-  std::string outliers_from = "2bit";
+  std::string outliers_from = "2bit", layout = "auto", unit_order = "sensitivity";
   CLI::Option* samples = nullptr;
   CLI::Option* seqlen = nullptr;
 };
@@ -58,6 +59,12 @@ void register_quantize(CLI::App& app, Common& common) {
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--outliers-from", a->outliers_from, "mixed24: 2bit (the paper) | all (ablation)")
       ->check(CLI::IsMember({"2bit", "all"}));
+  sub->add_option("--layout", a->layout,
+                  "mixed24: auto (the aligned mixed24a wherever k % 64 = 0 and the ratio is 0.25) | aligned | generic")
+      ->check(CLI::IsMember({"auto", "aligned", "generic"}));
+  sub->add_option("--unit-order", a->unit_order,
+                  "mixed24a: sensitivity (units and GPTQ's order by decreasing eq. 9 score) | column")
+      ->check(CLI::IsMember({"sensitivity", "column"}));
   sub->add_option("--layers-4bit", a->opts.mixed24_layers_4bit,
                   "mixed24 ablation: these linears (q,k,v,o,gate,up,down) wholly 4-bit, the rest 2-bit")
       ->delimiter(',')
@@ -81,6 +88,13 @@ void register_quantize(CLI::App& app, Common& common) {
     o.mixed24.outlier_fraction = a->outliers < 0 ? 0.002 : a->outliers;
     o.mixed24.outliers_from_all_groups = a->outliers_from == "all";
     o.mixed24.percdamp = o.gptq.percdamp;
+    o.mixed24.layout = a->layout == "aligned"   ? Mixed24Options::Layout::Aligned
+                       : a->layout == "generic" ? Mixed24Options::Layout::Generic
+                                                : Mixed24Options::Layout::Auto;
+    o.mixed24.unit_order_by_sensitivity = a->unit_order == "sensitivity";
+    LOWBIT_CHECK(o.mixed24.layout != Mixed24Options::Layout::Aligned ||
+                     (o.mixed24_layers_4bit.empty() && o.mixed24.ratio_4bit == 0.25),
+                 "--layout aligned needs --ratio-4bit 0.25 and no --layers-4bit (other allocations use --layout generic)");
     if (o.method == QuantMethod::Mixed24) validate_mixed24_options(o.mixed24);   // before loading the model
     o.sensitivity = a->sensitivity == "fisher" ? Sensitivity::Fisher : Sensitivity::HessianDiag;
     if (o.method == QuantMethod::AnyPrec) {   // the any-precision paper's calibration: 100 x 512 from C4
@@ -134,8 +148,11 @@ void register_quantize(CLI::App& app, Common& common) {
                     bits, b - 1, r.width_weighted_error.at(b));
     }
     if (o.method == QuantMethod::Mixed24)
-      std::printf("  outliers kept: %lld; layer objective sum_l tr(dW H dWT): %.6g\n", static_cast<long long>(r.outliers),
-                  r.hessian_error_sum);
+      std::printf("  outliers kept: %lld; layer objective sum_l tr(dW H dWT): %.6g\n"
+                  "  layouts: %d linears mixed24a (aligned), %d mixed24 (generic)\n"
+                  "  paper-style average bits (eq. 10: codes, first-order scales and zeros, outlier values only): %.4f\n",
+                  static_cast<long long>(r.outliers), r.hessian_error_sum, r.mixed24_aligned_linears,
+                  r.mixed24_generic_linears, r.paper_avg_bits);
     if (o.method == QuantMethod::Gptq)
       std::printf("  layer objective sum_l tr(dW H dWT): GPTQ %.6g vs RTN %.6g on the same Hessians (%.1f%% lower)\n",
                   r.hessian_error_sum, r.rtn_hessian_error_sum,
