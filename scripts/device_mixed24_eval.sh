@@ -13,12 +13,14 @@ LOGS="${LOGS:-/tmp/m24logs}"; Q="${Q:-/tmp/q}"
 mkdir -p "$LOGS" "$Q"
 CAL=(--calib "$C" --calib-samples "${SAMPLES:-128}" --calib-seqlen "${SEQLEN:-512}")
 CONFIGS=(
-  "m24-r0.25-o0|--method mixed24 --outliers 0"
-  "m24-r0.25-o0.002|--method mixed24 --outliers 0.002"
-  "m24-r0.25-o0.005|--method mixed24 --outliers 0.005"
-  "m24-r0.1-o0.002|--method mixed24 --ratio-4bit 0.1 --outliers 0.002"
-  "m24-r0.25-o0.002-all|--method mixed24 --outliers 0.002 --outliers-from all"
-  "m24-layers-down-o0.002|--method mixed24 --layers-4bit down --outliers 0.002"
+  "m24a-o0|--method mixed24 --outliers 0"
+  "m24a-o0.002|--method mixed24 --outliers 0.002"
+  "m24a-o0.005|--method mixed24 --outliers 0.005"
+  "m24a-o0.002-all|--method mixed24 --outliers 0.002 --outliers-from all"
+  "m24a-o0.002-colorder|--method mixed24 --outliers 0.002 --unit-order column"
+  "m24g-r0.25-o0.002|--method mixed24 --layout generic --outliers 0.002"
+  "m24g-r0.1-o0.002|--method mixed24 --ratio-4bit 0.1 --outliers 0.002"
+  "m24g-layers-down-o0.002|--method mixed24 --layers-4bit down --outliers 0.002"
   "gptq-w2-g16|--method gptq --bits 2 --group 16"
 )
 case "${1:-}" in
@@ -42,7 +44,7 @@ case "${1:-}" in
       gpu=$(python3 tools/hf_ppl.py --lowbit "$Q/$name.lowbit" --hf-dir /tmp/hf --text "$W" 2>/dev/null | tail -1)
       cpu=$("$B" ppl "$Q/$name.lowbit" --text "$W" --max-windows 1 2>/dev/null | grep "mean NLL")
       gpu1=$(python3 tools/hf_ppl.py --lowbit "$Q/$name.lowbit" --hf-dir /tmp/hf --text "$W" --max-windows 1 2>/dev/null | tail -1)
-      bits=$(grep -E "average bits" "$LOGS/quant-$name.log" | tr -s ' ')
+      bits=$(grep -E "average bits|paper-style" "$LOGS/quant-$name.log" | sed 's/(.*)//' | tr -s ' ' | tr '\n' ';')
       echo "$name | full(gpu): $gpu | first window: lowbit-cpu $cpu / gpu $gpu1 | $bits" >> "$LOGS/summary.txt"
     done
     ;;

@@ -110,6 +110,42 @@ def mixed24_decode(parts, shape, params):
     return w
 
 
+def mixed24a_decode(parts, shape, params):
+    """Aligned 2/4-bit layout: units [2,2,2,4] of permuted 16-column groups; returns W in the original column order."""
+    n, k = shape
+    U, G = k // 64, k // 16
+    qa = parts["qa"].astype(np.int64) & 0xFFFFFFFF            # [n, U, 4]
+    qb = parts["qb"].astype(np.int64) & 0xFFFFFFFF            # [n, U]
+    i = np.arange(16)
+    codes = np.zeros((n, U, 4, 16), dtype=np.int64)
+    for s in range(3):
+        codes[:, :, s, :] = (qa[:, :, s, None] >> (2 * i)) & 3
+    codes[:, :, 3, :8] = (qa[:, :, 3, None] >> (4 * i[:8])) & 15
+    codes[:, :, 3, 8:] = (qb[:, :, None] >> (4 * i[:8])) & 15
+    m2 = parts["meta2"].astype(np.int64) & 0xFFFF
+    m4 = parts["meta4"].astype(np.int64) & 0xFF
+    sc = np.stack([m2 & 15, (m2 >> 4) & 7, (m2 >> 7) & 7, m4 & 15], axis=-1)            # [n, U, 4]
+    z = np.stack([(m2 >> 10) & 3, (m2 >> 12) & 3, (m2 >> 14) & 3, m4 >> 4], axis=-1)
+    rows = np.arange(n) // 16
+    ss = np.concatenate([parts["ss2"].astype(np.float64).reshape(-1, U, 3), parts["ss4"].astype(np.float64).reshape(-1, U, 1)], -1)
+    sm = np.concatenate([parts["sm2"].astype(np.float64).reshape(-1, U, 3), parts["sm4"].astype(np.float64).reshape(-1, U, 1)], -1)
+    # ŝ = fmaf(code, ss, sm): exact in float64 (fp16 operands, <= 4-bit code), then one rounding to float32
+    scale = (sc * ss[rows] + sm[rows]).astype(np.float32)
+    w_stored = ((codes.astype(np.float32) - z[..., None].astype(np.float32)) * scale[..., None]).reshape(n, k)
+    if params["sparse"]:
+        rowptr = parts["outlier_rowptr"]
+        col = parts["outlier_col"].astype(np.int64) & 0xFFFF
+        r = np.repeat(np.arange(n), np.diff(rowptr))
+        assert not w_stored[r, col].any(), "dense code under an outlier is not its zero point"
+        w_stored[r, col] = parts["outlier_val"].astype(np.float32)
+    perm = parts["perm"].astype(np.int64) & 0xFFFF
+    assert sorted(perm.tolist()) == list(range(G)), "perm is not a permutation"
+    cols = (perm[:, None] * 16 + i).reshape(-1)             # stored column -> original column
+    w = np.empty((n, k), dtype=np.float32)
+    w[:, cols] = w_stored
+    return w
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
@@ -129,7 +165,7 @@ def main():
                 params += t.numel()
                 data_bits += t.numel() * DTYPE_BITS[entry["dtype"]]
                 continue
-            assert entry["format"] in ("uniform", "anyprec", "mixed24"), f"{name}: unknown format {entry['format']}"
+            assert entry["format"] in ("uniform", "anyprec", "mixed24", "mixed24a"), f"{name}: unknown format {entry['format']}"
             parts = {}
             for part, stored in entry["parts"].items():
                 t = f.get_tensor(stored)
@@ -143,6 +179,8 @@ def main():
                 w = uniform_decode(parts, (n, k), entry["params"])
             elif entry["format"] == "mixed24":
                 w = mixed24_decode(parts, (n, k), entry["params"])
+            elif entry["format"] == "mixed24a":
+                w = mixed24a_decode(parts, (n, k), entry["params"])
             else:
                 w = anyprec_decode(parts, (n, k), entry["params"])
             quantized_weights += n * k

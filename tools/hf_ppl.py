@@ -34,7 +34,7 @@ def load_lowbit(path, bits=None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     _sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from check_lowbit_file import anyprec_decode, mixed24_decode, uniform_decode
+    from check_lowbit_file import anyprec_decode, mixed24_decode, mixed24a_decode, uniform_decode
 
     with safe_open(path, framework="pt") as f:
         meta = json.loads(f.metadata()["lowbit"])
@@ -48,6 +48,9 @@ def load_lowbit(path, bits=None):
             elif entry["format"] == "mixed24":
                 parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
                 state[name] = torch.from_numpy(mixed24_decode(parts, entry["shape"], entry["params"]))
+            elif entry["format"] == "mixed24a":
+                parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
+                state[name] = torch.from_numpy(mixed24a_decode(parts, entry["shape"], entry["params"]))
             elif entry["format"] == "anyprec":
                 parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
                 state[name] = torch.from_numpy(anyprec_decode(parts, entry["shape"], entry["params"], bits))
