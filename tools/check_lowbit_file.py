@@ -85,6 +85,8 @@ def mixed24_decode(parts, shape, params):
     slot = np.where(is4, np.cumsum(is4) - 1, np.cumsum(~is4) - 1)
     w = np.zeros((n, k), dtype=np.float32)
     def fields(words, count, width):   # per-row little-endian streams of fixed-width fields
+        if count == 0:
+            return np.zeros((n, 0), dtype=np.int64)
         words = words.astype(np.int64) & 0xFFFFFFFF
         stream = ((words[:, :, None] >> np.arange(32)) & 1).reshape(words.shape[0], -1)
         assert not stream[:, count * width:].any(), "non-zero padding bits"
