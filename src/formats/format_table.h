@@ -5,7 +5,7 @@
 // dtypes and shapes, the value ranges inside those parts, and the CPU LinearOp that runs it — is found through
 // its row here. Readers (io/lowbit_file) and the model loader never look at a format's fields themselves: they
 // call validate_packed() once at the entry point and make_packed_linear() to run it, and an unknown format
-// name fails loudly (STYLE habit 6). Later issues add "quik" as a new row.
+// name fails loudly (STYLE habit 6). Rows: uniform, anyprec, mixed24, mixed24a; later issues add "quik".
 //
 // Stored bits: the exact number of bits a weight occupies in a file is the sum over its parts of
 // numel * dtype bits, with the shapes the format prescribes (padding in the last word of a packed row and shared
