@@ -10,6 +10,7 @@
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24/layout.h"
 #include "formats/mixed24a/layout.h"
+#include "formats/quik/layout.h"
 #include "formats/uniform/layout.h"
 
 namespace lowbit {
@@ -93,11 +94,28 @@ constexpr PackedPart kMixed24AParts[] = {
     {"outlier_val", DType::F16, "[nnz]", "sparse", 1, 1},
 };
 
+// ---- quik: signed symmetric integer weights for an int8/int4 tensor-core GEMM + fp16 outlier input columns -------
+constexpr PackedParam kQuikParams[] = {
+    {"wbits", 4, 8, "weight code bits: 4 (qweight4, two per byte) or 8 (qweight8)"},
+    {"abits", 4, 16, "activation bits at run time: 4 or 8 (per-token asymmetric integers), 16 (not quantized)"},
+    {"act_fp8", 0, 1, "1: activations FP8-E4M3 with a per-token scale (wbits 4, abits 8)"},
+    {"outliers", 0, kParamMaxIsK, "fp16 outlier input columns"},
+};
+constexpr PackedPart kQuikParts[] = {
+    {"qweight8", DType::I8, "[n, k - outliers]", "wbits", 8, 8},
+    {"qweight4", DType::U8, "[n, ceil((k - outliers) / 2)]", "wbits", 4, 4},
+    {"scale", DType::F16, "[n]", "", 0, 0},
+    {"wreduced", DType::F32, "[n]", "", 0, 0},
+    {"outlier_idx", DType::I32, "[outliers]", "", 0, 0},
+    {"outlier_w", DType::F16, "[n, outliers]", "", 0, 0},
+};
+
 constexpr PackedFormat kPackedFormats[] = {
     {"uniform", kUniformParams, kUniformParts, &uniform_part_shape, &uniform_check_values, &make_uniform_linear},
     {"anyprec", kAnyPrecParams, kAnyPrecParts, &anyprec_part_shape, &anyprec_check_values, &make_anyprec_linear},
     {"mixed24", kMixed24Params, kMixed24Parts, &mixed24_part_shape, &mixed24_check_values, &make_mixed24_linear},
     {"mixed24a", kMixed24AParams, kMixed24AParts, &mixed24a_part_shape, &mixed24a_check_values, &make_mixed24a_linear},
+    {"quik", kQuikParams, kQuikParts, &quik_part_shape, &quik_check_values, &make_quik_linear},
 };
 
 // Compile-time consistency of the table: unique format names, unique part and parameter names within a format,

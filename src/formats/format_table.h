@@ -5,7 +5,7 @@
 // dtypes and shapes, the value ranges inside those parts, and the CPU LinearOp that runs it — is found through
 // its row here. Readers (io/lowbit_file) and the model loader never look at a format's fields themselves: they
 // call validate_packed() once at the entry point and make_packed_linear() to run it, and an unknown format
-// name fails loudly (STYLE habit 6). Rows: uniform, anyprec, mixed24, mixed24a; later issues add "quik".
+// name fails loudly (STYLE habit 6). Rows: uniform, anyprec, mixed24, mixed24a, quik.
 //
 // Stored bits: the exact number of bits a weight occupies in a file is the sum over its parts of
 // numel * dtype bits, with the shapes the format prescribes (padding in the last word of a packed row and shared
@@ -105,5 +105,8 @@ void mixed24_check_values(const PackedWeight& w, const std::string& where);
 // mixed24a (formats/mixed24a/layout.h): shapes and checks in formats/mixed24a/unpack_ref.cpp.
 std::vector<int64_t> mixed24a_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
 void mixed24a_check_values(const PackedWeight& w, const std::string& where);
+// quik (formats/quik/layout.h): shapes and checks in formats/quik/unpack_ref.cpp.
+std::vector<int64_t> quik_part_shape(std::string_view part, int64_t n, int64_t k, const PackedParams& params);
+void quik_check_values(const PackedWeight& w, const std::string& where);
 
 }  // namespace lowbit

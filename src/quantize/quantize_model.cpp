@@ -113,7 +113,22 @@ std::map<std::string, std::vector<float>> read_sensitivity_cache(const Model& mo
 
 std::string method_json(const QuantizeOptions& o) {
   nlohmann::ordered_json j;
-  if (o.method == QuantMethod::Mixed24) {
+  if (o.method == QuantMethod::Quik) {
+    const QuikOptions& q = o.quik;
+    j["name"] = "quik";
+    j["wbits"] = q.wbits;
+    j["abits"] = q.abits;
+    j["act_fp8"] = q.act_fp8;
+    if (q.outliers >= 0) j["outliers"] = q.outliers;
+    else j["outlier_frac"] = q.outlier_frac;
+    j["down_factor"] = q.down_factor;
+    j["outlier_threshold"] = q.outlier_threshold;
+    j["int8_down_proj"] = q.int8_down_proj;
+    j["clip"] = q.clip;
+    j["weights"] = "symmetric per output channel, GPTQ with outlier columns last";
+    j["percdamp"] = q.percdamp;
+    j["sequential"] = o.sequential;
+  } else if (o.method == QuantMethod::Mixed24) {
     j["name"] = "mixed24";
     j["ratio_4bit"] = o.mixed24.ratio_4bit;
     j["outlier_fraction"] = o.mixed24.outlier_fraction;
@@ -200,9 +215,27 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
         auto& h = hessians[kSlotOf[i]];
         if (h.empty()) {
           h = stats->at(kSlotOf[i]).hessian();
-          factors[kSlotOf[i]] = gptq_factor(h, k, factor_opts);
+          if (opts.method != QuantMethod::Quik) factors[kSlotOf[i]] = gptq_factor(h, k, factor_opts);
         }
-        if (opts.method == QuantMethod::Mixed24) {   // 2/4-bit groups over GPTQ's error feedback
+        if (opts.method == QuantMethod::Quik) {   // outlier columns by max |x|, GPTQ with them last
+          const QuikOptions& qo = opts.quik;
+          const bool down = kSlotOf[i] == LinearSlot::Down;
+          const std::vector<double> amax = stats->at(kSlotOf[i]).max_abs();
+          const int64_t per_dim = qo.outliers >= 0 ? qo.outliers : std::llround(qo.outlier_frac * static_cast<double>(c.dim));
+          int64_t count = down ? std::llround(qo.down_factor * static_cast<double>(per_dim)) : per_dim;
+          if (qo.outlier_threshold > 0 && *std::max_element(amax.begin(), amax.end()) < qo.outlier_threshold) {
+            count = 0;
+            ++rep.quik_linears_without_outliers;
+          }
+          const bool w8a8 = down && qo.int8_down_proj;
+          QuikStats qs;
+          const QuikQuantized qq = quik_quantize(w, n, k, h, quik_outlier_columns(amax, count), w8a8 ? 8 : qo.wbits,
+                                                 w8a8 ? 8 : qo.abits, !w8a8 && qo.act_fp8, qo.clip, qo.percdamp, &qs);
+          rep.hessian_error_sum += qs.hessian_error;
+          rep.quik_outlier_columns += qq.outliers();
+          qq.dequantize(deq.data());
+          quantized[name] = pack_quik(qq, storage);
+        } else if (opts.method == QuantMethod::Mixed24) {   // 2/4-bit groups over GPTQ's error feedback
           Mixed24Options mo = opts.mixed24;
           if (!opts.mixed24_layers_4bit.empty()) {
             static constexpr const char* kKinds[7] = {"q", "k", "v", "o", "gate", "up", "down"};
@@ -243,6 +276,7 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
     }
   };
 
+  if (opts.method == QuantMethod::Quik) validate_quik_options(opts.quik);   // before any calibration work
   if (opts.method == QuantMethod::Mixed24) {   // before any calibration work
     validate_mixed24_options(opts.mixed24);
     if (opts.mixed24.layout == Mixed24Options::Layout::Aligned)

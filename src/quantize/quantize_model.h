@@ -15,10 +15,11 @@
 #include "quantize/calibration.h"
 #include "quantize/gptq.h"
 #include "quantize/mixed24.h"
+#include "quantize/quik.h"
 
 namespace lowbit {
 
-enum class QuantMethod { Rtn, Gptq, AnyPrec, Mixed24 };
+enum class QuantMethod { Rtn, Gptq, AnyPrec, Mixed24, Quik };
 // Per-weight sensitivity for the any-precision k-means: the empirical Fisher diagonal (squared gradients of the
 // loss, SqueezeLLM), or the input Hessian diagonal 2/N Σ x_c^2 of the weight's column (same for every row).
 enum class Sensitivity { Fisher, HessianDiag };
@@ -31,6 +32,8 @@ struct QuantizeOptions {
   DType dense_dtype = DType::F32;   // unquantized tensors (embeddings, norms, head, biases): F32 or F16
   AnyPrecOptions anyprec;           // AnyPrec only
   Mixed24Options mixed24;           // Mixed24 only (calibrated and sequential like GPTQ)
+  QuikOptions quik;                 // Quik only (calibrated and sequential like GPTQ; activations unquantized while
+                                    // calibrating, so every abits shares the weights of one wbits/outlier setting)
   // Mixed24 ablation "manual inter-layer": these linear kinds (q, k, v, o, gate, up, down) entirely at 4 bits,
   // all others entirely at 2 bits, instead of the per-group allocation.
   std::vector<std::string> mixed24_layers_4bit;
@@ -54,6 +57,8 @@ struct QuantizeReport {
   // permutation and word padding left out. avg_bits is the honest figure.
   double paper_avg_bits = 0;
   int mixed24_aligned_linears = 0, mixed24_generic_linears = 0;
+  int64_t quik_outlier_columns = 0;   // Quik: fp16 input columns kept, summed over linears
+  int quik_linears_without_outliers = 0;   // Quik: linears the threshold left without outliers
   double sensitivity_seconds = 0;   // AnyPrec: Fisher (forward + backward) or Hessian-diagonal capture
   bool sensitivity_from_cache = false;
   double mean_calib_loss = 0;       // AnyPrec with Fisher: mean loss of the calibration windows

@@ -28,8 +28,8 @@ void register_quantize(CLI::App& app, Common& common) {
   CLI::App* sub = app.add_subcommand("quantize", "Quantize a model's linear layers and write a .lowbit file");
   sub->add_option("model", a->model, "Model: HF directory, .gguf, or llama2.c .bin")->required();
   sub->add_option("-o,--output", a->out, "Output .lowbit file")->required();
-  sub->add_option("--method", a->method, "rtn | gptq | anyprec | mixed24")
-      ->check(CLI::IsMember({"rtn", "gptq", "anyprec", "mixed24"}));
+  sub->add_option("--method", a->method, "rtn | gptq | anyprec | mixed24 | quik")
+      ->check(CLI::IsMember({"rtn", "gptq", "anyprec", "mixed24", "quik"}));
   sub->add_option("--bits", a->opts.gptq.spec.bits, "Weight bits (2..8)")->check(CLI::Range(2, 8));
   sub->add_option("--group", a->opts.gptq.spec.group_size, "Group size along the input (0 = per channel)")
       ->check(CLI::NonNegativeNumber);
@@ -53,8 +53,21 @@ void register_quantize(CLI::App& app, Common& common) {
   sub->add_option("--sensitivity", a->sensitivity, "anyprec: fisher | hessian-diag (k-means weights)")
       ->check(CLI::IsMember({"fisher", "hessian-diag"}));
   sub->add_option("--outliers", a->outliers,
-                  "anyprec (default 0) / mixed24 (default 0.002, at most 0.02): fraction of weights kept in fp16 (CSR)")
-      ->check(CLI::Range(0.0, 0.49));
+                  "anyprec (default 0) / mixed24 (default 0.002, at most 0.02): fraction of weights kept in fp16 (CSR); "
+                  "quik: number of fp16 outlier input columns of a dim-wide input (default: --outlier-frac)")
+      ->check(CLI::Range(0.0, 1e9));
+  sub->add_option("--wbits", a->opts.quik.wbits, "quik: weight bits (4 or 8)")->check(CLI::IsMember({4, 8}));
+  sub->add_option("--abits", a->opts.quik.abits, "quik: activation bits at run time (4, 8, or 16 = not quantized)")
+      ->check(CLI::IsMember({4, 8, 16}));
+  sub->add_flag("--act-fp8", a->opts.quik.act_fp8, "quik: FP8-E4M3 activations with a per-token scale (W4A8)");
+  sub->add_option("--outlier-frac", a->opts.quik.outlier_frac,
+                  "quik: outlier columns as a fraction of dim (default 0.0625 = the paper's 256 of 4096)")
+      ->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--outlier-threshold", a->opts.quik.outlier_threshold,
+                  "quik: a linear whose calibration inputs never exceed this max |x| keeps no outliers (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--int8-down-proj", a->opts.quik.int8_down_proj, "quik: down_proj at W8A8");
+  sub->add_flag("--clip", a->opts.quik.clip, "quik: search each row's weight clipping on the squared error");
   sub->add_option("--ratio-4bit", a->opts.mixed24.ratio_4bit, "mixed24: fraction of input-channel groups at 4 bits")
       ->check(CLI::Range(0.0, 1.0));
   sub->add_option("--outliers-from", a->outliers_from, "mixed24: 2bit (the paper) | all (ablation)")
@@ -83,7 +96,18 @@ void register_quantize(CLI::App& app, Common& common) {
     o.method = a->method == "rtn"       ? QuantMethod::Rtn
                : a->method == "gptq"    ? QuantMethod::Gptq
                : a->method == "anyprec" ? QuantMethod::AnyPrec
+               : a->method == "quik"    ? QuantMethod::Quik
                                         : QuantMethod::Mixed24;
+    if (o.method == QuantMethod::Quik) {
+      LOWBIT_CHECK(a->outliers < 0 || a->outliers == std::floor(a->outliers), "quik: --outliers is a column count, got ",
+                   a->outliers);
+      o.quik.outliers = a->outliers < 0 ? -1 : static_cast<int64_t>(a->outliers);
+      o.quik.percdamp = o.gptq.percdamp;
+      validate_quik_options(o.quik);   // before loading the model
+    } else {
+      LOWBIT_CHECK(a->outliers < 0.5, "--outliers is a fraction of the weights below 0.5 for ", a->method, ", got ",
+                   a->outliers);
+    }
     o.anyprec.outlier_fraction = a->outliers < 0 ? 0.0 : a->outliers;
     o.mixed24.outlier_fraction = a->outliers < 0 ? 0.002 : a->outliers;
     o.mixed24.outliers_from_all_groups = a->outliers_from == "all";
@@ -119,6 +143,13 @@ void register_quantize(CLI::App& app, Common& common) {
                   a->model.c_str(), o.anyprec.seed_bits, o.anyprec.parent_bits, a->sensitivity.c_str(),
                   o.calib.samples, o.calib.seqlen,
                   o.anyprec.outlier_fraction > 0 ? (", outliers " + std::to_string(o.anyprec.outlier_fraction)).c_str() : "");
+    else if (o.method == QuantMethod::Quik)
+      std::printf("quantize %s: quik W%dA%d%s, outlier columns %s%s%s, calibration %d x %d\n", a->model.c_str(),
+                  o.quik.wbits, o.quik.abits, o.quik.act_fp8 ? " (fp8 activations)" : "",
+                  o.quik.outliers >= 0 ? std::to_string(o.quik.outliers).c_str()
+                                       : ("fraction " + std::to_string(o.quik.outlier_frac) + " of dim").c_str(),
+                  o.quik.int8_down_proj ? ", down_proj W8A8" : "", o.quik.clip ? ", clipping" : "",
+                  o.calib.samples, o.calib.seqlen);
     else if (o.method == QuantMethod::Mixed24)
       std::printf("quantize %s: mixed24, %.0f%% of 16-column groups at 4 bits, %.2f%% outliers from %s groups, "
                   "calibration %d x %d\n", a->model.c_str(), 100 * o.mixed24.ratio_4bit, 100 * o.mixed24.outlier_fraction,
@@ -153,6 +184,10 @@ void register_quantize(CLI::App& app, Common& common) {
                   "  paper-style average bits (eq. 10: codes, first-order scales and zeros, outlier values only): %.4f\n",
                   static_cast<long long>(r.outliers), r.hessian_error_sum, r.mixed24_aligned_linears,
                   r.mixed24_generic_linears, r.paper_avg_bits);
+    if (o.method == QuantMethod::Quik)
+      std::printf("  fp16 outlier columns: %lld over all linears (%d linears below the threshold kept none); "
+                  "layer objective sum_l tr(dW H dWT): %.6g\n",
+                  static_cast<long long>(r.quik_outlier_columns), r.quik_linears_without_outliers, r.hessian_error_sum);
     if (o.method == QuantMethod::Gptq)
       std::printf("  layer objective sum_l tr(dW H dWT): GPTQ %.6g vs RTN %.6g on the same Hessians (%.1f%% lower)\n",
                   r.hessian_error_sum, r.rtn_hessian_error_sum,
