@@ -148,6 +148,34 @@ def mixed24a_decode(parts, shape, params):
     return w
 
 
+def quik_codes(parts, shape, params):
+    """Signed weight codes [n, kb] of a quik weight (base columns in increasing order)."""
+    n, k = shape
+    kb = k - params["outliers"]
+    if params["wbits"] == 8:
+        return parts["qweight8"].astype(np.int64).reshape(n, kb)
+    b = parts["qweight4"].astype(np.int64).reshape(n, -1) & 0xFF
+    nib = np.stack([b & 15, b >> 4], axis=-1).reshape(n, -1)
+    assert not nib[:, kb:].any(), "non-zero padding nibble"
+    nib = nib[:, :kb]
+    return np.where(nib >= 8, nib - 16, nib)
+
+
+def quik_decode(parts, shape, params):
+    """QUIK weight half: base columns fp32(sw) * code, outlier columns fp16; checks wReduced by its definition."""
+    n, k = shape
+    idx = parts["outlier_idx"].astype(np.int64)
+    base = np.setdiff1d(np.arange(k), idx)
+    codes = quik_codes(parts, shape, params)
+    sw = parts["scale"].astype(np.float32)
+    wred = (sw.astype(np.float64) * codes.sum(1)).astype(np.float32)
+    assert np.array_equal(wred, parts["wreduced"].astype(np.float32)), "wreduced is not scale * sum of codes"
+    w = np.empty((n, k), dtype=np.float32)
+    w[:, base] = sw[:, None] * codes.astype(np.float32)
+    w[:, idx] = parts["outlier_w"].astype(np.float32).reshape(n, -1)
+    return w
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("path")
@@ -167,7 +195,7 @@ def main():
                 params += t.numel()
                 data_bits += t.numel() * DTYPE_BITS[entry["dtype"]]
                 continue
-            assert entry["format"] in ("uniform", "anyprec", "mixed24", "mixed24a"), f"{name}: unknown format {entry['format']}"
+            assert entry["format"] in ("uniform", "anyprec", "mixed24", "mixed24a", "quik"), f"{name}: unknown format {entry['format']}"
             parts = {}
             for part, stored in entry["parts"].items():
                 t = f.get_tensor(stored)
@@ -183,6 +211,8 @@ def main():
                 w = mixed24_decode(parts, (n, k), entry["params"])
             elif entry["format"] == "mixed24a":
                 w = mixed24a_decode(parts, (n, k), entry["params"])
+            elif entry["format"] == "quik":
+                w = quik_decode(parts, (n, k), entry["params"])
             else:
                 w = anyprec_decode(parts, (n, k), entry["params"])
             quantized_weights += n * k

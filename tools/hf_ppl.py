@@ -24,8 +24,65 @@ import time
 import torch
 
 
-def load_lowbit(path, bits=None):
-    """A transformers model holding exactly the weights a .lowbit file encodes (any-precision: the b-bit view)."""
+class QuikLinear(torch.nn.Module):
+    """QUIK's run-time arithmetic (formats/quik/layout.h) in fp64 on the device: per-token activation quantization
+    (integers with halfRange, or FP8-E4M3), the integer GEMM as an fp64 matmul of integer values (exact), the
+    zero-point correction through wReduced, and the fp16 outlier columns. abits/fp8 may override the file's."""
+
+    def __init__(self, parts, shape, params, abits=None, fp8=None):
+        super().__init__()
+        import numpy as np
+        from check_lowbit_file import quik_codes, quik_decode
+        quik_decode(parts, shape, params)   # checks wReduced and the padding
+        n, k = shape
+        idx = parts["outlier_idx"].astype(np.int64)
+        self.k, self.n = k, n
+        self.register_buffer("idx", torch.from_numpy(idx))
+        self.register_buffer("base", torch.from_numpy(np.setdiff1d(np.arange(k), idx)))
+        codes = torch.from_numpy(quik_codes(parts, shape, params)).double()
+        sw = torch.from_numpy(parts["scale"].astype(np.float32))
+        self.register_buffer("wq", codes)
+        self.register_buffer("wdeq", (sw[:, None] * codes.float()).double())   # fp32(sw) * code, exact
+        self.register_buffer("sw", sw.double())
+        self.register_buffer("wred", torch.from_numpy(parts["wreduced"].astype(np.float32)).double())
+        self.register_buffer("wout", torch.from_numpy(parts["outlier_w"].astype(np.float32).reshape(n, -1)).double())
+        self.abits = params["abits"] if abits is None else abits
+        self.fp8 = bool(params["act_fp8"]) if fp8 is None else fp8
+
+    @staticmethod
+    def e4m3(v):
+        a = v.abs()
+        _, e = torch.frexp(a)
+        qe = torch.clamp(e - 4, min=-9).to(v.dtype)
+        r = torch.clamp(torch.round(a * torch.pow(2.0, -qe)) * torch.pow(2.0, qe), max=448.0)
+        return torch.where(a == 0, v, torch.copysign(r, v))
+
+    def forward(self, x):
+        shape = x.shape
+        xs = x.reshape(-1, self.k).float()
+        xb = xs[:, self.base]
+        y = xs[:, self.idx].half().float().double() @ self.wout.T
+        if self.abits == 16:
+            y = xb.double() @ self.wdeq.T + y
+        elif self.fp8:
+            sa = xb.abs().amax(1) / 448.0
+            sa = torch.where(sa > 0, sa, torch.ones_like(sa))
+            x8 = self.e4m3(xb / sa[:, None]) * 512.0
+            y = (sa.double()[:, None] * self.sw[None, :]) * (x8.double() @ self.wq.T) / 512.0 + y
+        else:
+            L, H = 2 ** self.abits - 1, 2 ** (self.abits - 1)
+            mn, mx = xb.amin(1), xb.amax(1)
+            sa = (mx - mn) / L
+            sa = torch.where(sa > 0, sa, torch.ones_like(sa))
+            q = torch.clamp(torch.round((xb - mn[:, None]) / sa[:, None]), 0, L) - H
+            acc = q.double() @ self.wq.T
+            y = (sa.double()[:, None] * self.sw[None, :]) * acc + (H * sa.double() + mn.double())[:, None] * self.wred[None, :] + y
+        return y.float().reshape(*shape[:-1], self.n)
+
+
+def load_lowbit(path, bits=None, abits=None, fp8=None):
+    """A transformers model holding exactly the weights a .lowbit file encodes (any-precision: the b-bit view;
+    quik: its linears replaced by QuikLinear, activations quantized at abits / fp8 or the file's own)."""
     import json
     import sys as _sys
     import tempfile
@@ -34,11 +91,11 @@ def load_lowbit(path, bits=None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     _sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from check_lowbit_file import anyprec_decode, mixed24_decode, mixed24a_decode, uniform_decode
+    from check_lowbit_file import anyprec_decode, mixed24_decode, mixed24a_decode, quik_decode, uniform_decode
 
     with safe_open(path, framework="pt") as f:
         meta = json.loads(f.metadata()["lowbit"])
-        state = {}
+        state, quik = {}, {}
         for name, entry in meta["tensors"].items():
             if entry["format"] == "dense":
                 state[name] = f.get_tensor(name).float()
@@ -48,6 +105,10 @@ def load_lowbit(path, bits=None):
             elif entry["format"] == "mixed24":
                 parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
                 state[name] = torch.from_numpy(mixed24_decode(parts, entry["shape"], entry["params"]))
+            elif entry["format"] == "quik":
+                parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
+                state[name] = torch.from_numpy(quik_decode(parts, entry["shape"], entry["params"]))
+                quik[name] = QuikLinear(parts, entry["shape"], entry["params"], abits, fp8)
             elif entry["format"] == "mixed24a":
                 parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
                 state[name] = torch.from_numpy(mixed24a_decode(parts, entry["shape"], entry["params"]))
@@ -67,6 +128,9 @@ def load_lowbit(path, bits=None):
         raise SystemExit(f"{path}: missing {missing} unexpected {unexpected}")
     if config.tie_word_embeddings:
         model.tie_weights()
+    for name, module in quik.items():
+        parent, attr = name[: -len(".weight")].rsplit(".", 1)
+        setattr(model.get_submodule(parent), attr, module)
     return model
 
 
@@ -80,8 +144,12 @@ def main():
     ap.add_argument("--hf-dir", default="")
     ap.add_argument("--lowbit", default="")
     ap.add_argument("--bits", default="", help="any-precision .lowbit: width(s) to evaluate, e.g. 3,4,8")
+    ap.add_argument("--abits", default="", help="quik .lowbit: activation variants to evaluate, e.g. 16,8,4,fp8 "
+                                                "(default: the file's own)")
     args = ap.parse_args()
     widths = [int(b) for b in args.bits.split(",")] if args.bits else [None]
+    if args.abits:
+        widths = [("fp8" if a == "fp8" else int(a)) for a in args.abits.split(",")]
     from tokenizers import pre_tokenizers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -109,7 +177,9 @@ def main():
     if args.max_windows:
         n = min(n, args.max_windows)
     for bits in widths:
-        if args.lowbit:
+        if args.lowbit and args.abits:
+            model = load_lowbit(args.lowbit, None, 8 if bits == "fp8" else bits, bits == "fp8").eval().to(dev)
+        elif args.lowbit:
             model = load_lowbit(args.lowbit, bits).eval().to(dev)
         nll, count, t0 = 0.0, 0, time.time()
         with torch.no_grad():
@@ -118,7 +188,8 @@ def main():
                 logits = model(x).logits[0, :-1].float()
                 nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
                 count += args.ctx - 1
-        print(f"{'bits ' + str(bits) + ' ' if bits else ''}tokens {ids.numel()} windows {n} predicted {count} "
+        label = ("abits " if args.abits else "bits ") + str(bits) + " " if bits else ""
+        print(f"{label}tokens {ids.numel()} windows {n} predicted {count} "
               f"mean_nll {nll / count:.6f} ppl {math.exp(nll / count):.4f} seconds {time.time() - t0:.1f} "
               f"torch {torch.__version__} threads {torch.get_num_threads()} device {dev}", flush=True)
 
