@@ -16,16 +16,18 @@ mkdir -p "$LOGS" "$Q"
 CAL=(--calib "$C" --calib-samples "${SAMPLES:-128}" --calib-seqlen "${SEQLEN:-512}")
 # name | quantize arguments | activation variants evaluated on the GPU
 CONFIGS=(
-  "quik-w4-o0|--wbits 4 --abits 4 --outliers 0|16,8,4"
   "quik-w4-od|--wbits 4 --abits 4|16,8,4"
-  "quik-w4-od-fp8|--wbits 4 --abits 8 --act-fp8|fp8"
-  "quik-w8-o0|--wbits 8 --abits 8 --outliers 0|8"
+  "quik-w4-o0|--wbits 4 --abits 4 --outliers 0|16,8,4"
   "quik-w8-od|--wbits 8 --abits 8|8"
+  "quik-w8-o0|--wbits 8 --abits 8 --outliers 0|8"
   "quik-w4-od-d8|--wbits 4 --abits 4 --int8-down-proj|8,4"
+  "quik-w4-od-fp8|--wbits 4 --abits 8 --act-fp8|fp8"
   "quik-w4-o16|--wbits 4 --abits 4 --outliers 16|4"
   "quik-w4-o72|--wbits 4 --abits 4 --outliers 72|4"
   "quik-w4-o144|--wbits 4 --abits 4 --outliers 144|4"
 )
+# Files whose first window is also scored by `lowbit ppl` (CPU) and by the harness at the file's own activations.
+CROSS="${CROSS:-quik-w4-od quik-w4-od-fp8 quik-w8-od}"
 case "${1:-}" in
   quant)
     rm -f "$LOGS/quant.done"
@@ -45,10 +47,14 @@ case "${1:-}" in
       grep -q "^$name " "$LOGS/summary.txt" 2>/dev/null && continue
       [ -f "$Q/$name.lowbit" ] || { echo "$name | missing" >> "$LOGS/summary.txt"; continue; }
       gpu=$(python3 tools/hf_ppl.py --lowbit "$Q/$name.lowbit" --hf-dir /tmp/hf --text "$W" --abits "$variants" 2>&1 | grep -E "^abits|Error" | tr '\n' ';')
-      cpu=$("$B" ppl "$Q/$name.lowbit" --text "$W" --max-windows 1 2>/dev/null | grep "mean NLL")
-      gpu1=$(python3 tools/hf_ppl.py --lowbit "$Q/$name.lowbit" --hf-dir /tmp/hf --text "$W" --max-windows 1 2>/dev/null | tail -1)
+      cpu=skipped; gpu1=skipped
+      if [[ " $CROSS " == *" $name "* ]]; then
+        cpu=$("$B" ppl "$Q/$name.lowbit" --text "$W" --max-windows 1 2>/dev/null | grep "mean NLL")
+        gpu1=$(python3 tools/hf_ppl.py --lowbit "$Q/$name.lowbit" --hf-dir /tmp/hf --text "$W" --max-windows 1 2>/dev/null | tail -1)
+      fi
       bits=$(grep -E "average bits|outlier columns" "$LOGS/quant-$name.log" | sed 's/(.*)//' | tr -s ' ' | tr '\n' ';')
       echo "$name | full(gpu): $gpu | first window, file's own activations: lowbit-cpu $cpu / gpu $gpu1 | $bits" >> "$LOGS/summary.txt"
+      [ -n "${OUT:-}" ] && cp "$LOGS/summary.txt" "$OUT/" 2>/dev/null
     done
     ;;
   *) echo "usage: $0 quant | eval" >&2; exit 2 ;;
