@@ -339,6 +339,16 @@ TEST(QuikCli, QuantizesEvaluatesAndRefusesMisuse) {
   EXPECT_NE(out.find("fp16 outlier columns: 190"), std::string::npos) << "4 per dim-wide input, 14 for down_proj\n" << out;
   ASSERT_EQ(test::run_cli("ppl " + dir + "/q.lowbit --text " + text + " --max-windows 1", &out), 0) << out;
   EXPECT_NE(out.find("perplexity"), std::string::npos) << out;
+  // One file, any activation width at load time: unquantized activations score at least as well as 4-bit ones.
+  auto nll = [&](const std::string& abits) {
+    std::string o;
+    EXPECT_EQ(test::run_cli("ppl " + dir + "/q.lowbit --text " + text + " --max-windows 1 --abits " + abits, &o), 0) << o;
+    const size_t at = o.find("mean NLL: ");
+    return at == std::string::npos ? 1e9 : std::stod(o.substr(at + 10));
+  };
+  const double a16 = nll("16"), a4 = nll("4");
+  EXPECT_LT(a16, a4);
+  EXPECT_LT(a4, 1e9);
   // The loaded model: the fast path agrees with the integer reference on real activations.
   const auto model = Model::load(dir + "/q.lowbit");
   const std::vector<int32_t> tokens = {1, 200, 300, 17, 5, 90};
@@ -353,6 +363,9 @@ TEST(QuikCli, QuantizesEvaluatesAndRefusesMisuse) {
       {"quantize " + bin + " --method quik --wbits 8 --act-fp8 -o " + dir + "/c.lowbit", "--act-fp8 needs --wbits 4 --abits 8"},
       {"quantize " + bin + " --method quik --wbits 3 -o " + dir + "/c.lowbit", "--wbits"},
       {"quantize " + bin + " --method anyprec --outliers 3 -o " + dir + "/c.lowbit", "--outliers is a fraction"},
+      {"ppl " + bin + " --text " + text + " --abits 8", "--abits applies to QUIK models only"},
+      {"ppl " + dir + "/q.lowbit --text " + text + " --abits 3", "--abits must be 4, 8, 16 or fp8"},
+      {"ppl " + dir + "/q.lowbit --text " + text + " --abits fp8", "has 8-bit weights; FP8 activations need W4"},
   }, dir + "/c.lowbit");
 }
 

@@ -25,7 +25,34 @@ const char* model_format_name(ModelFormat f) {
   return "?";
 }
 
+namespace {
+
+// LoadOptions::quik_abits: rewrites the activation parameters of every quik weight (validated again on load).
+void override_quik_abits(WeightSet& ws, const std::string& abits) {
+  LOWBIT_CHECK(abits == "4" || abits == "8" || abits == "16" || abits == "fp8", "--abits must be 4, 8, 16 or fp8, got '",
+               abits, "'");
+  int quik = 0;
+  for (auto& [name, w] : ws.packed) {
+    if (w.format != "quik") continue;
+    ++quik;
+    const bool fp8 = abits == "fp8";
+    LOWBIT_CHECK(!fp8 || w.params.at("wbits") == 4, ws.path, ": ", name, " has 8-bit weights; FP8 activations need W4");
+    w.params["abits"] = fp8 ? 8 : std::stoi(abits);
+    w.params["act_fp8"] = fp8 ? 1 : 0;
+  }
+  LOWBIT_CHECK(quik > 0, ws.path, ": --abits applies to QUIK models only (this one has no quik weights)");
+}
+
+}  // namespace
+
 WeightSet read_weights(const std::string& path, const LoadOptions& opts) {
+  if (!opts.quik_abits.empty()) {
+    LoadOptions plain = opts;
+    plain.quik_abits.clear();
+    WeightSet ws = read_weights(path, plain);
+    override_quik_abits(ws, opts.quik_abits);
+    return ws;
+  }
   std::error_code ec;
   LOWBIT_CHECK(fs::exists(path, ec), path, ": no such file or directory");
   if (fs::is_directory(path, ec)) return read_hf_dir(path);

@@ -45,6 +45,9 @@ struct WeightSet {
 
 struct LoadOptions {
   std::string tokenizer_path;   // llama2.c: tokenizer.bin (default: tokenizer.bin / tok512.bin beside the model)
+  // QUIK models: the activation width every quik linear runs at, instead of the one stored with it: "4", "8",
+  // "16" (activations not quantized) or "fp8" (FP8-E4M3, W4 only). Empty: as stored. Refused for other models.
+  std::string quik_abits;
 };
 
 // Detects the format (directory = Hugging Face, "GGUF" magic, llama2.c header) and reads it.

@@ -14,6 +14,7 @@ struct PplArgs {
   int ctx = 2048, max_windows = 0;
   bool reference = false;
   std::vector<int> bits;
+  std::string abits;
 };
 }  // namespace
 
@@ -31,10 +32,13 @@ void register_ppl(CLI::App& app, Common& common) {
   sub->add_flag("--reference", args->reference, "Use the scalar reference forward (slow; for checking)");
   sub->add_option("--bits", args->bits, "Any-precision models: width(s) to evaluate, e.g. 3 or 3,4,8 (one load)")
       ->delimiter(',');
+  sub->add_option("--abits", args->abits, "QUIK models: run every quik linear's activations at 4, 8, 16 (unquantized) "
+                  "or fp8 instead of the stored width");
   sub->callback([args, &common] {
     apply_threads(common);
     LoadOptions lo;
     lo.tokenizer_path = common.tokenizer;
+    lo.quik_abits = args->abits;
     auto model = Model::load(args->model, lo);
     for (int b : args->bits) model->check_bits(b);   // refuse a width the model lacks before any work
     const Tokenizer& tok = model->tokenizer();
