@@ -1,7 +1,8 @@
-// Random packed weights (uniform, anyprec, mixed24, mixed24a) for the format, container and fuzz tests.
+// Random packed weights (uniform, anyprec, mixed24, mixed24a, quik) for the format, container and fuzz tests.
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <algorithm>
 #include <random>
 
@@ -9,6 +10,7 @@
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24/layout.h"
 #include "formats/mixed24a/layout.h"
+#include "formats/quik/layout.h"
 #include "formats/uniform/layout.h"
 
 namespace lowbit::test {
@@ -132,6 +134,39 @@ inline Mixed24AQuantized random_mixed24a(int64_t n, int64_t k, bool outliers, ui
       q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
     }
   }
+  return q;
+}
+
+}  // namespace lowbit::test
+
+namespace lowbit::test {
+
+// A random quik weight: codes uniform over the signed range, fp16 scales near 2^-9, `outliers` random columns with
+// fp16 weights, wReduced by its definition.
+inline QuikQuantized random_quik(int64_t n, int64_t k, int wbits, int abits, bool fp8, int64_t outliers, uint32_t seed) {
+  std::mt19937 rng(seed);
+  QuikQuantized q;
+  q.n = n;
+  q.k = k;
+  q.wbits = wbits;
+  q.abits = abits;
+  q.act_fp8 = fp8;
+  std::vector<double> score(static_cast<size_t>(k));
+  for (double& s : score) s = static_cast<double>(rng() % 100000);
+  std::vector<int32_t> order(static_cast<size_t>(k));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return score[static_cast<size_t>(a)] > score[static_cast<size_t>(b)]; });
+  order.resize(static_cast<size_t>(std::min(outliers, k)));
+  std::sort(order.begin(), order.end());
+  q.outlier_idx = order;
+  const int64_t kb = q.base(), lo = -(1 << (wbits - 1)), span = 1 << wbits;
+  for (int64_t i = 0; i < n * kb; ++i) q.wq.push_back(static_cast<int8_t>(lo + static_cast<int64_t>(rng() % span)));
+  for (int64_t r = 0; r < n; ++r) {
+    q.scale.push_back(f32_to_f16(std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, -9)));
+    q.wreduced.push_back(quik_wreduced(q.scale.back(), q.wq.data() + r * kb, kb));
+  }
+  std::normal_distribution<float> nd;
+  for (int64_t i = 0; i < n * q.outliers(); ++i) q.outlier_w.push_back(f32_to_f16(0.05f * nd(rng)));
   return q;
 }
 

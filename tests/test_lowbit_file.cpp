@@ -460,7 +460,7 @@ TEST_F(LowbitFile, RefusesBadPackedValues) {
 
 TEST_F(LowbitFile, RefusesUnknownFormat) {
   expect_refused(edited("unknown-format", [](Contents& c) { c.lowbit["tensors"][kQ]["format"] = "quik9"; }),
-                 "tensor " + std::string(kQ) + ": unknown packed weight format 'quik9' (known: uniform, anyprec, mixed24, mixed24a)");
+                 "tensor " + std::string(kQ) + ": unknown packed weight format 'quik9' (known: uniform, anyprec, mixed24, mixed24a, quik)");
 }
 
 TEST_F(LowbitFile, RefusesUnreferencedOrDoublyReferencedTensors) {
@@ -554,9 +554,9 @@ TEST_F(LowbitFile, RefusedWriteKeepsTheExistingFile) {
   EXPECT_EQ(entries, 1);
 }
 
-// Every truncation and single-byte corruption of a file holding an any-precision, a mixed24 and a mixed24a weight either opens
+// Every truncation and single-byte corruption of a file holding an any-precision, a mixed24, a mixed24a and a quik weight either opens
 // (and then every width decodes and multiplies without fault) or is refused with lowbit::Error.
-TEST(LowbitFuzz, AnyPrecAndMixed24FilesNeverCrashTheReader) {
+TEST(LowbitFuzz, PackedFormatFilesNeverCrashTheReader) {
   TinyModel m;
   AnyPrecQuantized a = test::random_codes(64, 64, 4, (1u << 3) | (1u << 4), 5);
   a.outlier_rowptr.assign(65, 0);
@@ -569,7 +569,8 @@ TEST(LowbitFuzz, AnyPrecAndMixed24FilesNeverCrashTheReader) {
   }
   m.packed[kQ] = pack_anyprec(a, m.storage);
   m.packed[kK] = pack_mixed24(test::random_mixed(32, 64, true, 6), m.storage);
-  m.packed["model.layers.0.self_attn.v_proj.weight"] = pack_mixed24a(test::random_mixed24a(32, 64, true, 8), m.storage);
+  m.packed["model.layers.0.self_attn.v_proj.weight"] = pack_mixed24a(test::random_mixed24a(16, 64, true, 8), m.storage);
+  m.packed["model.layers.0.self_attn.o_proj.weight"] = pack_quik(test::random_quik(8, 64, 4, 4, false, 5, 9), m.storage);
   const std::string dir = test::temp_dir();
   write_lowbit(dir + "/valid.lowbit", m.spec());
   const std::string valid = test::read_file(dir + "/valid.lowbit");

@@ -14,6 +14,7 @@
 #include "quantize/calibration.h"
 #include "quantize/gptq.h"
 #include "quantize/quik.h"
+#include "packed_fixtures.h"
 #include "test_util.h"
 
 namespace lowbit {
@@ -24,28 +25,6 @@ constexpr double kFastVsRefRelTol = 1e-5;  // BLAS fast path vs the reference (o
 // Named per-bit budgets of outlier-aware GPTQ on the synthetic layer: layer objective / ‖W‖²_H.
 constexpr double kW4RelObjective = 1e-3;   // measured 1.4e-4 (without the outlier columns: 1.3e-2)
 constexpr double kW8RelObjective = 1e-5;   // measured 4.4e-7
-
-QuikQuantized random_quik(int64_t n, int64_t k, int wbits, int abits, bool fp8, int64_t outliers, uint32_t seed) {
-  std::mt19937 rng(seed);
-  QuikQuantized q;
-  q.n = n;
-  q.k = k;
-  q.wbits = wbits;
-  q.abits = abits;
-  q.act_fp8 = fp8;
-  std::vector<double> score(static_cast<size_t>(k));
-  for (double& s : score) s = static_cast<double>(rng() % 100000);
-  q.outlier_idx = quik_outlier_columns(score, outliers);
-  const int64_t kb = q.base(), lo = -(1 << (wbits - 1)), span = 1 << wbits;
-  for (int64_t i = 0; i < n * kb; ++i) q.wq.push_back(static_cast<int8_t>(lo + static_cast<int64_t>(rng() % span)));
-  for (int64_t r = 0; r < n; ++r) {
-    q.scale.push_back(f32_to_f16(std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f, -9)));
-    q.wreduced.push_back(quik_wreduced(q.scale.back(), q.wq.data() + r * kb, kb));
-  }
-  std::normal_distribution<float> nd;
-  for (int64_t i = 0; i < n * q.outliers(); ++i) q.outlier_w.push_back(f32_to_f16(0.05f * nd(rng)));
-  return q;
-}
 
 std::vector<float> activations(int64_t m, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -107,7 +86,7 @@ TEST(QuikGemm, IntegerPathEqualsFloatSimulationAndFastPath) {
     for (const auto& [n, k, no] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 33, 5}, {16, 64, 0}, {3, 9, 9}, {24, 300, 40}}) {
       SCOPED_TRACE("W" + std::to_string(cs.wbits) + "A" + std::to_string(cs.abits) + (cs.fp8 ? " fp8 " : " ") +
                    std::to_string(n) + "x" + std::to_string(k) + " outliers " + std::to_string(no));
-      const QuikQuantized q = random_quik(n, k, cs.wbits, cs.abits, cs.fp8, no, static_cast<uint32_t>(n * k + no));
+      const QuikQuantized q = test::random_quik(n, k, cs.wbits, cs.abits, cs.fp8, no, static_cast<uint32_t>(n * k + no));
       std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
       const PackedWeight w = pack_quik(q, storage);
       std::vector<float> bias(static_cast<size_t>(n), 0.25f);
@@ -155,7 +134,7 @@ TEST(QuikGemm, IntegerPathEqualsFloatSimulationAndFastPath) {
 TEST(QuikGemm, ZeroPointCorrectionIsExact) {
   // Σ_c (xq_c + H) wq_c = acc + H Σ_c wq_c in integers, and wReduced = sw · Σ wq by definition: the correction
   // term (H sa + mn) wReduced reproduces the unsigned-code product with no approximation beyond fp rounding.
-  const QuikQuantized q = random_quik(8, 200, 4, 4, false, 0, 3);
+  const QuikQuantized q = test::random_quik(8, 200, 4, 4, false, 0, 3);
   const std::vector<float> x = activations(1, 200, 9);
   std::vector<int32_t> codes(200);
   const ActQuant a = quik_quantize_activations(x.data(), 200, 4, false, codes.data());
@@ -179,7 +158,7 @@ TEST(QuikGemm, ZeroPointCorrectionIsExact) {
 TEST(QuikPack, RoundTripIsBitExactAndBitsFollowTheLayout) {
   for (int wbits : {4, 8})
     for (const auto& [n, k, no] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 1, 0}, {5, 17, 4}, {3, 64, 63}, {9, 100, 100}}) {
-      const QuikQuantized q = random_quik(n, k, wbits, 8, false, no, static_cast<uint32_t>(wbits + n + k));
+      const QuikQuantized q = test::random_quik(n, k, wbits, 8, false, no, static_cast<uint32_t>(wbits + n + k));
       std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
       const PackedWeight w = pack_quik(q, storage);
       const QuikQuantized u = unpack_quik(w, "t");
@@ -286,7 +265,7 @@ TEST(QuikQuantize, ExactlyRepresentableWeightsRoundTripThroughThePermutation) {
 }
 
 TEST(QuikCorrupt, ReadersRefuseBadParts) {
-  const QuikQuantized q = random_quik(6, 33, 4, 8, false, 4, 2);
+  const QuikQuantized q = test::random_quik(6, 33, 4, 8, false, 4, 2);
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   const PackedWeight good = pack_quik(q, storage);
   auto with_bytes = [&](const std::string& part, size_t offset, std::vector<uint8_t> value) {

@@ -312,7 +312,7 @@ TEST_F(UniformCorrupt, UnknownFormatFailsLoudly) {
   PackedWeight w = good_;
   w.format = "uniform4";
   expect_error([&](const std::string& where) { make_packed_linear(w, nullptr, where); }, kWhere,
-               "unknown packed weight format 'uniform4' (known: uniform, anyprec, mixed24, mixed24a)");
+               "unknown packed weight format 'uniform4' (known: uniform, anyprec, mixed24, mixed24a, quik)");
   expect_error([&](const std::string& where) { validate_packed(w, where); }, kWhere, "unknown packed weight format");
   expect_error([&](const std::string& where) { unpack_uniform(w, where); }, kWhere,
                "unpack_uniform given a weight of format 'uniform4'");
