@@ -6,7 +6,15 @@
 #include <algorithm>
 #include <random>
 
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
 #include "core/half.h"
+#include "formats/format_table.h"
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24/layout.h"
 #include "formats/mixed24a/layout.h"
@@ -168,6 +176,32 @@ inline QuikQuantized random_quik(int64_t n, int64_t k, int wbits, int abits, boo
   std::normal_distribution<float> nd;
   for (int64_t i = 0; i < n * q.outliers(); ++i) q.outlier_w.push_back(f32_to_f16(0.05f * nd(rng)));
   return q;
+}
+
+}  // namespace lowbit::test
+
+namespace lowbit::test {
+
+// A copy of `good` whose part `part` has `bytes` written at `offset` (the new buffer is kept alive in storage).
+inline PackedWeight with_part_bytes(const PackedWeight& good, const std::string& part, size_t offset,
+                                    const std::vector<uint8_t>& bytes, std::vector<std::shared_ptr<std::vector<uint8_t>>>& storage) {
+  PackedWeight w = good;
+  const TensorView& v = good.parts.at(part);
+  auto buf = std::make_shared<std::vector<uint8_t>>(v.data, v.data + v.nbytes);
+  std::copy(bytes.begin(), bytes.end(), buf->begin() + static_cast<std::ptrdiff_t>(offset));
+  storage.push_back(buf);
+  w.parts[part].data = buf->data();
+  return w;
+}
+
+// validate_packed refuses w with an error containing phrase.
+inline void expect_packed_refused(const PackedWeight& w, const std::string& phrase) {
+  try {
+    validate_packed(w, "w");
+    ADD_FAILURE() << "accepted; expected " << phrase;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace lowbit::test

@@ -202,21 +202,9 @@ TEST(Mixed24Corrupt, ReadersRefuseBadParts) {
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   const PackedWeight good = pack_mixed24(q, storage);
   auto with_byte = [&](const std::string& part, size_t offset, uint8_t value) {
-    PackedWeight w = good;
-    auto buf = std::make_shared<std::vector<uint8_t>>(w.parts[part].data, w.parts[part].data + w.parts[part].nbytes);
-    (*buf)[offset] = value;
-    storage.push_back(buf);
-    w.parts[part].data = buf->data();
-    return w;
+    return test::with_part_bytes(good, part, offset, {value}, storage);
   };
-  auto expect = [](const PackedWeight& w, const std::string& phrase) {
-    try {
-      validate_packed(w, "w");
-      ADD_FAILURE() << "accepted; expected " << phrase;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
-    }
-  };
+  const auto expect = test::expect_packed_refused;
   expect(with_byte("group_bits", 0, 3), "(must be 2 or 4)");
   {
     PackedWeight w = good;
@@ -349,22 +337,10 @@ TEST(Mixed24ACorrupt, ReadersRefuseBadParts) {
   const Mixed24AQuantized q = test::random_mixed24a(20, 128, true, 11);
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   const PackedWeight good = pack_mixed24a(q, storage);
-  auto with_bytes = [&](const std::string& part, size_t offset, std::vector<uint8_t> value) {
-    PackedWeight w = good;
-    auto buf = std::make_shared<std::vector<uint8_t>>(w.parts[part].data, w.parts[part].data + w.parts[part].nbytes);
-    std::copy(value.begin(), value.end(), buf->begin() + static_cast<std::ptrdiff_t>(offset));
-    storage.push_back(buf);
-    w.parts[part].data = buf->data();
-    return w;
+  auto with_bytes = [&](const std::string& part, size_t offset, const std::vector<uint8_t>& value) {
+    return test::with_part_bytes(good, part, offset, value, storage);
   };
-  auto expect = [](const PackedWeight& w, const std::string& phrase) {
-    try {
-      validate_packed(w, "w");
-      ADD_FAILURE() << "accepted; expected " << phrase;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
-    }
-  };
+  const auto expect = test::expect_packed_refused;
   expect(with_bytes("perm", 2, {static_cast<uint8_t>(q.perm[0]), 0}), "repeats a group");
   expect(with_bytes("perm", 0, {99, 0}), "repeats a group or is not below G = 8");
   expect(with_bytes("ss4", 2, {0x00, 0x7c}), "part ss4 [1] is not finite");

@@ -268,22 +268,10 @@ TEST(QuikCorrupt, ReadersRefuseBadParts) {
   const QuikQuantized q = test::random_quik(6, 33, 4, 8, false, 4, 2);
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   const PackedWeight good = pack_quik(q, storage);
-  auto with_bytes = [&](const std::string& part, size_t offset, std::vector<uint8_t> value) {
-    PackedWeight w = good;
-    auto buf = std::make_shared<std::vector<uint8_t>>(w.parts[part].data, w.parts[part].data + w.parts[part].nbytes);
-    std::copy(value.begin(), value.end(), buf->begin() + static_cast<std::ptrdiff_t>(offset));
-    storage.push_back(buf);
-    w.parts[part].data = buf->data();
-    return w;
+  auto with_bytes = [&](const std::string& part, size_t offset, const std::vector<uint8_t>& value) {
+    return test::with_part_bytes(good, part, offset, value, storage);
   };
-  auto expect = [](const PackedWeight& w, const std::string& phrase) {
-    try {
-      validate_packed(w, "w");
-      ADD_FAILURE() << "accepted; expected " << phrase;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
-    }
-  };
+  const auto expect = test::expect_packed_refused;
   float wr = q.wreduced[1] * 1.5f + 1.0f;
   std::vector<uint8_t> bytes(4);
   std::memcpy(bytes.data(), &wr, 4);

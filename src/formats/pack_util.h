@@ -32,6 +32,13 @@ T element(const TensorView& v, int64_t i) {
   return out;
 }
 
+// A part's bytes copied into out (resized to hold them): the unpackers' raw copy of an array part.
+template <typename T>
+void copy_part(const TensorView& v, std::vector<T>& out) {
+  out.resize(static_cast<size_t>(v.nbytes / sizeof(T)));
+  if (v.nbytes) std::memcpy(out.data(), v.data, v.nbytes);
+}
+
 // fp16 outliers in CSR (anyprec: int32 columns, mixed24: uint16 columns; columns increasing within a row).
 // The index of outlier (r, c), or -1.
 template <typename Col>

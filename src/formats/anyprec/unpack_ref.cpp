@@ -69,19 +69,12 @@ AnyPrecQuantized unpack_anyprec(const PackedWeight& w, const std::string& where)
       q.codes[static_cast<size_t>(r * q.k + c)] = static_cast<uint8_t>(code);
     }
   for (int b : q.served_widths()) {
-    const TensorView& lut = w.parts.at("lut" + std::to_string(b));
-    std::vector<uint16_t> v(static_cast<size_t>(q.n << b));
-    std::memcpy(v.data(), lut.data, v.size() * sizeof(uint16_t));
-    q.luts[b] = std::move(v);
+    copy_part(w.parts.at("lut" + std::to_string(b)), q.luts[b]);   // [n, 2^b], size checked by validate_packed
   }
   if (w.params.at("sparse") == 1) {
-    const int64_t nnz = w.params.at("nnz");
-    q.outlier_rowptr.resize(static_cast<size_t>(q.n + 1));
-    q.outlier_col.resize(static_cast<size_t>(nnz));
-    q.outlier_val.resize(static_cast<size_t>(nnz));
-    std::memcpy(q.outlier_rowptr.data(), w.parts.at("outlier_rowptr").data, q.outlier_rowptr.size() * 4);
-    std::memcpy(q.outlier_col.data(), w.parts.at("outlier_col").data, q.outlier_col.size() * 4);
-    std::memcpy(q.outlier_val.data(), w.parts.at("outlier_val").data, q.outlier_val.size() * 2);
+    copy_part(w.parts.at("outlier_rowptr"), q.outlier_rowptr);
+    copy_part(w.parts.at("outlier_col"), q.outlier_col);
+    copy_part(w.parts.at("outlier_val"), q.outlier_val);
   }
   return q;
 }

@@ -56,11 +56,7 @@ Mixed24Quantized unpack_mixed24(const PackedWeight& w, const std::string& where)
   q.n = w.shape[0];
   q.k = w.shape[1];
   const int64_t G = q.groups();
-  auto copy = [&](const char* part, auto& out) {
-    const TensorView& v = w.parts.at(part);
-    out.resize(static_cast<size_t>(v.nbytes / sizeof(out[0])));
-    if (v.nbytes) std::memcpy(out.data(), v.data, v.nbytes);
-  };
+  auto copy = [&](const char* part, auto& out) { copy_part(w.parts.at(part), out); };
   copy("group_bits", q.group_bits);
   q.index();
   const TensorView& qw = w.parts.at("qweight");

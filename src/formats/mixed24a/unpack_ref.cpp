@@ -101,11 +101,7 @@ Mixed24AQuantized unpack_mixed24a(const PackedWeight& w, const std::string& wher
   q.n = w.shape[0];
   q.k = w.shape[1];
   const int64_t G = q.groups(), U = q.units(), RG = q.row_groups();
-  auto copy = [&](const char* part, auto& out) {
-    const TensorView& v = w.parts.at(part);
-    out.resize(static_cast<size_t>(v.nbytes / sizeof(out[0])));
-    if (v.nbytes) std::memcpy(out.data(), v.data, v.nbytes);
-  };
+  auto copy = [&](const char* part, auto& out) { copy_part(w.parts.at(part), out); };
   copy("perm", q.perm);
   q.codes.resize(static_cast<size_t>(q.n * q.k));
   q.zero.resize(static_cast<size_t>(q.n * G));

@@ -87,11 +87,7 @@ QuikQuantized unpack_quik(const PackedWeight& w, const std::string& where) {
   q.wbits = static_cast<int>(w.params.at("wbits"));
   q.abits = static_cast<int>(w.params.at("abits"));
   q.act_fp8 = w.params.at("act_fp8") == 1;
-  auto copy = [&](const char* part, auto& out) {
-    const TensorView& v = w.parts.at(part);
-    out.resize(static_cast<size_t>(v.nbytes / sizeof(out[0])));
-    if (v.nbytes) std::memcpy(out.data(), v.data, v.nbytes);
-  };
+  auto copy = [&](const char* part, auto& out) { copy_part(w.parts.at(part), out); };
   copy("outlier_idx", q.outlier_idx);
   copy("scale", q.scale);
   copy("wreduced", q.wreduced);
