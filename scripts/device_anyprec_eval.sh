@@ -10,8 +10,7 @@
 #                                          (CPU) on the first CHECK_WINDOWS windows as the cross-check
 # Files already made (or evaluated) by an earlier call on this machine are skipped.
 set -uo pipefail
-LB="${LB:-/tmp/lb}"
-export LD_LIBRARY_PATH="$LB/pkg/lib"
+source "$(dirname "$0")/device_env.sh"
 B="$LB/pkg/lowbit"; M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"
 OUT="${OUT:-/tmp/out}"; Q="${Q:-/tmp/q}"; HF="${HF:-/tmp/hf}"
 mkdir -p "$OUT" "$Q"

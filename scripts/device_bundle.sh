@@ -1,16 +1,24 @@
 #!/usr/bin/env bash
-# Packs what a CPU evaluation on the lent GPU machine needs into .devbundle/ (git-ignored): a portable lowbit
-# build (no -march=native; OpenBLAS picks its kernels at run time) with the shared libraries the device image lacks,
-# the evaluation/calibration text, and the SmolLM2 GGUF split into parts that fit the 64 MiB transfer limit.
-# The device runs scripts/device_eval.sh on it. Usage: scripts/device_bundle.sh
+# Packs what the lent GPU machine needs into .devbundle/ (git-ignored): a portable lowbit build (no -march=native;
+# OpenBLAS picks its kernels at run time; CUDA for sm_90 when nvcc is here) and the GPU test binary, with the shared
+# libraries the device image lacks (not cuBLAS: the device's own is used, see scripts/device_env.sh), the
+# evaluation/calibration text, and the SmolLM2 GGUF split into parts that fit the 64 MiB transfer limit.
+# The device runs scripts/device_eval.sh stage on it. Usage: scripts/device_bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cmake -S . -B build-portable -DCMAKE_BUILD_TYPE=Release -DLOWBIT_NATIVE=OFF -DLOWBIT_CUDA=OFF -DLOWBIT_TESTS=OFF >/dev/null
-cmake --build build-portable -j "$(nproc)" --target lowbit_cli >/dev/null
+B=build-portable-cuda
+cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLOWBIT_NATIVE=OFF -DLOWBIT_CUDA=ON -DLOWBIT_TESTS=ON >/dev/null
+targets=(lowbit_cli)
+grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=(test_cuda_kernels)
+cmake --build $B -j "$(nproc)" --target "${targets[@]}" >/dev/null
 rm -rf .devbundle && mkdir -p .devbundle/pkg/lib .devbundle/data
-cp build-portable/lowbit .devbundle/pkg/
-for lib in $(ldd build-portable/lowbit | awk '/=>/ {print $3}'); do
-  case "$(basename "$lib")" in libc.so*|libm.so*) ;; *) cp -L "$lib" .devbundle/pkg/lib/ ;; esac
+cp $B/lowbit .devbundle/pkg/
+[ -f $B/test_cuda_kernels ] && cp $B/test_cuda_kernels .devbundle/pkg/
+for bin in .devbundle/pkg/lowbit .devbundle/pkg/test_cuda_kernels; do
+  [ -f "$bin" ] || continue
+  for lib in $(ldd "$bin" | awk '/=>/ {print $3}'); do
+    case "$(basename "$lib")" in libc.so*|libm.so*|libcublas*|libcudart*|libcuda.so*) ;; *) cp -L "$lib" .devbundle/pkg/lib/ ;; esac
+  done
 done
 tar -C .devbundle -cJf .devbundle/pkg.tar.xz pkg && rm -rf .devbundle/pkg
 SHARED="${LOWBIT_SHARED_DIR:-$(cd .. && pwd)/shared}"

@@ -4,10 +4,9 @@
 #   scripts/device_eval.sh run CONFIG...         quantize + full WikiText-2 ppl per CONFIG, logs under $OUT
 # CONFIG: baseline | rtn:BITS:GROUP | gptq:BITS:GROUP[:SAMPLES:SEQLEN]   (GROUP 0 = per channel)
 set -uo pipefail
-LB=/tmp/lb
+source "$(dirname "$0")/device_env.sh"
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$LB/parts" "$OUT"
-export LD_LIBRARY_PATH="$LB/pkg/lib"
 case "${1:-}" in
   stage)
     [ -f .devbundle/pkg.tar.xz ] && tar -C "$LB" -xJf .devbundle/pkg.tar.xz

@@ -6,8 +6,7 @@
 #                                          the packed weights decoded by numpy from the documented layout) plus
 #                                          `lowbit ppl` (CPU) on the first window; summary in $LOGS/summary.txt
 set -uo pipefail
-LB="${LB:-/tmp/lb}"
-export LD_LIBRARY_PATH="$LB/pkg/lib"
+source "$(dirname "$0")/device_env.sh"
 B="$LB/pkg/lowbit"; M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"
 LOGS="${LOGS:-/tmp/m24logs}"; Q="${Q:-/tmp/q}"
 mkdir -p "$LOGS" "$Q"

@@ -5,8 +5,7 @@
 # first CHECK_WINDOWS windows of the same file. Logs and a summary go to $OUT.
 #   scripts/device_quant_eval.sh CONFIG...    CONFIG: baseline | rtn:BITS:GROUP | gptq:BITS:GROUP:SAMPLES:SEQLEN[:act]
 set -uo pipefail
-LB=/tmp/lb
-export LD_LIBRARY_PATH="$LB/pkg/lib"
+source "$(dirname "$0")/device_env.sh"
 B="$LB/pkg/lowbit"; M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT" /tmp/q
 [ -d /tmp/hf ] || "$B" convert "$M" /tmp/hf > /dev/null

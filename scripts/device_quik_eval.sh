@@ -8,26 +8,24 @@
 #                                       bits) on the first window; summary in $LOGS/summary.txt
 # Calibration keeps activations unquantized, so one weight file serves every activation width (A16/A8/A4/FP8).
 set -uo pipefail
-LB="${LB:-/tmp/lb}"
-export LD_LIBRARY_PATH="$LB/pkg/lib"
+source "$(dirname "$0")/device_env.sh"
 B="$LB/pkg/lowbit"; M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"
 LOGS="${LOGS:-/tmp/quiklogs}"; Q="${Q:-/tmp/qq}"
 mkdir -p "$LOGS" "$Q"
 CAL=(--calib "$C" --calib-samples "${SAMPLES:-128}" --calib-seqlen "${SEQLEN:-512}")
 # name | quantize arguments | activation variants evaluated on the GPU
 CONFIGS=(
-  "quik-w4-od|--wbits 4 --abits 4|16,8,4"
+  "quik-w4-od|--wbits 4 --abits 4|16,8,4,fp8"
   "quik-w4-o0|--wbits 4 --abits 4 --outliers 0|16,8,4"
   "quik-w8-od|--wbits 8 --abits 8|8"
   "quik-w8-o0|--wbits 8 --abits 8 --outliers 0|8"
   "quik-w4-od-d8|--wbits 4 --abits 4 --int8-down-proj|8,4"
-  "quik-w4-od-fp8|--wbits 4 --abits 8 --act-fp8|fp8"
   "quik-w4-o16|--wbits 4 --abits 4 --outliers 16|4"
   "quik-w4-o72|--wbits 4 --abits 4 --outliers 72|4"
   "quik-w4-o144|--wbits 4 --abits 4 --outliers 144|4"
 )
 # Files whose first window is also scored by `lowbit ppl` (CPU) and by the harness at the file's own activations.
-CROSS="${CROSS:-quik-w4-od quik-w4-od-fp8 quik-w8-od}"
+CROSS="${CROSS:-quik-w4-od quik-w8-od}"
 case "${1:-}" in
   quant)
     rm -f "$LOGS/quant.done"

@@ -1,17 +1,23 @@
 // lowbit bench MODEL: CPU prefill and decode speed, each beside a ceiling measured in the same run:
 //   prefill — model FLOP/s vs OpenBLAS sgemm FLOP/s on the model's own largest linear shape at the same m;
 //   decode  — weight bytes streamed per second vs a measured memcpy bandwidth (decode is bandwidth-bound).
+// lowbit bench --kernels: the GPU kernels beside cuBLAS fp16 (src/cuda/bench_kernels.h).
 #include <cblas.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <iostream>
 #include <random>
 
 #include "commands.h"
 #include "core/error.h"
 #include "model/model.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "cuda/bench_kernels.h"
+#include "cuda/common.h"
+#endif
 
 namespace lowbit::cli {
 
@@ -41,13 +47,53 @@ void register_bench(CLI::App& app, Common& common) {
   auto bits = std::make_shared<int>(0);
   CLI::App* sub = app.add_subcommand("bench", "CPU prefill/decode speed vs sgemm and memory-bandwidth ceilings");
   // FLOPs counted: every linear layer and the head for every prompt token, attention over the causal half only.
-  sub->add_option("model", *path, "Model: HF directory, .gguf, or llama2.c .bin")->required();
+  auto kernels = std::make_shared<bool>(false);
+  auto shapes = std::make_shared<std::vector<std::string>>(std::vector<std::string>{
+      "4096x4096", "11008x4096", "4096x11008", "8192x8192", "28672x8192", "8192x28672"});
+  auto kbits = std::make_shared<std::vector<int>>(std::vector<int>{3, 4, 8});
+  auto batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 2, 4, 8, 16, 64, 512});
+  auto iters = std::make_shared<int>(50);
+  auto kinds = std::make_shared<std::string>("anyprec,mixed24a");
+  sub->add_option("model", *path, "Model: HF directory, .gguf, or llama2.c .bin (not with --kernels)");
+  sub->add_flag("--kernels", *kernels, "GPU kernel benchmark beside cuBLAS fp16 (no model)");
+  sub->add_option("--shapes", *shapes, "--kernels: weight shapes NxK (N outputs, K inputs)")->delimiter(',');
+  sub->add_option("--kernel-bits", *kbits, "--kernels: any-precision widths")->delimiter(',')->check(CLI::Range(2, 8));
+  sub->add_option("--batch", *batches, "--kernels: batch sizes (tokens)")->delimiter(',')->check(CLI::Range(1, 65536));
+  sub->add_option("--iters", *iters, "--kernels: timed launches per point (median reported)")->check(CLI::Range(3, 10000));
+  sub->add_option("--formats", *kinds, "--kernels: anyprec, mixed24a or both (comma-separated)");
   sub->add_option("--prefill", *prefill, "Prompt tokens for the prefill measurement")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--decode", *decode, "Tokens for the decode measurement")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--reps", *reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   sub->add_option("--bits", *bits, "Any-precision models: the width to run (default: the widest)");
   sub->callback([=, &common] {
+    if (*kernels) {
+#ifdef LOWBIT_WITH_CUDA
+      std::string why;
+      LOWBIT_CHECK(cuda::device_available(&why), "bench --kernels needs a GPU: ", why);
+      cuda::KernelBenchOptions o;
+      for (const std::string& sh : *shapes) {
+        const size_t x = sh.find('x');
+        char* end = nullptr;
+        const long long n = x == std::string::npos ? 0 : std::strtoll(sh.c_str(), &end, 10);
+        const long long k = x == std::string::npos ? 0 : std::strtoll(sh.c_str() + x + 1, &end, 10);
+        LOWBIT_CHECK(n >= 1 && k >= 1 && end != nullptr && *end == '\0' && n * k <= (1ll << 32), "--shapes: '", sh,
+                     "' is not NxK (positive, at most 2^32 weights)");
+        o.shapes.emplace_back(n, k);
+      }
+      o.bits = *kbits;
+      o.batches = *batches;
+      o.iters = *iters;
+      o.anyprec = kinds->find("anyprec") != std::string::npos;
+      o.mixed24a = kinds->find("mixed24a") != std::string::npos;
+      LOWBIT_CHECK(o.anyprec || o.mixed24a, "--formats: expected anyprec and/or mixed24a, got '", *kinds, "'");
+      cuda::run_kernel_bench(o, std::cout);
+      return;
+#else
+      fail("bench --kernels: this lowbit was built without CUDA");
+#endif
+    }
+    LOWBIT_CHECK(!path->empty(), "bench: a MODEL is required (or --kernels)");
     apply_threads(common);
     LoadOptions lo;
     lo.tokenizer_path = common.tokenizer;

@@ -1,0 +1,306 @@
+// The any-precision bitplane GEMV (Park et al., ICML 2024, sec. 5), written for Hopper's bandwidth.
+//
+// One warp computes kRows output rows over the whole input width; lane t of the warp owns word t of every
+// 32-word tile of a plane row (one coalesced 128-byte load per plane and row), i.e. columns 8t..8t+7 of each of
+// the tile's four quarters (docs/formats/anyprec.md), so its activations are two 16-byte loads per quarter and batch
+// row, shared by the kRows rows. Only planes 0..b-1 are read: the width is a run-time argument, the same planes
+// serve every width.
+//
+// Bit transpose, SIMD within a register: for b <= 4 the codes are merged in pairs. For pair position p of every
+// byte, (plane_j >> 2p) & 0x03030303 puts the two bits of plane j of the pair of each quarter into the low bits of a
+// byte; shifting plane j's field to bits 2(b-1-j) and OR-ing the b planes gives, in each byte, a 2b-bit index that
+// addresses a per-row table of (lut[c0], lut[c1]) float pairs in shared memory built for exactly that bit order —
+// one 64-bit lookup decodes two weights (the paper's table-lookup merging, for 3 and 4 bits at every batch size).
+// For b >= 5 the same is done a column at a time (& 0x01010101) into a table of 2^b floats. Accumulation is fp32.
+//
+// Sparse outliers replace the table value at their (row, column): fused, the warp adds (val - lut[code]) * x for
+// its rows' CSR entries (the code re-read from the planes); or a separate SpMV kernel does the same afterwards.
+#include <algorithm>
+
+#include "cuda/packed.h"
+
+namespace lowbit::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+__device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+constexpr int kRows = 2;   // rows per warp
+
+template <int B>
+struct Table {
+  static constexpr bool kPair = B <= 4;
+  static constexpr int kEntries = kPair ? 1 << (2 * B) : 1 << B;
+  static constexpr int kFloats = kPair ? 2 * kEntries : kEntries;
+};
+
+// Eight consecutive activations from column c (a multiple of 8), zero past k.
+__device__ __forceinline__ void load_x8(const float* __restrict__ xr, int64_t c, int64_t k, bool vec, float (&v)[8]) {
+  if (vec && c + 8 <= k) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(xr + c));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(xr + c + 4));
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = c + i < k ? __ldg(xr + c + i) : 0.0f;
+  }
+}
+
+// The b-bit code of column c of `row`, read bit by bit from planes 0..B-1 (used for outlier corrections).
+template <int B>
+__device__ __forceinline__ int code_at(const AnyPrecDevice& w, int64_t row, int64_t c) {
+  const int64_t tile = c / 1024, first = tile * 32;
+  const int64_t nw = min_i64(32, w.words - first);
+  const int64_t o = c - tile * 1024, u = o / (8 * nw), rest = o % (8 * nw);
+  const int64_t word = first + rest / 8;
+  const int bit = static_cast<int>(8 * u + rest % 8);
+  int code = 0;
+#pragma unroll
+  for (int j = 0; j < B; ++j)
+    code |= static_cast<int>((__ldg(w.plane_data + (j * w.n + row) * w.words + word) >> bit) & 1u) << (B - 1 - j);
+  return code;
+}
+
+template <int B, int M, bool kFusedOutliers>
+__global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice w, const float* __restrict__ x,
+                                                                   float* __restrict__ y) {
+  using T = Table<B>;
+  extern __shared__ float smem[];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
+  if (row0 >= w.n) return;   // the warp leaves as a whole; nothing below synchronises the block
+  const int64_t n = w.n, k = w.k, W = w.words;
+  int64_t rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rows[r] = min(row0 + r, n - 1);   // a missing last row recomputes row n-1, unstored
+
+  // Per-row tables.
+  float* tab = smem + static_cast<int64_t>(warp) * kRows * T::kFloats;
+  const __half* lut = w.lut[B];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const __half* l = lut + rows[r] * (1 << B);
+    for (int e = lane; e < T::kEntries; e += 32) {
+      if constexpr (T::kPair) {
+        int c0 = 0, c1 = 0;
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+          c0 |= ((e >> (2 * (B - 1 - j))) & 1) << (B - 1 - j);
+          c1 |= ((e >> (2 * (B - 1 - j) + 1)) & 1) << (B - 1 - j);
+        }
+        reinterpret_cast<float2*>(tab + r * T::kFloats)[e] = make_float2(__half2float(l[c0]), __half2float(l[c1]));
+      } else {
+        tab[r * T::kFloats + e] = __half2float(l[e]);
+      }
+    }
+  }
+  __syncwarp();
+
+  float acc[kRows][M];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  const bool vec = (k % 4) == 0;
+  const int64_t plane_stride = n * W;
+
+  for (int64_t t0 = 0; t0 < W; t0 += 32) {
+    const int nw = static_cast<int>(min_i64(32, W - t0));
+    if (lane >= nw) continue;
+    uint32_t p[kRows][B];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int j = 0; j < B; ++j) p[r][j] = __ldg(w.plane_data + j * plane_stride + rows[r] * W + t0 + lane);
+    // Indexes of all four quarters at once, one byte per quarter.
+    constexpr int kSlots = T::kPair ? 4 : 8;
+    uint32_t idx[kRows][kSlots];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        uint32_t v = 0;
+#pragma unroll
+        for (int j = 0; j < B; ++j) {
+          if constexpr (T::kPair)
+            v |= ((p[r][j] >> (2 * s)) & 0x03030303u) << (2 * (B - 1 - j));
+          else
+            v |= ((p[r][j] >> s) & 0x01010101u) << (B - 1 - j);
+        }
+        idx[r][s] = v;
+      }
+    const int64_t col0 = t0 * 32;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t c = col0 + static_cast<int64_t>(u) * 8 * nw + 8 * lane;
+      float xv[M][8];
+#pragma unroll
+      for (int m = 0; m < M; ++m) load_x8(x + m * k, c, k, vec, xv[m]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const float* tr = tab + r * T::kFloats;
+#pragma unroll
+        for (int s = 0; s < kSlots; ++s) {
+          const uint32_t e = (idx[r][s] >> (8 * u)) & 0xFFu;
+          if constexpr (T::kPair) {
+            const float2 wv = reinterpret_cast<const float2*>(tr)[e];
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][2 * s + 1], wv.y, fmaf(xv[m][2 * s], wv.x, acc[r][m]));
+          } else {
+            const float wv = tr[e];
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][s], wv, acc[r][m]);
+          }
+        }
+      }
+    }
+  }
+
+  if constexpr (kFusedOutliers) {
+    if (w.rowptr != nullptr) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const __half* l = lut + rows[r] * (1 << B);
+        for (int e = __ldg(w.rowptr + rows[r]) + lane; e < __ldg(w.rowptr + rows[r] + 1); e += 32) {
+          const int64_t c = __ldg(w.col + e);
+          const float delta = __half2float(w.val[e]) - __half2float(l[code_at<B>(w, rows[r], c)]);
+#pragma unroll
+          for (int m = 0; m < M; ++m) acc[r][m] = fmaf(delta, __ldg(x + m * k + c), acc[r][m]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && row0 + r < n) y[m * n + row0 + r] = v;
+    }
+}
+
+// The separate outlier pass: one warp per row adds (val - lut[code]) * x over the row's CSR entries.
+template <int B>
+__global__ void anyprec_outliers_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (row >= w.n) return;
+  const __half* l = w.lut[B] + row * (1 << B);
+  for (int m = 0; m < m_total; ++m) {
+    float v = 0.0f;
+    for (int e = w.rowptr[row] + lane; e < w.rowptr[row + 1]; e += 32) {
+      const int64_t c = w.col[e];
+      v = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), x[m * w.k + c], v);
+    }
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) y[m * w.n + row] += v;
+  }
+}
+
+template <int B>
+__global__ void anyprec_dequant_kernel(AnyPrecDevice w, __half* __restrict__ out) {
+  const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (gid >= w.n * w.words) return;
+  const int64_t row = gid / w.words, word = gid % w.words;
+  const int64_t tile = word / 32, t = word % 32, nw = min_i64(32, w.words - tile * 32);
+  uint32_t p[B];
+#pragma unroll
+  for (int j = 0; j < B; ++j) p[j] = w.plane_data[(j * w.n + row) * w.words + word];
+  const __half* l = w.lut[B] + row * (1 << B);
+#pragma unroll
+  for (int bit = 0; bit < 32; ++bit) {
+    const int64_t c = tile * 1024 + (bit / 8) * 8 * nw + 8 * t + bit % 8;
+    if (c >= w.k) continue;
+    int code = 0;
+#pragma unroll
+    for (int j = 0; j < B; ++j) code |= static_cast<int>((p[j] >> bit) & 1u) << (B - 1 - j);
+    out[row * w.k + c] = l[code];
+  }
+}
+
+__global__ void anyprec_dequant_outliers_kernel(AnyPrecDevice w, __half* __restrict__ out) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= w.n) return;
+  for (int e = w.rowptr[row]; e < w.rowptr[row + 1]; ++e) out[row * w.k + w.col[e]] = w.val[e];
+}
+
+template <int B, int M>
+void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
+  const int64_t rows_per_block = kWarps * kRows;
+  const unsigned grid = static_cast<unsigned>((w.n + rows_per_block - 1) / rows_per_block);
+  const size_t smem = sizeof(float) * kWarps * kRows * Table<B>::kFloats;
+  if (fused) {
+    auto kern = anyprec_gemv_kernel<B, M, true>;
+    if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
+  } else {
+    auto kern = anyprec_gemv_kernel<B, M, false>;
+    if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
+  }
+}
+
+template <int B>
+void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused) {
+  switch (m) {
+    case 1: launch_gemv<B, 1>(w, x, y, s, fused); break;
+    case 2: launch_gemv<B, 2>(w, x, y, s, fused); break;
+    case 3: launch_gemv<B, 3>(w, x, y, s, fused); break;
+    case 4: launch_gemv<B, 4>(w, x, y, s, fused); break;
+    case 5: launch_gemv<B, 5>(w, x, y, s, fused); break;
+    case 6: launch_gemv<B, 6>(w, x, y, s, fused); break;
+    case 7: launch_gemv<B, 7>(w, x, y, s, fused); break;
+    case 8: launch_gemv<B, 8>(w, x, y, s, fused); break;
+    default: fail("anyprec GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
+  }
+  if (!fused && w.rowptr != nullptr) {
+    const unsigned grid = static_cast<unsigned>((w.n + 7) / 8);
+    anyprec_outliers_kernel<B><<<grid, 256, 0, s>>>(w, x, m, y);
+  }
+}
+
+void check_width(const AnyPrecDevice& w, int bits) {
+  LOWBIT_CHECK(bits >= 2 && bits <= w.planes && ((w.widths >> bits) & 1u) != 0, "anyprec GEMV: width ", bits,
+               " is not served by this weight (planes ", w.planes, ")");
+}
+
+}  // namespace
+
+void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode) {
+  check_width(w, bits);
+  const bool fused = mode == OutlierMode::Fused;
+  switch (bits) {
+    case 2: gemv_bits<2>(w, x, m, y, s, fused); break;
+    case 3: gemv_bits<3>(w, x, m, y, s, fused); break;
+    case 4: gemv_bits<4>(w, x, m, y, s, fused); break;
+    case 5: gemv_bits<5>(w, x, m, y, s, fused); break;
+    case 6: gemv_bits<6>(w, x, m, y, s, fused); break;
+    case 7: gemv_bits<7>(w, x, m, y, s, fused); break;
+    case 8: gemv_bits<8>(w, x, m, y, s, fused); break;
+    default: break;
+  }
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void anyprec_dequant_f16(const AnyPrecDevice& w, int bits, __half* out, cudaStream_t s) {
+  check_width(w, bits);
+  const unsigned grid = static_cast<unsigned>((w.n * w.words + 255) / 256);
+  switch (bits) {
+    case 2: anyprec_dequant_kernel<2><<<grid, 256, 0, s>>>(w, out); break;
+    case 3: anyprec_dequant_kernel<3><<<grid, 256, 0, s>>>(w, out); break;
+    case 4: anyprec_dequant_kernel<4><<<grid, 256, 0, s>>>(w, out); break;
+    case 5: anyprec_dequant_kernel<5><<<grid, 256, 0, s>>>(w, out); break;
+    case 6: anyprec_dequant_kernel<6><<<grid, 256, 0, s>>>(w, out); break;
+    case 7: anyprec_dequant_kernel<7><<<grid, 256, 0, s>>>(w, out); break;
+    case 8: anyprec_dequant_kernel<8><<<grid, 256, 0, s>>>(w, out); break;
+    default: break;
+  }
+  if (w.rowptr != nullptr)
+    anyprec_dequant_outliers_kernel<<<static_cast<unsigned>((w.n + 255) / 256), 256, 0, s>>>(w, out);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace lowbit::cuda

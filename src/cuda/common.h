@@ -1,0 +1,75 @@
+// The CUDA backend's plumbing: error checks that become one-line lowbit::Error messages, an owning device buffer,
+// and the device query the CLI and the GPU tests use to decide (out loud) whether a GPU is there.
+// Compiled only when the CUDA toolkit is found (LOWBIT_WITH_CUDA); this header is plain C++ plus the runtime API.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+namespace lowbit::cuda {
+
+[[noreturn]] void fail_cuda(cudaError_t e, const char* what, const char* file, int line);
+
+#define LOWBIT_CUDA_CHECK(expr)                                                              \
+  do {                                                                                       \
+    const cudaError_t lowbit_cuda_err_ = (expr);                                             \
+    if (lowbit_cuda_err_ != cudaSuccess) ::lowbit::cuda::fail_cuda(lowbit_cuda_err_, #expr, __FILE__, __LINE__); \
+  } while (0)
+
+// True when a usable CUDA device is present; otherwise false and *why says what is missing (no driver, no device).
+bool device_available(std::string* why = nullptr);
+// "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)" for the current device.
+std::string device_name();
+
+// An owning, move-only device allocation of `count` elements of T (uninitialised).
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count_ > 0) LOWBIT_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), count_ * sizeof(T)));
+  }
+  DeviceBuffer(const T* host, size_t count) : DeviceBuffer(count) { upload(host, count); }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.data(), host.size()) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      count_ = std::exchange(o.count_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { release(); }
+
+  T* get() const { return ptr_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+  void upload(const T* host, size_t count) {
+    LOWBIT_CHECK(count <= count_, "DeviceBuffer: upload of ", count, " elements into ", count_);
+    if (count > 0) LOWBIT_CUDA_CHECK(cudaMemcpy(ptr_, host, count * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> download() const {
+    std::vector<T> h(count_);
+    if (count_ > 0) LOWBIT_CUDA_CHECK(cudaMemcpy(h.data(), ptr_, count_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+
+ private:
+  void release() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+    ptr_ = nullptr;
+  }
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,215 @@
+// The 2/4/16 GEMV over the memory-aligned mixed24a layout (Li et al., ICCAD 2024, sec. 5 and Algorithm 1).
+//
+// One warp computes kRows rows of one 16-row block; its lanes stride over the 64-weight units, so per unit a lane
+// issues one 128-bit load (three 2-bit groups + half of the 4-bit group), one 32-bit load (the other half), the
+// 16 + 8 metadata bits, the unit's four perm entries (one 64-bit load) and the block's second-order step/offset
+// pairs, all independent, so the second-order scale dequantization (one fmaf per group) overlaps the loads of the
+// weights it scales instead of preceding them. x is gathered through perm: a group's 16 activations are contiguous
+// in the original order (four 16-byte loads per batch row), L1-resident across the block's 16 rows.
+//
+// Decoding without a conversion instruction: a code q under the mask, OR-ed into the bits of 2^23, is the float
+// 2^23 + q; subtracting (2^23 + z) in one FADD gives q - z exactly. The group's dot product sum x (q - z) is fp32,
+// then scaled by the group's ŝ; accumulation is fp32 throughout.
+//
+// Outliers (stored columns, the dense code under each equal to its zero point, so the dense part there is 0):
+// fused, each warp adds val * x[orig(c)] over its rows' CSR entries; or a CSR SpMV kernel runs after the GEMV.
+#include "cuda/packed.h"
+
+namespace lowbit::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kRows = 2;   // kWarps * kRows = 16: one block = one second-order row group
+
+__device__ __forceinline__ float code_minus_zero(uint32_t field, float zm) {
+  return __int_as_float(0x4B000000u | field) - zm;
+}
+
+template <int M, bool kFusedOutliers>
+__global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevice w, const float* __restrict__ x,
+                                                                    float* __restrict__ y) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16 + warp * kRows;
+  if (row0 >= w.n) return;
+  const int64_t n = w.n, k = w.k, U = k / 64, rg = row0 / 16;
+  int64_t rows[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) rows[r] = min(row0 + r, n - 1);
+
+  float acc[kRows][M];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+
+  for (int64_t u = lane; u < U; u += 32) {
+    // Every load of the unit first: weights, metadata, perm, second-order scales.
+    uint4 qa[kRows];
+    uint32_t qb[kRows], m2[kRows], m4[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      qa[r] = __ldg(w.qa + rows[r] * U + u);
+      qb[r] = __ldg(w.qb + rows[r] * U + u);
+      m2[r] = __ldg(w.meta2 + rows[r] * U + u);
+      m4[r] = __ldg(w.meta4 + rows[r] * U + u);
+    }
+    const uint2 pp = __ldg(reinterpret_cast<const uint2*>(w.perm) + u);
+    const float ss[4] = {__half2float(w.ss2[rg * 3 * U + 3 * u]), __half2float(w.ss2[rg * 3 * U + 3 * u + 1]),
+                         __half2float(w.ss2[rg * 3 * U + 3 * u + 2]), __half2float(w.ss4[rg * U + u])};
+    const float sm[4] = {__half2float(w.sm2[rg * 3 * U + 3 * u]), __half2float(w.sm2[rg * 3 * U + 3 * u + 1]),
+                         __half2float(w.sm2[rg * 3 * U + 3 * u + 2]), __half2float(w.sm4[rg * U + u])};
+    const int64_t base[4] = {16 * static_cast<int64_t>(pp.x & 0xFFFFu), 16 * static_cast<int64_t>(pp.x >> 16),
+                             16 * static_cast<int64_t>(pp.y & 0xFFFFu), 16 * static_cast<int64_t>(pp.y >> 16)};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      float scale[kRows], zm[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uint32_t sc = s == 0 ? (m2[r] & 15u) : s == 1 ? ((m2[r] >> 4) & 7u) : s == 2 ? ((m2[r] >> 7) & 7u) : (m4[r] & 15u);
+        const uint32_t z = s == 3 ? (m4[r] >> 4) : ((m2[r] >> (10 + 2 * s)) & 3u);
+        scale[r] = fmaf(static_cast<float>(sc), ss[s], sm[s]);
+        zm[r] = 8388608.0f + static_cast<float>(z);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float xv[M][8];
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const float4 a = __ldg(reinterpret_cast<const float4*>(x + m * k + base[s] + 8 * h));
+          const float4 b = __ldg(reinterpret_cast<const float4*>(x + m * k + base[s] + 8 * h + 4));
+          xv[m][0] = a.x; xv[m][1] = a.y; xv[m][2] = a.z; xv[m][3] = a.w;
+          xv[m][4] = b.x; xv[m][5] = b.y; xv[m][6] = b.z; xv[m][7] = b.w;
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          float d[8];
+          if (s < 3) {
+            const uint32_t word = s == 0 ? qa[r].x : s == 1 ? qa[r].y : qa[r].z;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) d[i] = code_minus_zero((word >> (2 * (8 * h + i))) & 3u, zm[r]);
+          } else {
+            const uint32_t word = h == 0 ? qa[r].w : qb[r];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) d[i] = code_minus_zero((word >> (4 * i)) & 15u, zm[r]);
+          }
+#pragma unroll
+          for (int m = 0; m < M; ++m) {
+            float g = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) g = fmaf(xv[m][i], d[i], g);
+            acc[r][m] = fmaf(g, scale[r], acc[r][m]);
+          }
+        }
+      }
+    }
+  }
+
+  if constexpr (kFusedOutliers) {
+    if (w.rowptr != nullptr) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        for (int e = __ldg(w.rowptr + rows[r]) + lane; e < __ldg(w.rowptr + rows[r] + 1); e += 32) {
+          const uint32_t c = __ldg(w.col + e);
+          const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
+          const float v = __half2float(w.val[e]);
+#pragma unroll
+          for (int m = 0; m < M; ++m) acc[r][m] = fmaf(v, __ldg(x + m * k + orig), acc[r][m]);
+        }
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && row0 + r < n) y[m * n + row0 + r] = v;
+    }
+}
+
+// CSR SpMV after the dense GEMV: one warp per row, y += val * x[orig(col)].
+__global__ void mixed24a_outliers_kernel(Mixed24ADevice w, const float* __restrict__ x, int m_total, float* __restrict__ y) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (row >= w.n) return;
+  for (int m = 0; m < m_total; ++m) {
+    float v = 0.0f;
+    for (int e = w.rowptr[row] + lane; e < w.rowptr[row + 1]; e += 32) {
+      const uint32_t c = w.col[e];
+      v = fmaf(__half2float(w.val[e]), x[m * w.k + 16 * static_cast<int64_t>(w.perm[c / 16]) + c % 16], v);
+    }
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    if (lane == 0) y[m * w.n + row] += v;
+  }
+}
+
+// One thread per (row, unit): 64 weights to fp16 at their original columns.
+__global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ out) {
+  const int64_t U = w.k / 64, gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (gid >= w.n * U) return;
+  const int64_t row = gid / U, u = gid % U, rg = row / 16;
+  const uint4 qa = w.qa[gid];
+  const uint32_t qb = w.qb[gid], m2 = w.meta2[gid], m4 = w.meta4[gid];
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t sc = s == 0 ? (m2 & 15u) : s == 1 ? ((m2 >> 4) & 7u) : s == 2 ? ((m2 >> 7) & 7u) : (m4 & 15u);
+    const uint32_t z = s == 3 ? (m4 >> 4) : ((m2 >> (10 + 2 * s)) & 3u);
+    const float ss = __half2float(s < 3 ? w.ss2[rg * 3 * U + 3 * u + s] : w.ss4[rg * U + u]);
+    const float sm = __half2float(s < 3 ? w.sm2[rg * 3 * U + 3 * u + s] : w.sm4[rg * U + u]);
+    const float scale = fmaf(static_cast<float>(sc), ss, sm);
+    const int64_t base = 16 * static_cast<int64_t>(w.perm[4 * u + s]);
+    for (int i = 0; i < 16; ++i) {
+      uint32_t q;
+      if (s < 3) q = ((s == 0 ? qa.x : s == 1 ? qa.y : qa.z) >> (2 * i)) & 3u;
+      else q = ((i < 8 ? qa.w : qb) >> (4 * (i % 8))) & 15u;
+      out[row * w.k + base + i] = __float2half_rn((static_cast<float>(q) - static_cast<float>(z)) * scale);
+    }
+  }
+}
+
+__global__ void mixed24a_dequant_outliers_kernel(Mixed24ADevice w, __half* __restrict__ out) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (row >= w.n) return;
+  for (int e = w.rowptr[row]; e < w.rowptr[row + 1]; ++e) {
+    const uint32_t c = w.col[e];
+    out[row * w.k + 16 * static_cast<int64_t>(w.perm[c / 16]) + c % 16] = w.val[e];
+  }
+}
+
+template <int M>
+void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
+  const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
+  if (fused) mixed24a_gemv_kernel<M, true><<<grid, kWarps * 32, 0, s>>>(w, x, y);
+  else mixed24a_gemv_kernel<M, false><<<grid, kWarps * 32, 0, s>>>(w, x, y);
+}
+
+}  // namespace
+
+void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode) {
+  const bool fused = mode == OutlierMode::Fused;
+  switch (m) {
+    case 1: launch<1>(w, x, y, s, fused); break;
+    case 2: launch<2>(w, x, y, s, fused); break;
+    case 3: launch<3>(w, x, y, s, fused); break;
+    case 4: launch<4>(w, x, y, s, fused); break;
+    case 5: launch<5>(w, x, y, s, fused); break;
+    case 6: launch<6>(w, x, y, s, fused); break;
+    case 7: launch<7>(w, x, y, s, fused); break;
+    case 8: launch<8>(w, x, y, s, fused); break;
+    default: fail("mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
+  }
+  if (!fused && w.rowptr != nullptr)
+    mixed24a_outliers_kernel<<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s) {
+  const int64_t threads = w.n * (w.k / 64);
+  mixed24a_dequant_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(w, out);
+  if (w.rowptr != nullptr)
+    mixed24a_dequant_outliers_kernel<<<static_cast<unsigned>((w.n + 255) / 256), 256, 0, s>>>(w, out);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,114 @@
+// Packed weights on the GPU, stored exactly as in the file (no dequantized copy is kept), and the kernels that
+// read them: the any-precision bitplane GEMV (any served width, chosen per call, from the same planes), the
+// 2/4/16 mixed24a GEMV, and for batches above 8 a dequantize-to-fp16 kernel feeding cuBLAS.
+// Each kernel's CPU twin is the format's reference GEMM (formats/*/): tests/test_cuda_kernels.cpp compares them on
+// the same packed bytes.
+#pragma once
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "cuda/common.h"
+#include "model/weight_set.h"
+
+namespace lowbit::cuda {
+
+inline constexpr int kMaxGemvBatch = 8;   // above this, dequantize + cuBLAS
+
+// Device views (non-owning) of one packed weight, one per format.
+struct AnyPrecDevice {
+  int64_t n = 0, k = 0, words = 0;         // words = 32-bit words per plane row
+  int planes = 0;                           // parent width P
+  uint32_t widths = 0;                      // bit b: width b served
+  const uint32_t* plane_data = nullptr;     // [P, n, words]
+  const __half* lut[9] = {};                // lut[b]: [n, 2^b] for every served b
+  const int32_t* rowptr = nullptr;          // CSR of outliers, or null
+  const int32_t* col = nullptr;
+  const __half* val = nullptr;
+  int64_t nnz = 0;
+};
+
+struct Mixed24ADevice {
+  int64_t n = 0, k = 0;
+  const uint16_t* perm = nullptr;           // [k/16]
+  const uint4* qa = nullptr;                // [n, U]
+  const uint32_t* qb = nullptr;             // [n, U]
+  const uint16_t* meta2 = nullptr;          // [n, U]
+  const uint8_t* meta4 = nullptr;           // [n, U]
+  const __half* ss2 = nullptr;              // [RG, 3U]
+  const __half* sm2 = nullptr;
+  const __half* ss4 = nullptr;              // [RG, U]
+  const __half* sm4 = nullptr;
+  const int32_t* rowptr = nullptr;          // CSR of outliers (stored columns), or null
+  const uint16_t* col = nullptr;
+  const __half* val = nullptr;
+  int64_t nnz = 0;
+};
+
+// The parts of a packed weight copied to the device as stored (validated on the host first by the reader).
+class DevicePackedWeight {
+ public:
+  explicit DevicePackedWeight(const PackedWeight& w);
+  const std::string& format() const { return format_; }
+  int64_t n() const { return n_; }
+  int64_t k() const { return k_; }
+  uint32_t served_widths() const;           // anyprec: its widths; others 0
+  uint64_t bytes() const;                   // device bytes held
+  uint64_t bytes_read(int bits) const;      // bytes one GEMV at that width reads
+  AnyPrecDevice anyprec() const;            // throws unless format() == "anyprec"
+  Mixed24ADevice mixed24a() const;          // throws unless format() == "mixed24a"
+
+ private:
+  const uint8_t* part(const std::string& name) const;
+  std::string format_;
+  int64_t n_ = 0, k_ = 0;
+  std::map<std::string, int64_t> params_;
+  std::map<std::string, DeviceBuffer<uint8_t>> parts_;
+};
+
+enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or a CSR SpMV launched after it
+
+// y [m, n] (fp32, row-major) = x [m, k] (fp32) · W_bᵀ, 1 <= m <= kMaxGemvBatch. bits: a served width.
+void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s,
+                  OutlierMode mode = OutlierMode::Fused);
+void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
+                   OutlierMode mode = OutlierMode::Fused);
+// The whole matrix [n, k] in fp16, original column order, outliers included (the large-batch path's first step).
+void anyprec_dequant_f16(const AnyPrecDevice& w, int bits, __half* out, cudaStream_t s);
+void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s);
+void f32_to_f16(const float* in, __half* out, int64_t count, cudaStream_t s);
+
+// Scratch for the large-batch path (grown on demand, reused across calls) and the cuBLAS handle.
+class GemmContext {
+ public:
+  explicit GemmContext(cudaStream_t s);
+  ~GemmContext();
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+  cudaStream_t stream() const { return stream_; }
+  cublasHandle_t cublas() const { return handle_; }
+  __half* weight_scratch(size_t elements);
+  __half* act_scratch(size_t elements);
+
+ private:
+  cudaStream_t stream_;
+  cublasHandle_t handle_ = nullptr;
+  DeviceBuffer<__half> wbuf_, abuf_;
+};
+
+// y [m, n] fp32 = x [m, k] fp32 · Wᵀ with W [n, k] fp16 already on the device: x is converted to fp16 in the
+// context's scratch, then one cuBLAS GEMM (fp32 accumulation and output). The large-batch path's second step.
+void dense_f16_matmul(const __half* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, GemmContext& ctx);
+
+// y [m, n] fp32 = x [m, k] fp32 · Wᵀ for any m >= 1: the GEMV for m <= 8, else dequantize + cuBLAS (fp16 inputs,
+// fp32 accumulation and output). bits: the anyprec width (0 = widest); ignored by single-width formats.
+void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
+                   OutlierMode mode = OutlierMode::Fused);
+
+void cublas_check(cublasStatus_t st, const char* what);
+
+}  // namespace lowbit::cuda

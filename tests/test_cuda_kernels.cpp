@@ -1,0 +1,266 @@
+// The CUDA kernels against their CPU reference twins on the same packed bytes: the any-precision bitplane GEMV
+// (every width 2..8 from one parent, batch 1..8, outliers fused or as a SpMV), the mixed24a GEMV, the
+// dequantize kernels (bit-exact), and the large-batch path (dequantize + cuBLAS). Outputs are poisoned with NaN
+// before every launch, so an element a kernel fails to write fails the test. Without a GPU every test skips and
+// says why.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+#ifdef LOWBIT_WITH_CUDA
+#include <cmath>
+#include <random>
+
+#include "core/half.h"
+#include "cuda/packed.h"
+#include "formats/format_table.h"
+#include "packed_fixtures.h"
+
+namespace lowbit {
+namespace {
+
+// Error budgets, relative to sum_c |x_c| |w_rc| of each output (the scale of its rounding error):
+constexpr double kGemvBudget = 1e-5;       // fp32 accumulation in another order than the fp64 reference
+constexpr double kCublasBudget = 2e-3;     // x and W rounded to fp16 (2 x 2^-11) before an fp32-accumulated GEMM
+
+#define SKIP_WITHOUT_GPU()                                                       \
+  do {                                                                           \
+    std::string why;                                                             \
+    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why; \
+  } while (0)
+
+std::vector<float> random_x(int64_t m, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (float& v : x) v = nd(rng);
+  return x;
+}
+
+// sum_c |x[t, c]| |w[r, c]| for every output, from the dense weights w [n, k].
+std::vector<double> abs_scale(const std::vector<float>& x, const std::vector<float>& w, int64_t m, int64_t n, int64_t k) {
+  std::vector<double> s(static_cast<size_t>(m * n));
+  for (int64_t t = 0; t < m; ++t)
+    for (int64_t r = 0; r < n; ++r) {
+      double a = 0;
+      for (int64_t c = 0; c < k; ++c) a += std::fabs(static_cast<double>(x[static_cast<size_t>(t * k + c)]) * w[static_cast<size_t>(r * k + c)]);
+      s[static_cast<size_t>(t * n + r)] = a;
+    }
+  return s;
+}
+
+// Runs f(x_dev, y_dev) with y poisoned (NaN), returns y.
+template <typename F>
+std::vector<float> run_poisoned(const std::vector<float>& x, int64_t ysize, F f) {
+  cuda::DeviceBuffer<float> xd(x), yd(static_cast<size_t>(ysize));
+  LOWBIT_CUDA_CHECK(cudaMemset(yd.get(), 0xFF, yd.bytes()));
+  f(xd.get(), yd.get());
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  return yd.download();
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& scale,
+                  double budget, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]), lim = budget * scale[i] + 1e-30;
+    worst = std::max(worst, err / (scale[i] + 1e-30));
+    if (!(err <= lim) && bad++ < 3)   // NaN (unwritten) fails here too
+      ADD_FAILURE() << what << ": output " << i << " got " << got[i] << " want " << want[i] << " (budget " << lim << ")";
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " outputs outside the budget";
+  ::testing::Test::RecordProperty(what, std::to_string(worst));
+}
+
+// A random any-precision weight (8-bit parent serving 2..8) with about 1.5% outliers when asked.
+AnyPrecQuantized anyprec_weight(int64_t n, int64_t k, bool outliers, uint32_t seed) {
+  AnyPrecQuantized q = test::random_codes(n, k, 8, 0x1FCu, seed);
+  if (outliers) {
+    std::mt19937 rng(seed + 1);
+    q.outlier_rowptr.push_back(0);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c)
+        if (rng() % 64 == 0) {
+          q.outlier_col.push_back(static_cast<int32_t>(c));
+          q.outlier_val.push_back(f32_to_f16(std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, -12)));
+        }
+      q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
+    }
+  }
+  return q;
+}
+
+struct Shape {
+  int64_t n, k;
+};
+
+TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
+  SKIP_WITHOUT_GPU();
+  // k: one word, not a multiple of 32 / 256 / 1024, a short last tile, a 28672-wide input; n: 1 and 28672.
+  const Shape shapes[] = {{1, 32}, {5, 1100}, {33, 2348}, {64, 4096}, {3, 28672 + 37}, {28672, 96}};
+  uint32_t seed = 1;
+  for (const Shape& sh : shapes)
+    for (bool outliers : {false, true}) {
+      std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+      const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, outliers, seed++);
+      const PackedWeight pw = pack_anyprec(q, storage);
+      validate_packed(pw, "t");
+      const auto cpu = make_packed_linear(pw, nullptr, "t");
+      const cuda::DevicePackedWeight dw(pw);   // one upload serves every width below: no reload between widths
+      for (int bits = 2; bits <= 8; ++bits) {
+        std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
+        q.dequantize(bits, wd.data());
+        for (int m : {1, 2, 3, 4, 5, 6, 7, 8}) {
+          if (sh.n * sh.k > 1000000 && m != 1 && m != 8) continue;   // the wide shapes: the two ends of the batch range
+          const std::vector<float> x = random_x(m, sh.k, seed++);
+          std::vector<float> want(static_cast<size_t>(m * sh.n));
+          cpu->forward_ref(x.data(), m, want.data(), bits);
+          const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
+          for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+            if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+            const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+              cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode);
+            });
+            expect_close(got, want, scale, kGemvBudget,
+                         "anyprec " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) +
+                             " m" + std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
+          }
+        }
+      }
+    }
+}
+
+TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const Shape shapes[] = {{1, 64}, {17, 576}, {40, 1600}, {16, 4096}, {3, 28672}, {28672, 128}};
+  uint32_t seed = 100;
+  for (const Shape& sh : shapes)
+    for (bool outliers : {false, true}) {
+      std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+      const Mixed24AQuantized q = test::random_mixed24a(sh.n, sh.k, outliers, seed++);
+      const PackedWeight pw = pack_mixed24a(q, storage);
+      validate_packed(pw, "t");
+      const cuda::DevicePackedWeight dw(pw);
+      std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
+      q.dequantize(wd.data());
+      for (int m : {1, 2, 3, 4, 5, 6, 7, 8}) {
+        const std::vector<float> x = random_x(m, sh.k, seed++);
+        std::vector<float> want(static_cast<size_t>(m * sh.n));
+        mixed24a_gemm_packed_ref(pw, x.data(), m, nullptr, want.data());
+        const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
+        for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+          if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+          const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+            cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode);
+          });
+          expect_close(got, want, scale, kGemvBudget,
+                       "mixed24a " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" + std::to_string(m) +
+                           (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
+        }
+      }
+    }
+}
+
+// The dequantize kernels write exactly fp16(the value the packed data encodes), outliers included, original order.
+TEST(CudaKernels, DequantizeKernelsAreBitExact) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  for (const Shape& sh : {Shape{7, 1100}, Shape{33, 2048}}) {
+    const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, true, 7);
+    const cuda::DevicePackedWeight dw(pack_anyprec(q, storage));
+    for (int bits = 2; bits <= 8; ++bits) {
+      cuda::DeviceBuffer<__half> out(static_cast<size_t>(sh.n * sh.k));
+      LOWBIT_CUDA_CHECK(cudaMemset(out.get(), 0xFF, out.bytes()));
+      cuda::anyprec_dequant_f16(dw.anyprec(), bits, out.get(), nullptr);
+      const std::vector<__half> got = out.download();
+      std::vector<float> want(static_cast<size_t>(sh.n * sh.k));
+      q.dequantize(bits, want.data());
+      int bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) bad += __half_as_ushort(got[i]) != f32_to_f16(want[i]);
+      EXPECT_EQ(bad, 0) << "anyprec " << sh.n << "x" << sh.k << " b" << bits;
+    }
+  }
+  for (const Shape& sh : {Shape{17, 576}, Shape{40, 1600}}) {
+    const Mixed24AQuantized q = test::random_mixed24a(sh.n, sh.k, true, 9);
+    const cuda::DevicePackedWeight dw(pack_mixed24a(q, storage));
+    cuda::DeviceBuffer<__half> out(static_cast<size_t>(sh.n * sh.k));
+    LOWBIT_CUDA_CHECK(cudaMemset(out.get(), 0xFF, out.bytes()));
+    cuda::mixed24a_dequant_f16(dw.mixed24a(), out.get(), nullptr);
+    const std::vector<__half> got = out.download();
+    std::vector<float> want(static_cast<size_t>(sh.n * sh.k));
+    q.dequantize(want.data());
+    int bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) bad += __half_as_ushort(got[i]) != f32_to_f16(want[i]);
+    EXPECT_EQ(bad, 0) << "mixed24a " << sh.n << "x" << sh.k;
+  }
+}
+
+// Batches above 8: dequantize + cuBLAS, within fp16 rounding of the CPU reference.
+TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  cudaStream_t s;
+  LOWBIT_CUDA_CHECK(cudaStreamCreate(&s));
+  {
+    cuda::GemmContext ctx(s);
+    const AnyPrecQuantized qa = anyprec_weight(96, 1100, true, 21);
+    const PackedWeight pa = pack_anyprec(qa, storage);
+    const Mixed24AQuantized qm = test::random_mixed24a(80, 640, true, 22);
+    const PackedWeight pm = pack_mixed24a(qm, storage);
+    for (int64_t m : {9, 16, 64}) {
+      for (int bits : {3, 8}) {
+        const cuda::DevicePackedWeight dw(pa);
+        const auto x = random_x(m, 1100, static_cast<uint32_t>(m + bits));
+        std::vector<float> want(static_cast<size_t>(m * 96)), wd(96 * 1100);
+        make_packed_linear(pa, nullptr, "t")->forward_ref(x.data(), m, want.data(), bits);
+        qa.dequantize(bits, wd.data());
+        const auto got = run_poisoned(x, m * 96, [&](const float* xd, float* yd) {
+          cuda::packed_matmul(dw, bits, xd, m, yd, ctx);
+          LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
+        });
+        expect_close(got, want, abs_scale(x, wd, m, 96, 1100), kCublasBudget, "anyprec cuBLAS m" + std::to_string(m));
+      }
+      const cuda::DevicePackedWeight dm(pm);
+      const auto x = random_x(m, 640, static_cast<uint32_t>(m));
+      std::vector<float> want(static_cast<size_t>(m * 80)), wd(80 * 640);
+      mixed24a_gemm_packed_ref(pm, x.data(), m, nullptr, want.data());
+      qm.dequantize(wd.data());
+      const auto got = run_poisoned(x, m * 80, [&](const float* xd, float* yd) {
+        cuda::packed_matmul(dm, 0, xd, m, yd, ctx);
+        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
+      });
+      expect_close(got, want, abs_scale(x, wd, m, 80, 640), kCublasBudget, "mixed24a cuBLAS m" + std::to_string(m));
+    }
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+TEST(CudaKernels, RefusesWhatItCannotRun) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  AnyPrecQuantized q = test::random_codes(4, 64, 4, 0x18u, 3);   // serves 3 and 4 only
+  const cuda::DevicePackedWeight dw(pack_anyprec(q, storage));
+  cuda::DeviceBuffer<float> x(64 * 9), y(4 * 9);
+  auto says = [](auto f, const std::string& phrase) {
+    try {
+      f();
+      ADD_FAILURE() << "no error (expected '" << phrase << "')";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
+    }
+  };
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 5, x.get(), 1, y.get(), nullptr); }, "width 5 is not served");
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 9, y.get(), nullptr); }, "batch 9 outside 1..8");
+  says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
+  const UniformQuantized u = test::random_quantized(4, 64, 4, 32, false, false, 1);
+  says([&] { cuda::DevicePackedWeight bad(pack_uniform(u, storage)); }, "has no GPU kernel yet");
+}
+
+}  // namespace
+}  // namespace lowbit
+
+#else
+TEST(CudaKernels, SkippedWithoutCudaToolkit) { GTEST_SKIP() << "GPU tests skipped: lowbit was built without CUDA"; }
+#endif
