@@ -9,12 +9,12 @@ cd "$(dirname "$0")/.."
 B=build-portable-cuda
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLOWBIT_NATIVE=OFF -DLOWBIT_CUDA=ON -DLOWBIT_TESTS=ON >/dev/null
 targets=(lowbit_cli)
-grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=(test_cuda_kernels)
+grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=(test_cuda_kernels test_cuda_model)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" >/dev/null
 rm -rf .devbundle && mkdir -p .devbundle/pkg/lib .devbundle/data
 cp $B/lowbit .devbundle/pkg/
-[ -f $B/test_cuda_kernels ] && cp $B/test_cuda_kernels .devbundle/pkg/
-for bin in .devbundle/pkg/lowbit .devbundle/pkg/test_cuda_kernels; do
+for t in test_cuda_kernels test_cuda_model; do [ -f $B/$t ] && cp $B/$t .devbundle/pkg/; done
+for bin in .devbundle/pkg/lowbit .devbundle/pkg/test_cuda_*; do
   [ -f "$bin" ] || continue
   for lib in $(ldd "$bin" | awk '/=>/ {print $3}'); do
     case "$(basename "$lib")" in libc.so*|libm.so*|libcublas*|libcudart*|libcuda.so*) ;; *) cp -L "$lib" .devbundle/pkg/lib/ ;; esac
@@ -23,6 +23,11 @@ done
 tar -C .devbundle -cJf .devbundle/pkg.tar.xz pkg && rm -rf .devbundle/pkg
 SHARED="${LOWBIT_SHARED_DIR:-$(cd .. && pwd)/shared}"
 cp "$SHARED/data/wikitext-2-raw/wiki.test.raw" "$SHARED/data/c4/c4-validation.calib-docs-0-511.jsonl" .devbundle/data/
+# The part of ../shared the GPU tests read (LOWBIT_SHARED_DIR on the device).
+mkdir -p .devbundle/shared/models .devbundle/shared/data/c4 .devbundle/shared/data/tinystories
+cp -r "$SHARED/models/stories260K" .devbundle/shared/models/
+cp "$SHARED/data/c4/c4-validation.calib-docs-0-511.jsonl" .devbundle/shared/data/c4/
+cp "$SHARED/data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt" .devbundle/shared/data/tinystories/
 GGUF="${LOWBIT_CACHE:-$HOME/.cache/lowbit}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 split -b 40M -d "$GGUF" .devbundle/smollm2.part
 sha256sum "$GGUF" | cut -d' ' -f1 > .devbundle/smollm2.sha256

@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
 # On the lent GPU machine, after `scripts/device_eval.sh stage` (bundle from scripts/device_bundle.sh):
-#   scripts/device_cuda.sh test        the CUDA kernel tests (GPU vs CPU twins); log in $OUT/cuda-tests.txt
+#   scripts/device_cuda.sh test        the GPU tests (kernels vs CPU twins, GPU model vs CPU model); $OUT/cuda-tests.txt
 #   scripts/device_cuda.sh sanitize    the same tests under compute-sanitizer memcheck; $OUT/cuda-sanitizer.txt
 #   scripts/device_cuda.sh bench [ARGS] lowbit bench --kernels ARGS; $OUT/bench-kernels.txt
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 OUT="${OUT:-/tmp/out}"
 mkdir -p "$OUT"
+# What the tests read: the staged subset of ../shared and the SmolLM2 GGUF (as the model cache lays it out).
+export LOWBIT_SHARED_DIR="$LB/shared"
+mkdir -p /tmp/lbcache/models && [ -f "$LB/smollm2.gguf" ] && ln -sf "$LB/smollm2.gguf" /tmp/lbcache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+export LOWBIT_CACHE=/tmp/lbcache
+export LOWBIT_SOURCE_DIR="$PWD"   # the repository copy this command runs in (tests/fixtures)
 case "${1:-}" in
   test)
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/cuda-tests.txt"
-    "$LB/pkg/test_cuda_kernels" 2>&1 | tee -a "$OUT/cuda-tests.txt" | grep -E "OK|FAILED|SKIPPED|Failure|budget|PASSED" | head -60
+    for t in "$LB"/pkg/test_cuda_*; do
+      "$t" 2>&1 | tee -a "$OUT/cuda-tests.txt" | grep -E "^\[ |OK|FAILED|SKIPPED|Failure|budget|PASSED|Expected|Which|error" | head -80
+    done
     ;;
   sanitize)
-    compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" > "$OUT/cuda-sanitizer.txt" 2>&1
-    echo "compute-sanitizer exit: $?" | tee -a "$OUT/cuda-sanitizer.txt"
+    : > "$OUT/cuda-sanitizer.txt"
+    for t in "$LB"/pkg/test_cuda_*; do
+      compute-sanitizer --tool memcheck --error-exitcode 9 "$t" "${@:2}" >> "$OUT/cuda-sanitizer.txt" 2>&1
+      echo "compute-sanitizer $(basename "$t") exit: $?" | tee -a "$OUT/cuda-sanitizer.txt"
+    done
     grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/cuda-sanitizer.txt" | head
     ;;
   bench)

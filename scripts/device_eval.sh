@@ -11,6 +11,7 @@ case "${1:-}" in
   stage)
     [ -f .devbundle/pkg.tar.xz ] && tar -C "$LB" -xJf .devbundle/pkg.tar.xz
     [ -d .devbundle/data ] && cp -r .devbundle/data "$LB/"
+    [ -d .devbundle/shared ] && cp -r .devbundle/shared "$LB/"
     cp .devbundle/smollm2.part* "$LB/parts/" 2>/dev/null
     cp .devbundle/smollm2.sha256 "$LB/" 2>/dev/null
     if [ -f "$LB/smollm2.sha256" ] && [ ! -f "$LB/smollm2.gguf" ]; then

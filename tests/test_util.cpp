@@ -17,7 +17,12 @@
 
 namespace lowbit::test {
 
-std::string source_dir() { return LOWBIT_SOURCE_DIR; }
+// The checkout the tests were built from, or $LOWBIT_SOURCE_DIR (test binaries run on another machine, e.g. the
+// lent GPU machine, next to a copy of the repository).
+std::string source_dir() {
+  if (const char* env = std::getenv("LOWBIT_SOURCE_DIR")) return env;
+  return LOWBIT_SOURCE_DIR;
+}
 std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
 
 bool file_exists(const std::string& path) {

@@ -6,12 +6,16 @@
 // row, shared by the kRows rows. Only planes 0..b-1 are read: the width is a run-time argument, the same planes
 // serve every width.
 //
-// Bit transpose, SIMD within a register: for b <= 4 the codes are merged in pairs. For pair position p of every
-// byte, (plane_j >> 2p) & 0x03030303 puts the two bits of plane j of the pair of each quarter into the low bits of a
-// byte; shifting plane j's field to bits 2(b-1-j) and OR-ing the b planes gives, in each byte, a 2b-bit index that
-// addresses a per-row table of (lut[c0], lut[c1]) float pairs in shared memory built for exactly that bit order —
-// one 64-bit lookup decodes two weights (the paper's table-lookup merging, for 3 and 4 bits at every batch size).
-// For b >= 5 the same is done a column at a time (& 0x01010101) into a table of 2^b floats. Accumulation is fp32.
+// Bit transpose, SIMD within a register: for column slot i (0..7) of every byte, (plane_j >> i) & 0x01010101 puts
+// plane j's bit of that column of each of the four quarters into the low bit of a byte; shifted to bit b-1-j and
+// OR-ed over the b planes, each byte holds the column's b-bit code: four codes from 2b shift/mask operations.
+//
+// Centroid lookup: the row's LUT is expanded into shared memory as kCopies interleaved copies, entry e of copy c at
+// word e * kCopies + c, and lane l reads copy l % kCopies. With 32 copies (b <= 5) the 32 lanes of a lookup hit 32
+// different banks whatever their codes: one shared-memory wavefront per warp-wide lookup. A single table of 2^b
+// words (the obvious layout, v1 of this kernel) took 4-5 wavefronts per lookup on random codes and made the kernel
+// bank-conflict bound (115 us for 3 bits at 28672x8192 on the H200). Wider tables keep 4 KB per row: 16, 8, 4
+// copies for 6, 7, 8 bits (2-way or so conflicts). Accumulation is fp32.
 //
 // Sparse outliers replace the table value at their (row, column): fused, the warp adds (val - lut[code]) * x for
 // its rows' CSR entries (the code re-read from the planes); or a separate SpMV kernel does the same afterwards.
@@ -22,15 +26,15 @@
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 __device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
-constexpr int kRows = 2;   // rows per warp
 
 template <int B>
 struct Table {
-  static constexpr bool kPair = B <= 4;
-  static constexpr int kEntries = kPair ? 1 << (2 * B) : 1 << B;
-  static constexpr int kFloats = kPair ? 2 * kEntries : kEntries;
+  static constexpr int kEntries = 1 << B;
+  static constexpr int kCopies = B <= 5 ? 32 : 1024 >> B;        // 4 KB per row at most
+  static constexpr int kFloats = kEntries * kCopies;
+  static constexpr int kRows = B <= 4 ? 4 : 2;                   // rows per warp: x loads shared by the rows
 };
 
 // Eight consecutive activations from column c (a multiple of 8), zero past k.
@@ -65,6 +69,7 @@ template <int B, int M, bool kFusedOutliers>
 __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                    float* __restrict__ y) {
   using T = Table<B>;
+  constexpr int kRows = T::kRows;
   extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
@@ -72,29 +77,18 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
   const int64_t n = w.n, k = w.k, W = w.words;
   int64_t rows[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) rows[r] = min(row0 + r, n - 1);   // a missing last row recomputes row n-1, unstored
+  for (int r = 0; r < kRows; ++r) rows[r] = min_i64(row0 + r, n - 1);   // a missing last row recomputes row n-1, unstored
 
-  // Per-row tables.
+  // Per-row tables, kCopies interleaved copies; this lane reads copy lane % kCopies.
   float* tab = smem + static_cast<int64_t>(warp) * kRows * T::kFloats;
   const __half* lut = w.lut[B];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const __half* l = lut + rows[r] * (1 << B);
-    for (int e = lane; e < T::kEntries; e += 32) {
-      if constexpr (T::kPair) {
-        int c0 = 0, c1 = 0;
-#pragma unroll
-        for (int j = 0; j < B; ++j) {
-          c0 |= ((e >> (2 * (B - 1 - j))) & 1) << (B - 1 - j);
-          c1 |= ((e >> (2 * (B - 1 - j) + 1)) & 1) << (B - 1 - j);
-        }
-        reinterpret_cast<float2*>(tab + r * T::kFloats)[e] = make_float2(__half2float(l[c0]), __half2float(l[c1]));
-      } else {
-        tab[r * T::kFloats + e] = __half2float(l[e]);
-      }
-    }
+    for (int i = lane; i < T::kFloats; i += 32) tab[r * T::kFloats + i] = __half2float(l[i / T::kCopies]);
   }
   __syncwarp();
+  const float* my_tab = tab + lane % T::kCopies;
 
   float acc[kRows][M];
 #pragma unroll
@@ -112,22 +106,16 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
       for (int j = 0; j < B; ++j) p[r][j] = __ldg(w.plane_data + j * plane_stride + rows[r] * W + t0 + lane);
-    // Indexes of all four quarters at once, one byte per quarter.
-    constexpr int kSlots = T::kPair ? 4 : 8;
-    uint32_t idx[kRows][kSlots];
+    // Codes of all four quarters at once, one byte per quarter: idx[r][i] byte u = code of column i of quarter u.
+    uint32_t idx[kRows][8];
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
+      for (int i = 0; i < 8; ++i) {
         uint32_t v = 0;
 #pragma unroll
-        for (int j = 0; j < B; ++j) {
-          if constexpr (T::kPair)
-            v |= ((p[r][j] >> (2 * s)) & 0x03030303u) << (2 * (B - 1 - j));
-          else
-            v |= ((p[r][j] >> s) & 0x01010101u) << (B - 1 - j);
-        }
-        idx[r][s] = v;
+        for (int j = 0; j < B; ++j) v |= ((p[r][j] >> i) & 0x01010101u) << (B - 1 - j);
+        idx[r][i] = v;
       }
     const int64_t col0 = t0 * 32;
 #pragma unroll
@@ -138,19 +126,12 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
       for (int m = 0; m < M; ++m) load_x8(x + m * k, c, k, vec, xv[m]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const float* tr = tab + r * T::kFloats;
+        const float* tr = my_tab + r * T::kFloats;
 #pragma unroll
-        for (int s = 0; s < kSlots; ++s) {
-          const uint32_t e = (idx[r][s] >> (8 * u)) & 0xFFu;
-          if constexpr (T::kPair) {
-            const float2 wv = reinterpret_cast<const float2*>(tr)[e];
+        for (int i = 0; i < 8; ++i) {
+          const float wv = tr[__byte_perm(idx[r][i], 0u, 0x4440u + static_cast<uint32_t>(u)) * T::kCopies];
 #pragma unroll
-            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][2 * s + 1], wv.y, fmaf(xv[m][2 * s], wv.x, acc[r][m]));
-          } else {
-            const float wv = tr[e];
-#pragma unroll
-            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][s], wv, acc[r][m]);
-          }
+          for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][i], wv, acc[r][m]);
         }
       }
     }
@@ -200,6 +181,8 @@ __global__ void anyprec_outliers_kernel(AnyPrecDevice w, const float* __restrict
   }
 }
 
+// One thread per (row, word): the word's 32 columns are 8 consecutive columns in each quarter, written as one
+// 16-byte store per quarter (coalesced across the warp) when the row allows it.
 template <int B>
 __global__ void anyprec_dequant_kernel(AnyPrecDevice w, __half* __restrict__ out) {
   const int64_t gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -210,14 +193,24 @@ __global__ void anyprec_dequant_kernel(AnyPrecDevice w, __half* __restrict__ out
 #pragma unroll
   for (int j = 0; j < B; ++j) p[j] = w.plane_data[(j * w.n + row) * w.words + word];
   const __half* l = w.lut[B] + row * (1 << B);
+  __half* o = out + row * w.k;
 #pragma unroll
-  for (int bit = 0; bit < 32; ++bit) {
-    const int64_t c = tile * 1024 + (bit / 8) * 8 * nw + 8 * t + bit % 8;
-    if (c >= w.k) continue;
-    int code = 0;
+  for (int u = 0; u < 4; ++u) {
+    const int64_t c = tile * 1024 + u * 8 * nw + 8 * t;
+    alignas(16) __half v[8];
 #pragma unroll
-    for (int j = 0; j < B; ++j) code |= static_cast<int>((p[j] >> bit) & 1u) << (B - 1 - j);
-    out[row * w.k + c] = l[code];
+    for (int i = 0; i < 8; ++i) {
+      int code = 0;
+#pragma unroll
+      for (int j = 0; j < B; ++j) code |= static_cast<int>((p[j] >> (8 * u + i)) & 1u) << (B - 1 - j);
+      v[i] = l[code];
+    }
+    if (w.k % 8 == 0 && c + 8 <= w.k) {
+      *reinterpret_cast<uint4*>(o + c) = *reinterpret_cast<const uint4*>(v);
+    } else {
+      for (int i = 0; i < 8; ++i)
+        if (c + i < w.k) o[c + i] = v[i];
+    }
   }
 }
 
@@ -229,9 +222,9 @@ __global__ void anyprec_dequant_outliers_kernel(AnyPrecDevice w, __half* __restr
 
 template <int B, int M>
 void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
-  const int64_t rows_per_block = kWarps * kRows;
+  const int64_t rows_per_block = kWarps * Table<B>::kRows;
   const unsigned grid = static_cast<unsigned>((w.n + rows_per_block - 1) / rows_per_block);
-  const size_t smem = sizeof(float) * kWarps * kRows * Table<B>::kFloats;
+  const size_t smem = sizeof(float) * kWarps * Table<B>::kRows * Table<B>::kFloats;
   if (fused) {
     auto kern = anyprec_gemv_kernel<B, M, true>;
     if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -1,6 +1,6 @@
 // The 2/4/16 GEMV over the memory-aligned mixed24a layout (Li et al., ICCAD 2024, sec. 5 and Algorithm 1).
 //
-// One warp computes kRows rows of one 16-row block; its lanes stride over the 64-weight units, so per unit a lane
+// One warp computes kRows = 4 rows of one 16-row block; its lanes stride over the 64-weight units, so per unit a lane
 // issues one 128-bit load (three 2-bit groups + half of the 4-bit group), one 32-bit load (the other half), the
 // 16 + 8 metadata bits, the unit's four perm entries (one 64-bit load) and the block's second-order step/offset
 // pairs, all independent, so the second-order scale dequantization (one fmaf per group) overlaps the loads of the
@@ -18,8 +18,8 @@
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kWarps = 8;
-constexpr int kRows = 2;   // kWarps * kRows = 16: one block = one second-order row group
+constexpr int kWarps = 4;
+constexpr int kRows = 4;   // kWarps * kRows = 16: one block = one second-order row group; x loads shared by 4 rows
 
 __device__ __forceinline__ float code_minus_zero(uint32_t field, float zm) {
   return __int_as_float(0x4B000000u | field) - zm;
@@ -159,12 +159,17 @@ __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ o
     const float sm = __half2float(s < 3 ? w.sm2[rg * 3 * U + 3 * u + s] : w.sm4[rg * U + u]);
     const float scale = fmaf(static_cast<float>(sc), ss, sm);
     const int64_t base = 16 * static_cast<int64_t>(w.perm[4 * u + s]);
+    alignas(16) __half v[16];
+#pragma unroll
     for (int i = 0; i < 16; ++i) {
       uint32_t q;
       if (s < 3) q = ((s == 0 ? qa.x : s == 1 ? qa.y : qa.z) >> (2 * i)) & 3u;
       else q = ((i < 8 ? qa.w : qb) >> (4 * (i % 8))) & 15u;
-      out[row * w.k + base + i] = __float2half_rn((static_cast<float>(q) - static_cast<float>(z)) * scale);
+      v[i] = __float2half_rn((static_cast<float>(q) - static_cast<float>(z)) * scale);
     }
+    uint4* o = reinterpret_cast<uint4*>(out + row * w.k + base);   // k is a multiple of 64: 16-byte aligned
+    o[0] = reinterpret_cast<const uint4*>(v)[0];
+    o[1] = reinterpret_cast<const uint4*>(v)[1];
   }
 }
 

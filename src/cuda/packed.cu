@@ -1,6 +1,11 @@
 // DevicePackedWeight (parts uploaded as stored), the large-batch path (dequantize + cuBLAS) and the dispatcher.
 #include "cuda/packed.h"
 
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <tuple>
+
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24a/layout.h"
 
@@ -13,7 +18,7 @@ void cublas_check(cublasStatus_t st, const char* what) {
 DevicePackedWeight::DevicePackedWeight(const PackedWeight& w)
     : format_(w.format), n_(w.shape.at(0)), k_(w.shape.at(1)), params_(w.params) {
   LOWBIT_CHECK(format_ == "anyprec" || format_ == "mixed24a", "CUDA backend: packed format '", format_,
-               "' has no GPU kernel yet (anyprec and mixed24a do)");
+               "' has no GPU kernel yet (anyprec and mixed24a do; QUIK models run with --device cpu)");
   for (const auto& [name, view] : w.parts) parts_.emplace(name, DeviceBuffer<uint8_t>(view.data, view.nbytes));
 }
 
@@ -38,7 +43,14 @@ uint64_t DevicePackedWeight::bytes_read(int bits) const {
   const auto has = [&](const std::string& p) { return parts_.count(p) ? parts_.at(p).bytes() : 0; };
   const int planes = static_cast<int>(params_.at("planes"));
   return has("planes") / static_cast<uint64_t>(planes) * static_cast<uint64_t>(bits) + has("lut" + std::to_string(bits)) +
-         has("outlier_rowptr") + has("outlier_col") + has("outlier_val");
+         outlier_bytes();
+}
+
+uint64_t DevicePackedWeight::outlier_bytes() const {
+  uint64_t b = 0;
+  for (const char* p : {"outlier_rowptr", "outlier_col", "outlier_val"})
+    if (parts_.count(p)) b += parts_.at(p).bytes();
+  return b;
 }
 
 AnyPrecDevice DevicePackedWeight::anyprec() const {
@@ -85,11 +97,113 @@ Mixed24ADevice DevicePackedWeight::mixed24a() const {
 }
 
 namespace {
+__device__ __forceinline__ uint64_t splitmix(uint64_t z) {
+  z += 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+__device__ __forceinline__ float unit_random(uint64_t seed, int64_t i) {   // [0, 1)
+  return static_cast<float>(splitmix(seed * 0x100000001ull + static_cast<uint64_t>(i)) >> 40) * 0x1p-24f;
+}
+__global__ void fill_bytes_kernel(uint8_t* p, int64_t n, uint64_t seed) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = static_cast<uint8_t>(splitmix(seed * 0x100000001ull + static_cast<uint64_t>(i)));
+}
+__global__ void fill_half_kernel(__half* p, int64_t n, uint64_t seed, float lo, float hi) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = __float2half_rn(lo + (hi - lo) * unit_random(seed, i));
+}
+__global__ void fill_float_kernel(float* p, int64_t n, uint64_t seed, float lo, float hi) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = lo + (hi - lo) * unit_random(seed, i);
+}
+unsigned grid_for(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 __global__ void f32_to_f16_kernel(const float* __restrict__ in, __half* __restrict__ out, int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) out[i] = __float2half_rn(in[i]);
 }
 }  // namespace
+
+void fill_random_bytes(void* p, int64_t nbytes, uint64_t seed, cudaStream_t s) {
+  if (nbytes > 0) fill_bytes_kernel<<<grid_for(nbytes), 256, 0, s>>>(static_cast<uint8_t*>(p), nbytes, seed);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+void fill_random_half(__half* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t s) {
+  if (count > 0) fill_half_kernel<<<grid_for(count), 256, 0, s>>>(p, count, seed, lo, hi);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+void fill_random_float(float* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t s) {
+  if (count > 0) fill_float_kernel<<<grid_for(count), 256, 0, s>>>(p, count, seed, lo, hi);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+DevicePackedWeight DevicePackedWeight::random_anyprec(int64_t n, int64_t k, uint64_t seed) {
+  LOWBIT_CHECK(k % 32 == 0, "random anyprec weight: k = ", k, " is not a multiple of 32");
+  DevicePackedWeight w;
+  w.format_ = "anyprec";
+  w.n_ = n;
+  w.k_ = k;
+  w.params_ = {{"planes", 8}, {"widths", 0x1FC}, {"sparse", 0}, {"nnz", 0}};
+  auto& planes = w.parts_.emplace("planes", DeviceBuffer<uint8_t>(static_cast<size_t>(8 * n * k / 8))).first->second;
+  fill_random_bytes(planes.get(), static_cast<int64_t>(planes.bytes()), seed);
+  for (int b = 2; b <= 8; ++b) {
+    auto& lut = w.parts_.emplace("lut" + std::to_string(b), DeviceBuffer<uint8_t>(static_cast<size_t>(2 * (n << b)))).first->second;
+    fill_random_half(reinterpret_cast<__half*>(lut.get()), n << b, seed + static_cast<uint64_t>(b), -0.05f, 0.05f);
+  }
+  return w;
+}
+
+DevicePackedWeight DevicePackedWeight::random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed) {
+  LOWBIT_CHECK(k % 64 == 0, "random mixed24a weight: k = ", k, " is not a multiple of 64");
+  const int64_t U = k / 64, G = k / 16, RG = (n + 15) / 16;
+  DevicePackedWeight w;
+  w.format_ = "mixed24a";
+  w.n_ = n;
+  w.k_ = k;
+  std::vector<uint16_t> perm(static_cast<size_t>(G));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(static_cast<uint32_t>(seed)));
+  w.parts_.emplace("perm", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(perm.data()), perm.size() * 2));
+  uint64_t sd = seed;
+  for (const auto& [name, bytes] : std::vector<std::pair<std::string, int64_t>>{
+           {"qa", 16 * n * U}, {"qb", 4 * n * U}, {"meta2", 2 * n * U}, {"meta4", n * U}}) {
+    auto& b = w.parts_.emplace(name, DeviceBuffer<uint8_t>(static_cast<size_t>(bytes))).first->second;
+    fill_random_bytes(b.get(), bytes, ++sd);
+  }
+  for (const auto& [name, count, lo, hi] : std::vector<std::tuple<std::string, int64_t, float, float>>{
+           {"ss2", RG * 3 * U, 1e-4f, 1e-3f}, {"sm2", RG * 3 * U, 1e-3f, 2e-3f},
+           {"ss4", RG * U, 1e-4f, 1e-3f}, {"sm4", RG * U, 1e-3f, 2e-3f}}) {
+    auto& b = w.parts_.emplace(name, DeviceBuffer<uint8_t>(static_cast<size_t>(2 * count))).first->second;
+    fill_random_half(reinterpret_cast<__half*>(b.get()), count, ++sd, lo, hi);
+  }
+  const int64_t per_row = static_cast<int64_t>(outlier_frac * static_cast<double>(k) + 0.5);
+  w.params_ = {{"sparse", per_row > 0 ? 1 : 0}, {"nnz", n * per_row}};
+  if (per_row > 0) {   // the same count in every row, one column drawn in each of per_row equal stretches of the row
+    std::vector<int32_t> rp(static_cast<size_t>(n + 1));
+    for (int64_t r = 0; r <= n; ++r) rp[static_cast<size_t>(r)] = static_cast<int32_t>(r * per_row);
+    std::vector<uint16_t> col(static_cast<size_t>(n * per_row));
+    std::mt19937 rng(static_cast<uint32_t>(seed + 99));
+    const int64_t stretch = k / per_row;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t i = 0; i < per_row; ++i)
+        col[static_cast<size_t>(r * per_row + i)] = static_cast<uint16_t>(i * stretch + static_cast<int64_t>(rng() % static_cast<uint32_t>(stretch)));
+    w.parts_.emplace("outlier_rowptr", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(rp.data()), rp.size() * 4));
+    w.parts_.emplace("outlier_col", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(col.data()), col.size() * 2));
+    auto& v = w.parts_.emplace("outlier_val", DeviceBuffer<uint8_t>(static_cast<size_t>(2 * n * per_row))).first->second;
+    fill_random_half(reinterpret_cast<__half*>(v.get()), n * per_row, ++sd, -0.1f, 0.1f);
+  }
+  return w;
+}
+
+Mixed24ADevice DevicePackedWeight::mixed24a_dense() const {
+  Mixed24ADevice d = mixed24a();
+  d.rowptr = nullptr;
+  d.col = nullptr;
+  d.val = nullptr;
+  d.nnz = 0;
+  return d;
+}
 
 void f32_to_f16(const float* in, __half* out, int64_t count, cudaStream_t s) {
   if (count == 0) return;

@@ -53,16 +53,25 @@ struct Mixed24ADevice {
 class DevicePackedWeight {
  public:
   explicit DevicePackedWeight(const PackedWeight& w);
+  // Random weights of the real layouts generated on the device (benchmarks of shapes that are not on disk; content
+  // does not change the work): an 8-bit anyprec parent serving 2..8 (k a multiple of 32), or a mixed24a weight with
+  // a random group permutation and `outlier_frac` fp16 outliers per row (k a multiple of 64).
+  static DevicePackedWeight random_anyprec(int64_t n, int64_t k, uint64_t seed);
+  static DevicePackedWeight random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed);
+  // The same weight without its outliers (a view sharing the parts): for timing the dense kernel alone.
+  Mixed24ADevice mixed24a_dense() const;
   const std::string& format() const { return format_; }
   int64_t n() const { return n_; }
   int64_t k() const { return k_; }
   uint32_t served_widths() const;           // anyprec: its widths; others 0
   uint64_t bytes() const;                   // device bytes held
   uint64_t bytes_read(int bits) const;      // bytes one GEMV at that width reads
+  uint64_t outlier_bytes() const;           // bytes of the CSR outlier parts (0 without)
   AnyPrecDevice anyprec() const;            // throws unless format() == "anyprec"
   Mixed24ADevice mixed24a() const;          // throws unless format() == "mixed24a"
 
  private:
+  DevicePackedWeight() = default;
   const uint8_t* part(const std::string& name) const;
   std::string format_;
   int64_t n_ = 0, k_ = 0;
@@ -110,5 +119,9 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
                    OutlierMode mode = OutlierMode::Fused);
 
 void cublas_check(cublasStatus_t st, const char* what);
+// Device-side random fills (splitmix64 of seed and index): bytes, and fp16 / fp32 values uniform in [lo, hi).
+void fill_random_bytes(void* p, int64_t nbytes, uint64_t seed, cudaStream_t s = nullptr);
+void fill_random_half(__half* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t s = nullptr);
+void fill_random_float(float* p, int64_t count, uint64_t seed, float lo, float hi, cudaStream_t s = nullptr);
 
 }  // namespace lowbit::cuda

@@ -6,6 +6,18 @@
 
 namespace lowbit {
 
+std::vector<int32_t> stop_tokens(const ModelConfig& c, const Tokenizer& tok) {
+  // End-of-turn tokens of chat models count as EOS too.
+  std::vector<int32_t> stops;
+  if (c.eos_id >= 0) stops.push_back(c.eos_id);
+  if (tok.eos_id() >= 0) stops.push_back(tok.eos_id());
+  for (const char* s : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"}) {
+    const int32_t id = tok.piece_to_id(s);
+    if (id >= 0) stops.push_back(id);
+  }
+  return stops;
+}
+
 GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text) {
   const ModelConfig& c = model.config();
@@ -18,14 +30,7 @@ GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_i
                "the prompt has ", prompt_ids.size(), " tokens, which fills the context of ", capacity);
   KVCache cache = model.new_cache(std::max(capacity, static_cast<int>(prompt_ids.size())));
 
-  // End-of-turn tokens of chat models count as EOS too.
-  std::vector<int32_t> stops;
-  if (c.eos_id >= 0) stops.push_back(c.eos_id);
-  if (tok.eos_id() >= 0) stops.push_back(tok.eos_id());
-  for (const char* s : {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>"}) {
-    const int32_t id = tok.piece_to_id(s);
-    if (id >= 0) stops.push_back(id);
-  }
+  const std::vector<int32_t> stops = stop_tokens(c, tok);
 
   GenerateResult r;
   r.prompt_ids = prompt_ids;

@@ -26,6 +26,9 @@ struct GenerateResult {
   double prefill_seconds = 0, decode_seconds = 0;
 };
 
+// The tokens that end a generation: the config's and tokenizer's EOS and the chat templates' end-of-turn tokens.
+std::vector<int32_t> stop_tokens(const ModelConfig& c, const Tokenizer& tok);
+
 GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text = nullptr);
 

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "model/model.h"
 #ifdef LOWBIT_WITH_CUDA
+#include "cuda/bench_e2e.h"
 #include "cuda/bench_kernels.h"
 #include "cuda/common.h"
 #endif
@@ -56,6 +57,12 @@ void register_bench(CLI::App& app, Common& common) {
   auto kinds = std::make_shared<std::string>("anyprec,mixed24a");
   sub->add_option("model", *path, "Model: HF directory, .gguf, or llama2.c .bin (not with --kernels)");
   sub->add_flag("--kernels", *kernels, "GPU kernel benchmark beside cuBLAS fp16 (no model)");
+  auto e2e = std::make_shared<bool>(false);
+  auto e2e_shapes = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"llama2-7b"});
+  auto e2e_kinds = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"fp16", "anyprec", "mixed24a"});
+  sub->add_flag("--e2e", *e2e, "GPU end-to-end prefill/decode on random-weight model shapes (no model)");
+  sub->add_option("--model-shapes", *e2e_shapes, "--e2e: llama2-7b, llama3-8b, llama2-70b")->delimiter(',');
+  sub->add_option("--weights", *e2e_kinds, "--e2e: fp16, anyprec, mixed24a")->delimiter(',');
   sub->add_option("--shapes", *shapes, "--kernels: weight shapes NxK (N outputs, K inputs)")->delimiter(',');
   sub->add_option("--kernel-bits", *kbits, "--kernels: any-precision widths")->delimiter(',')->check(CLI::Range(2, 8));
   sub->add_option("--batch", *batches, "--kernels: batch sizes (tokens)")->delimiter(',')->check(CLI::Range(1, 65536));
@@ -67,6 +74,20 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   sub->add_option("--bits", *bits, "Any-precision models: the width to run (default: the widest)");
   sub->callback([=, &common] {
+    if (*e2e) {
+#ifdef LOWBIT_WITH_CUDA
+      std::string why;
+      LOWBIT_CHECK(cuda::device_available(&why), "bench --e2e needs a GPU: ", why);
+      cuda::E2EBenchOptions o;
+      o.shapes = *e2e_shapes;
+      o.kinds = *e2e_kinds;
+      o.bits = *kbits;
+      cuda::run_e2e_bench(o, std::cout);
+      return;
+#else
+      fail("bench --e2e: this lowbit was built without CUDA");
+#endif
+    }
     if (*kernels) {
 #ifdef LOWBIT_WITH_CUDA
       std::string why;

@@ -5,6 +5,9 @@
 #include "core/error.h"
 #include "runtime/chat_template.h"
 #include "runtime/generate.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "cuda/gpu_runtime.h"
+#endif
 
 namespace lowbit::cli {
 
@@ -12,6 +15,7 @@ namespace {
 struct GenArgs {
   std::string model, prompt, system;
   bool chat = false, stats = true, ignore_eos = false;
+  std::string device = "auto";
   GenerateOptions opts;
 };
 }  // namespace
@@ -33,6 +37,7 @@ void register_generate(CLI::App& app, Common& common) {
   sub->add_flag("!--no-stats", a->stats, "Do not print timing to stderr");
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   sub->add_option("--bits", a->opts.bits, "Any-precision models: the width to generate with (default: the widest)");
+  add_device_option(sub, a->device);
   sub->callback([a, &common] {
     apply_threads(common);
     validate_sampling(a->opts.sampling);
@@ -40,6 +45,11 @@ void register_generate(CLI::App& app, Common& common) {
     lo.tokenizer_path = common.tokenizer;
     auto model = Model::load(a->model, lo);
     model->check_bits(a->opts.bits);
+    const bool gpu = use_cuda(a->device, *model);
+#ifdef LOWBIT_WITH_CUDA
+    std::unique_ptr<cuda::GpuModel> gmodel;
+    if (gpu) gmodel = std::make_unique<cuda::GpuModel>(*model);
+#endif
     const Tokenizer& tok = model->tokenizer();
     std::vector<int32_t> ids;
     if (a->chat) {
@@ -56,13 +66,19 @@ void register_generate(CLI::App& app, Common& common) {
       std::fputs(a->prompt.c_str(), stdout);
     }
     a->opts.stop_at_eos = !a->ignore_eos;
-    const GenerateResult r = generate(*model, ids, a->opts, [](const std::string& piece) {
+    const auto emit = [](const std::string& piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
       std::fflush(stdout);
-    });
+    };
+#ifdef LOWBIT_WITH_CUDA
+    const GenerateResult r = gpu ? cuda::generate_gpu(*gmodel, tok, ids, a->opts, emit) : generate(*model, ids, a->opts, emit);
+#else
+    const GenerateResult r = generate(*model, ids, a->opts, emit);
+#endif
     std::fputc('\n', stdout);
     if (a->stats) {
-      std::fprintf(stderr, "[%zu prompt tokens: %.1f tok/s | %zu new tokens: %.1f tok/s | stop: %s]\n",
+      std::fprintf(stderr, "[%s | %zu prompt tokens: %.1f tok/s | %zu new tokens: %.1f tok/s | stop: %s]\n",
+                   gpu ? device_description().c_str() : "cpu",
                    r.prompt_ids.size(), r.prefill_seconds > 0 ? r.prompt_ids.size() / r.prefill_seconds : 0.0,
                    r.new_ids.size(), r.decode_seconds > 0 ? r.new_ids.size() / r.decode_seconds : 0.0,
                    r.stop_reason.c_str());

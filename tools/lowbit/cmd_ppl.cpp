@@ -5,6 +5,9 @@
 #include "core/error.h"
 #include "runtime/eval_text.h"
 #include "runtime/perplexity.h"
+#ifdef LOWBIT_WITH_CUDA
+#include "cuda/gpu_runtime.h"
+#endif
 
 namespace lowbit::cli {
 
@@ -15,6 +18,7 @@ struct PplArgs {
   bool reference = false;
   std::vector<int> bits;
   std::string abits;
+  std::string device = "auto";
 };
 }  // namespace
 
@@ -34,6 +38,7 @@ void register_ppl(CLI::App& app, Common& common) {
       ->delimiter(',');
   sub->add_option("--abits", args->abits, "QUIK models: run every quik linear's activations at 4, 8, 16 (unquantized) "
                   "or fp8 instead of the stored width");
+  add_device_option(sub, args->device);
   sub->callback([args, &common] {
     apply_threads(common);
     LoadOptions lo;
@@ -41,6 +46,11 @@ void register_ppl(CLI::App& app, Common& common) {
     lo.quik_abits = args->abits;
     auto model = Model::load(args->model, lo);
     for (int b : args->bits) model->check_bits(b);   // refuse a width the model lacks before any work
+    const bool gpu = use_cuda(args->device, *model, args->reference);
+#ifdef LOWBIT_WITH_CUDA
+    std::unique_ptr<cuda::GpuModel> gmodel;
+    if (gpu) gmodel = std::make_unique<cuda::GpuModel>(*model);
+#endif
     const Tokenizer& tok = model->tokenizer();
     const EvalText text = load_eval_text(args->text, parse_text_mode(args->mode), args->jsonl_field, args->doc_separator);
     int ctx = args->ctx;
@@ -71,6 +81,7 @@ void register_ppl(CLI::App& app, Common& common) {
     std::printf("model: %s (%s)\ntext: %s — %s, %lld tokens, %zu windows of <= %d\n", args->model.c_str(),
                 model_format_name(model->weights().format), args->text.c_str(), text.describe().c_str(),
                 static_cast<long long>(text_tokens), windows.size(), ctx);
+    std::printf("device: %s\n", gpu ? device_description().c_str() : "cpu");
     std::fflush(stdout);
     PplOptions po;
     po.ctx = ctx;
@@ -84,7 +95,11 @@ void register_ppl(CLI::App& app, Common& common) {
     const std::vector<int> widths = args->bits.empty() ? std::vector<int>{0} : args->bits;
     for (int b : widths) {
       po.bits = b;
+#ifdef LOWBIT_WITH_CUDA
+      const PplResult r = gpu ? cuda::perplexity_gpu(*gmodel, windows, po) : perplexity(*model, windows, po);
+#else
       const PplResult r = perplexity(*model, windows, po);
+#endif
       if (b != 0) std::printf("bits: %d\n", b);
       std::printf("windows: %d of %d%s\n", r.windows, r.windows_total,
                   r.windows < r.windows_total ? " (SUBSET: --max-windows)" : "");

@@ -1,0 +1,100 @@
+#include "cuda/bench_e2e.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "cuda/gpu_model.h"
+
+namespace lowbit::cuda {
+namespace {
+
+ModelConfig shape_config(const std::string& name) {
+  ModelConfig c;
+  c.name = name;
+  c.max_seq_len = 4096;
+  if (name == "llama2-7b") {
+    c.dim = 4096, c.hidden_dim = 11008, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 32, c.vocab_size = 32000;
+  } else if (name == "llama3-8b") {
+    c.dim = 4096, c.hidden_dim = 14336, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8, c.vocab_size = 128256;
+    c.rope_theta = 500000.0f;
+  } else if (name == "llama2-70b") {
+    c.dim = 8192, c.hidden_dim = 28672, c.n_layers = 80, c.n_heads = 64, c.n_kv_heads = 8, c.vocab_size = 32000;
+  } else {
+    fail("bench --e2e: unknown shape '", name, "' (llama2-7b, llama3-8b, llama2-70b)");
+  }
+  c.head_dim = c.dim / c.n_heads;
+  return c;
+}
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
+  char line[512];
+  out << "device: " << device_name() << "\n";
+  out << "random weights generated on the device; prefill = one forward of " << o.prefill
+      << " tokens (batch 1, median of 3); decode = " << o.decode << " greedy steps after a " << o.prompt
+      << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time\n";
+  out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s | KV cache GB\n";
+  for (const std::string& shape : o.shapes) {
+    const ModelConfig c = shape_config(shape);
+    for (const std::string& kind : o.kinds) {
+      const GpuModel::RandomKind rk = kind == "fp16" ? GpuModel::RandomKind::Fp16
+                                      : kind == "anyprec" ? GpuModel::RandomKind::AnyPrec
+                                      : kind == "mixed24a" ? GpuModel::RandomKind::Mixed24a
+                                      : (fail("bench --e2e: unknown weights '", kind, "'"), GpuModel::RandomKind::Fp16);
+      size_t free_b = 0, total_b = 0;
+      LOWBIT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      const double need = static_cast<double>(c.n_layers) * (4.0 * c.dim * c.dim + 3.0 * c.dim * c.hidden_dim) *
+                              (kind == "fp16" ? 2.0 : kind == "anyprec" ? 1.0 : 0.4) + 4.0 * c.vocab_size * c.dim;
+      if (need > 0.9 * static_cast<double>(free_b)) {
+        std::snprintf(line, sizeof line, "%s | %s | - | %.1f needed | skipped: %.1f GB free\n", shape.c_str(), kind.c_str(),
+                      need / 1e9, static_cast<double>(free_b) / 1e9);
+        out << line << std::flush;
+        continue;
+      }
+      GpuModel m(c, rk, 1234);
+      const std::vector<int> widths = kind == "anyprec" ? o.bits : std::vector<int>{0};
+      for (int b : widths) {
+        // Prefill.
+        std::vector<int32_t> toks(static_cast<size_t>(o.prefill));
+        for (int i = 0; i < o.prefill; ++i) toks[static_cast<size_t>(i)] = (i * 7919 + 1) % c.vocab_size;
+        double best = 1e30;
+        {
+          GpuKVCache kv = m.new_cache(1, o.prefill);
+          for (int rep = 0; rep < 4; ++rep) {
+            kv.len[0] = 0;
+            m.synchronize();
+            const double t0 = now_s();
+            m.forward(toks.data(), 1, o.prefill, kv, false, b);
+            m.synchronize();
+            if (rep > 0) best = std::min(best, now_s() - t0);   // rep 0 warms up (workspace, cuBLAS)
+          }
+        }
+        for (int batch : o.batches) {
+          GpuKVCache kv = m.new_cache(batch, o.prompt + o.decode + 1);
+          std::vector<int32_t> prompt(static_cast<size_t>(batch * o.prompt));
+          for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 104729 + 3) % static_cast<size_t>(c.vocab_size));
+          m.forward(prompt.data(), batch, o.prompt, kv, false, b);
+          m.greedy_from_last_logits(batch);
+          m.decode_step_greedy(kv, b, true);   // records the graph
+          m.decode_step_greedy(kv, b, true);
+          m.synchronize();
+          const int steps = o.decode - 2;
+          const double t0 = now_s();
+          for (int i = 0; i < steps; ++i) m.decode_step_greedy(kv, b, true);
+          m.synchronize();
+          const double dt = now_s() - t0;
+          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.2f\n", shape.c_str(),
+                        kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
+                        static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, o.prefill / best, batch,
+                        steps * batch / dt, static_cast<double>(kv.bytes()) / 1e9);
+          out << line << std::flush;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace lowbit::cuda

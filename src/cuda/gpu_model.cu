@@ -1,0 +1,392 @@
+#include "cuda/gpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cuda/gpu_ops.h"
+#include "formats/mixed24/layout.h"
+#include "formats/uniform/layout.h"
+
+namespace lowbit::cuda {
+namespace {
+
+constexpr int kKeysPerSplit = 256;   // attention: keys per block before the key range is split (flash-decoding)
+
+int splits_for(int span) { return std::clamp((span + kKeysPerSplit - 1) / kKeysPerSplit, 1, 32); }
+
+}  // namespace
+
+uint64_t GpuLinear::bytes_read(int bits) const {
+  if (packed) return packed->bytes_read(bits == 0 && packed->served_widths() != 0 ? 31 - __builtin_clz(packed->served_widths()) : bits);
+  return static_cast<uint64_t>(n * k) * 2 + bias.bytes();
+}
+
+void GpuModel::init_common() {
+  LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<GemmContext>(stream_);
+}
+
+GpuModel::~GpuModel() {
+  if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
+  gemm_.reset();
+  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+}
+
+GpuModel::GpuModel(const Model& cpu) : c_(cpu.config()) {
+  init_common();
+  const WeightSet& ws = cpu.weights();
+  const int64_t dim = c_.dim, hid = c_.hidden_dim, qd = c_.q_dim(), kvd = c_.kv_dim(), V = c_.vocab_size;
+  // fp32 runtime tensor -> fp16 on the device (converted there).
+  auto f16 = [&](const std::string& name, int64_t count) -> const __half* {
+    DeviceBuffer<float> tmp(cpu.tensor_f32(name), static_cast<size_t>(count));
+    dense_.emplace_back(static_cast<size_t>(count));
+    f32_to_f16(tmp.get(), dense_.back().get(), count, stream_);
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return dense_.back().get();
+  };
+  auto f32 = [&](const std::string& name, int64_t count) { return DeviceBuffer<float>(cpu.tensor_f32(name), static_cast<size_t>(count)); };
+  bool first_packed = true;
+  auto linear = [&](GpuLinear& l, const std::string& name, int64_t n, int64_t k, const std::string& bias) {
+    l.n = n;
+    l.k = k;
+    const auto it = ws.packed.find(name);
+    if (it != ws.packed.end() && (it->second.format == "uniform" || it->second.format == "mixed24")) {
+      // Weight-only formats without a GPU kernel yet: an fp16 copy of exactly the weights they encode.
+      std::vector<float> w(static_cast<size_t>(n * k));
+      if (it->second.format == "uniform") unpack_uniform(it->second, ws.path + ": " + name).dequantize(w.data());
+      else unpack_mixed24(it->second, ws.path + ": " + name).dequantize(w.data());
+      DeviceBuffer<float> tmp(w);
+      dense_.emplace_back(w.size());
+      f32_to_f16(tmp.get(), dense_.back().get(), n * k, stream_);
+      synchronize();
+      l.dense = dense_.back().get();
+      ++dequantized_linears_;
+    } else if (it != ws.packed.end()) {
+      try {
+        l.packed = std::make_unique<DevicePackedWeight>(it->second);
+      } catch (const Error& e) {
+        fail(ws.path, ": ", name, ": ", e.what());
+      }
+      const uint32_t w = l.packed->served_widths();
+      if (w != 0) widths_ = first_packed ? w : (widths_ & w);
+      first_packed = false;
+    } else {
+      l.dense = f16(name, n * k);
+    }
+    if (!bias.empty()) l.bias = f32(bias, n);
+  };
+  emb_ = f16("model.embed_tokens.weight", V * dim);
+  layers_.resize(static_cast<size_t>(c_.n_layers));
+  for (int i = 0; i < c_.n_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    Layer& L = layers_[static_cast<size_t>(i)];
+    L.attn_norm = f32(p + "input_layernorm.weight", dim);
+    L.ffn_norm = f32(p + "post_attention_layernorm.weight", dim);
+    linear(L.q, p + "self_attn.q_proj.weight", qd, dim, c_.qkv_bias ? p + "self_attn.q_proj.bias" : "");
+    linear(L.k, p + "self_attn.k_proj.weight", kvd, dim, c_.qkv_bias ? p + "self_attn.k_proj.bias" : "");
+    linear(L.v, p + "self_attn.v_proj.weight", kvd, dim, c_.qkv_bias ? p + "self_attn.v_proj.bias" : "");
+    linear(L.o, p + "self_attn.o_proj.weight", dim, qd, "");
+    linear(L.gate, p + "mlp.gate_proj.weight", hid, dim, "");
+    linear(L.up, p + "mlp.up_proj.weight", hid, dim, "");
+    linear(L.down, p + "mlp.down_proj.weight", dim, hid, "");
+  }
+  final_norm_ = f32("model.norm.weight", dim);
+  head_.n = V;
+  head_.k = dim;
+  head_.dense = c_.tie_embeddings ? emb_ : f16("lm_head.weight", V * dim);
+  const size_t rope_n = static_cast<size_t>(c_.max_seq_len) * (c_.head_dim / 2);
+  rope_cos_ = DeviceBuffer<float>(cpu.rope_cos(), rope_n);
+  rope_sin_ = DeviceBuffer<float>(cpu.rope_sin(), rope_n);
+}
+
+GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c) {
+  init_common();
+  const int64_t dim = c_.dim, hid = c_.hidden_dim, qd = c_.q_dim(), kvd = c_.kv_dim(), V = c_.vocab_size;
+  uint64_t sd = seed;
+  auto f16 = [&](int64_t count, float scale) -> const __half* {
+    dense_.emplace_back(static_cast<size_t>(count));
+    fill_random_half(dense_.back().get(), count, ++sd, -scale, scale, stream_);
+    return dense_.back().get();
+  };
+  auto ones = [&](int64_t count) {
+    DeviceBuffer<float> b(static_cast<size_t>(count));
+    fill_random_float(b.get(), count, ++sd, 0.9f, 1.1f, stream_);
+    return b;
+  };
+  auto linear = [&](GpuLinear& l, int64_t n, int64_t k) {
+    l.n = n;
+    l.k = k;
+    if (kind == RandomKind::AnyPrec) l.packed = std::make_unique<DevicePackedWeight>(DevicePackedWeight::random_anyprec(n, k, ++sd));
+    else if (kind == RandomKind::Mixed24a) l.packed = std::make_unique<DevicePackedWeight>(DevicePackedWeight::random_mixed24a(n, k, 0.0035, ++sd));
+    else l.dense = f16(n * k, 1.0f / std::sqrt(static_cast<float>(k)));
+  };
+  emb_ = f16(V * dim, 1.0f);
+  layers_.resize(static_cast<size_t>(c_.n_layers));
+  for (Layer& L : layers_) {
+    L.attn_norm = ones(dim);
+    L.ffn_norm = ones(dim);
+    linear(L.q, qd, dim);
+    linear(L.k, kvd, dim);
+    linear(L.v, kvd, dim);
+    linear(L.o, dim, qd);
+    linear(L.gate, hid, dim);
+    linear(L.up, hid, dim);
+    linear(L.down, dim, hid);
+  }
+  widths_ = kind == RandomKind::AnyPrec ? 0x1FCu : 0u;
+  final_norm_ = ones(dim);
+  head_.n = V;
+  head_.k = dim;
+  head_.dense = c_.tie_embeddings ? emb_ : f16(V * dim, 1.0f / std::sqrt(static_cast<float>(dim)));
+  const int half = c_.head_dim / 2;
+  std::vector<float> cs(static_cast<size_t>(c_.max_seq_len) * half), sn(cs.size());
+  for (int p = 0; p < c_.max_seq_len; ++p)
+    for (int i = 0; i < half; ++i) {
+      const double a = p * std::pow(static_cast<double>(c_.rope_theta), -2.0 * i / c_.head_dim);
+      cs[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(a));
+      sn[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(a));
+    }
+  rope_cos_ = DeviceBuffer<float>(cs);
+  rope_sin_ = DeviceBuffer<float>(sn);
+  synchronize();
+}
+
+std::vector<int> GpuModel::widths() const {
+  std::vector<int> w;
+  for (int b = 2; b <= 8; ++b)
+    if ((widths_ >> b) & 1u) w.push_back(b);
+  return w;
+}
+
+void GpuModel::check_bits(int bits) const {
+  if (bits == 0) return;
+  LOWBIT_CHECK(widths_ != 0, "--bits ", bits, ": this model is not any-precision (it has one width)");
+  LOWBIT_CHECK(bits >= 2 && bits <= 8 && ((widths_ >> bits) & 1u), "--bits ", bits, " is not served by this model");
+}
+
+uint64_t GpuModel::weight_bytes() const {
+  uint64_t b = final_norm_.bytes() + rope_cos_.bytes() + rope_sin_.bytes();
+  for (const auto& d : dense_) b += d.bytes();
+  for (const Layer& L : layers_) {
+    b += L.attn_norm.bytes() + L.ffn_norm.bytes();
+    for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
+      if (l->packed) b += l->packed->bytes() + l->bias.bytes();
+  }
+  return b;
+}
+
+uint64_t GpuModel::weight_bytes_per_token(int bits) const {
+  uint64_t b = head_.bytes_read(0);
+  for (const Layer& L : layers_)
+    for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) b += l->bytes_read(bits);
+  return b;
+}
+
+GpuKVCache GpuModel::new_cache(int seqs, int capacity) const {
+  LOWBIT_CHECK(seqs >= 1 && capacity >= 1, "KV cache: ", seqs, " sequences of ", capacity, " positions");
+  LOWBIT_CHECK(capacity <= c_.max_seq_len, "KV cache: ", capacity, " positions exceed the model context of ", c_.max_seq_len);
+  GpuKVCache kv;
+  kv.seqs = seqs;
+  kv.layers = c_.n_layers;
+  kv.capacity = capacity;
+  kv.kv_dim = c_.kv_dim();
+  const size_t n = static_cast<size_t>(seqs) * c_.n_layers * capacity * c_.kv_dim();
+  kv.k = DeviceBuffer<__half>(n);
+  kv.v = DeviceBuffer<__half>(n);
+  kv.len.assign(static_cast<size_t>(seqs), 0);
+  return kv;
+}
+
+void GpuModel::synchronize() const { LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
+  const int logit_rows = all_logits ? rows : seqs;
+  if (rows <= ws_rows_ && logit_rows <= ws_logit_rows_) return;
+  synchronize();
+  if (graph_ != nullptr) {   // the captured step points into the old buffers
+    cudaGraphExecDestroy(graph_);
+    graph_ = nullptr;
+  }
+  ws_rows_ = std::max(rows, ws_rows_);
+  ws_logit_rows_ = std::max(logit_rows, ws_logit_rows_);
+  const size_t R = static_cast<size_t>(ws_rows_);
+  const size_t wide = static_cast<size_t>(std::max({c_.dim, c_.q_dim(), c_.hidden_dim}));
+  x_ = DeviceBuffer<float>(R * c_.dim);
+  xn_ = DeviceBuffer<float>(R * wide);
+  q_ = DeviceBuffer<float>(R * c_.q_dim());
+  kk_ = DeviceBuffer<float>(R * c_.kv_dim());
+  vv_ = DeviceBuffer<float>(R * c_.kv_dim());
+  att_ = DeviceBuffer<float>(R * c_.q_dim());
+  g_ = DeviceBuffer<float>(R * c_.hidden_dim);
+  u_ = DeviceBuffer<float>(R * c_.hidden_dim);
+  tmp_ = DeviceBuffer<float>(R * c_.dim);
+  logits_ = DeviceBuffer<float>(static_cast<size_t>(ws_logit_rows_) * c_.vocab_size);
+  attn_scratch_ = DeviceBuffer<float>(R * c_.n_heads * 32 * (c_.head_dim + 2));
+  nll_ = DeviceBuffer<float>(R);
+  hit_ = DeviceBuffer<int32_t>(R);
+  tok_in_ = DeviceBuffer<int32_t>(R);
+  seq_dev_ = DeviceBuffer<int32_t>(R);
+  pos_dev_ = DeviceBuffer<int32_t>(R);
+  if (tok_dev_.size() < R) tok_dev_ = DeviceBuffer<int32_t>(R);
+}
+
+void GpuModel::run_linear(const GpuLinear& l, const float* x, int64_t m, float* y, int bits) {
+  if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_);
+  else dense_f16_matmul(l.dense, l.n, l.k, x, m, y, *gemm_);
+  if (l.bias.size() > 0) add_bias_rows(y, l.bias.get(), static_cast<int>(m), static_cast<int>(l.n), stream_);
+}
+
+void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits) {
+  const int dim = c_.dim, H = c_.n_heads, KVH = c_.n_kv_heads, hd = c_.head_dim;
+  cudaStream_t s = stream_;
+  for (int l = 0; l < c_.n_layers; ++l) {
+    const Layer& L = layers_[static_cast<size_t>(l)];
+    rmsnorm(x_.get(), L.attn_norm.get(), xn_.get(), rows, dim, c_.rms_eps, s);
+    run_linear(L.q, xn_.get(), rows, q_.get(), bits);
+    run_linear(L.k, xn_.get(), rows, kk_.get(), bits);
+    run_linear(L.v, xn_.get(), rows, vv_.get(), bits);
+    rope(q_.get(), pos_dev_.get(), rows, H, hd, rope_cos_.get(), rope_sin_.get(), s);
+    rope(kk_.get(), pos_dev_.get(), rows, KVH, hd, rope_cos_.get(), rope_sin_.get(), s);
+    kv_store(kk_.get(), vv_.get(), seq_dev_.get(), pos_dev_.get(), rows, c_.kv_dim(), l, c_.n_layers, cache.capacity,
+             cache.k.get(), cache.v.get(), s);
+    attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, c_.n_layers, cache.capacity,
+              c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), s);
+    run_linear(L.o, att_.get(), rows, tmp_.get(), bits);
+    add_inplace(x_.get(), tmp_.get(), static_cast<int64_t>(rows) * dim, s);
+    rmsnorm(x_.get(), L.ffn_norm.get(), xn_.get(), rows, dim, c_.rms_eps, s);
+    run_linear(L.gate, xn_.get(), rows, g_.get(), bits);
+    run_linear(L.up, xn_.get(), rows, u_.get(), bits);
+    swiglu_inplace(g_.get(), u_.get(), static_cast<int64_t>(rows) * c_.hidden_dim, s);
+    run_linear(L.down, g_.get(), rows, tmp_.get(), bits);
+    add_inplace(x_.get(), tmp_.get(), static_cast<int64_t>(rows) * dim, s);
+  }
+  if (all_logits) {
+    rmsnorm(x_.get(), final_norm_.get(), xn_.get(), rows, dim, c_.rms_eps, s);
+    run_linear(head_, xn_.get(), rows, logits_.get(), 0);
+  } else {
+    // The last row of each sequence.
+    LOWBIT_CUDA_CHECK(cudaMemcpy2DAsync(tmp_.get(), sizeof(float) * dim, x_.get() + static_cast<int64_t>(n - 1) * dim,
+                                        sizeof(float) * dim * n, sizeof(float) * dim, seqs, cudaMemcpyDeviceToDevice, s));
+    rmsnorm(tmp_.get(), final_norm_.get(), xn_.get(), seqs, dim, c_.rms_eps, s);
+    run_linear(head_, xn_.get(), seqs, logits_.get(), 0);
+  }
+}
+
+const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits) {
+  LOWBIT_CHECK(n >= 1 && seqs >= 1 && seqs <= cache.seqs, "forward: ", seqs, " sequences of ", n,
+               " tokens (cache holds ", cache.seqs, ")");
+  check_bits(bits);
+  int max_span = 0;
+  for (int b = 0; b < seqs; ++b) {
+    LOWBIT_CHECK(cache.len[static_cast<size_t>(b)] + n <= cache.capacity, "forward: ", cache.len[static_cast<size_t>(b)] + n,
+                 " positions exceed the KV cache of ", cache.capacity);
+    max_span = std::max(max_span, cache.len[static_cast<size_t>(b)] + n);
+  }
+  const int rows = seqs * n;
+  for (int r = 0; r < rows; ++r)
+    LOWBIT_CHECK(tokens[r] >= 0 && tokens[r] < c_.vocab_size, "forward: token id ", tokens[r], " out of range [0, ",
+                 c_.vocab_size, ")");
+  ensure_workspace(rows, seqs, all_logits);
+  std::vector<int32_t> seq(static_cast<size_t>(rows)), pos(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    seq[static_cast<size_t>(r)] = r / n;
+    pos[static_cast<size_t>(r)] = cache.len[static_cast<size_t>(r / n)] + r % n;
+  }
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tok_in_.get(), tokens, sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
+  embed_rows(emb_, tok_in_.get(), rows, c_.dim, x_.get(), stream_);
+  forward_device(rows, seqs, n, cache, all_logits, bits, splits_for(max_span));
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+  for (int b = 0; b < seqs; ++b) cache.len[static_cast<size_t>(b)] += n;
+  return logits_.get();
+}
+
+void GpuModel::score_window(const int32_t* tokens, int n, GpuKVCache& cache, int bits, double* nll_sum, int64_t* hits) {
+  LOWBIT_CHECK(n >= 2, "score_window: a window needs at least 2 tokens");
+  std::fill(cache.len.begin(), cache.len.end(), 0);
+  const float* logits = forward(tokens, 1, n, cache, true, bits);
+  nll_rows(logits, tok_in_.get() + 1, n - 1, c_.vocab_size, nll_.get(), hit_.get(), stream_);
+  std::vector<float> nll(static_cast<size_t>(n - 1));
+  std::vector<int32_t> hit(static_cast<size_t>(n - 1));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(nll.data(), nll_.get(), sizeof(float) * (n - 1), cudaMemcpyDeviceToHost, stream_));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(hit.data(), hit_.get(), sizeof(int32_t) * (n - 1), cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  double s = 0;
+  int64_t h = 0;
+  for (int i = 0; i < n - 1; ++i) {
+    s += nll[static_cast<size_t>(i)];
+    h += hit[static_cast<size_t>(i)];
+  }
+  *nll_sum = s;
+  *hits = h;
+}
+
+void GpuModel::set_decode_tokens(const std::vector<int32_t>& toks) {
+  LOWBIT_CHECK(!toks.empty(), "decode: no tokens");
+  for (int32_t t : toks) LOWBIT_CHECK(t >= 0 && t < c_.vocab_size, "decode: token id ", t, " out of range");
+  ensure_workspace(static_cast<int>(toks.size()), static_cast<int>(toks.size()), false);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tok_dev_.get(), toks.data(), sizeof(int32_t) * toks.size(), cudaMemcpyHostToDevice, stream_));
+  synchronize();
+}
+
+void GpuModel::greedy_from_last_logits(int seqs) {
+  argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+std::vector<int32_t> GpuModel::get_decode_tokens(int seqs) const {
+  std::vector<int32_t> t(static_cast<size_t>(seqs));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(t.data(), tok_dev_.get(), sizeof(int32_t) * seqs, cudaMemcpyDeviceToHost, stream_));
+  synchronize();
+  return t;
+}
+
+void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
+  check_bits(bits);
+  const int seqs = cache.seqs;
+  for (int b = 0; b < seqs; ++b)
+    LOWBIT_CHECK(cache.len[static_cast<size_t>(b)] + 1 <= cache.capacity, "decode: the KV cache of ", cache.capacity,
+                 " positions is full");
+  ensure_workspace(seqs, seqs, false);
+  std::vector<int32_t> seq(static_cast<size_t>(seqs)), pos(cache.len.begin(), cache.len.end());
+  for (int b = 0; b < seqs; ++b) seq[static_cast<size_t>(b)] = b;
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
+  const int splits = splits_for(cache.capacity);   // fixed per cache, so one graph serves every position
+  auto body = [&] {
+    embed_rows(emb_, tok_dev_.get(), seqs, c_.dim, x_.get(), stream_);
+    forward_device(seqs, seqs, 1, cache, false, bits, splits);
+    argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_);
+  };
+  const bool same = graph_ != nullptr && graph_seqs_ == seqs && graph_bits_ == bits && graph_capacity_ == cache.capacity &&
+                    graph_cache_ == cache.k.get();
+  if (!use_graph) {
+    body();
+  } else if (same) {
+    LOWBIT_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+  } else {
+    // Run once uncaptured (sizes the GEMM scratch: no allocation may happen during capture), then capture.
+    if (graph_ != nullptr) {
+      cudaGraphExecDestroy(graph_);
+      graph_ = nullptr;
+    }
+    // This call's step runs uncaptured; the capture below only records (it executes nothing) for the next calls.
+    body();
+    synchronize();
+    cudaGraph_t g = nullptr;
+    LOWBIT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    body();
+    LOWBIT_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    LOWBIT_CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
+    cudaGraphDestroy(g);
+    graph_seqs_ = seqs;
+    graph_bits_ = bits;
+    graph_capacity_ = cache.capacity;
+    graph_cache_ = cache.k.get();
+  }
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+  for (int b = 0; b < seqs; ++b) ++cache.len[static_cast<size_t>(b)];
+}
+
+}  // namespace lowbit::cuda

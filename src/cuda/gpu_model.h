@@ -1,0 +1,105 @@
+// The Llama-family forward pass on one GPU: weights uploaded once (unquantized tensors as fp16, packed anyprec /
+// mixed24a weights exactly as stored — no dequantized copy is kept), one stream, fp32 activations, an fp16 KV
+// cache holding a batch of sequences, decode steps replayable as a CUDA graph. Mirrors Model::forward
+// (src/model/forward.cpp) step for step; tests/test_cuda_model.cpp compares the two.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cuda/common.h"
+#include "cuda/packed.h"
+#include "model/model.h"
+
+namespace lowbit::cuda {
+
+// Contiguous fp16 KV cache, k and v each [seqs][layers][capacity][kv_dim]; len[b] = positions filled in sequence b.
+struct GpuKVCache {
+  int seqs = 0, layers = 0, capacity = 0, kv_dim = 0;
+  DeviceBuffer<__half> k, v;
+  std::vector<int> len;
+  uint64_t bytes() const { return k.bytes() + v.bytes(); }
+};
+
+// One linear layer on the device: fp16 dense or a packed weight, optional fp32 bias.
+struct GpuLinear {
+  int64_t n = 0, k = 0;
+  const __half* dense = nullptr;                 // [n, k] (owned by the model, or shared with the embedding)
+  std::unique_ptr<DevicePackedWeight> packed;
+  DeviceBuffer<float> bias;
+  uint64_t bytes_read(int bits) const;
+};
+
+class GpuModel {
+ public:
+  // Uploads a loaded CPU model (its runtime fp32 tensors and its packed weights). anyprec and mixed24a run their
+  // kernels over the packed bytes; uniform (RTN/GPTQ) and generic mixed24 weights have no GPU kernel yet and run as
+  // an fp16 copy of the weights they encode (counted by dequantized_linears()); QUIK is refused, naming the tensor.
+  explicit GpuModel(const Model& cpu);
+  // A model with this config and random weights generated on the device (benchmarks of shapes that are not on
+  // disk): fp16 everywhere, or every linear as a random anyprec (8-bit parent, widths 3..8) or mixed24a weight.
+  enum class RandomKind { Fp16, AnyPrec, Mixed24a };
+  GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed);
+  ~GpuModel();
+
+  const ModelConfig& config() const { return c_; }
+  int dequantized_linears() const { return dequantized_linears_; }
+  std::vector<int> widths() const;            // served any-precision widths (empty: single precision)
+  void check_bits(int bits) const;
+  uint64_t weight_bytes() const;              // device bytes of all weights
+  uint64_t weight_bytes_per_token(int bits) const;   // bytes one decode step reads (linears + head)
+  GpuKVCache new_cache(int seqs, int capacity) const;
+
+  // Runs n new tokens for each of `seqs` sequences (tokens sequence-major, host memory) at positions
+  // cache.len[b]..; cache.len[b] += n. Returns device logits: [seqs * n, vocab] when all_logits, else [seqs, vocab]
+  // for each sequence's last token; valid until the next call.
+  const float* forward(const int32_t* tokens, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits);
+  // Per predicted position of one window (tokens[0..n) scored from a fresh context): sum of NLL and top-1 hits.
+  void score_window(const int32_t* tokens, int n, GpuKVCache& cache, int bits, double* nll_sum, int64_t* hits);
+
+  // Decode loop building block: one step for all sequences from device-resident tokens (set_decode_tokens), the
+  // greedy next tokens written back in their place (get_decode_tokens). With use_graph the step is captured once
+  // per (sequences, bits, cache) and replayed (the first such call runs uncaptured and records the graph); the
+  // positions are uploaded before each step. cache.len advances by one.
+  void decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph);
+  int32_t* decode_tokens() { return tok_dev_.get(); }
+  void set_decode_tokens(const std::vector<int32_t>& toks);
+  // The greedy tokens of the logits the last forward() returned ([seqs, vocab]) into the decode tokens.
+  void greedy_from_last_logits(int seqs);
+  std::vector<int32_t> get_decode_tokens(int seqs) const;
+  cudaStream_t stream() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  void init_common();
+  void ensure_workspace(int rows, int seqs, bool all_logits);
+  void run_linear(const GpuLinear& l, const float* x, int64_t m, float* y, int bits);
+  // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
+  void forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits);
+
+  struct Layer {
+    DeviceBuffer<float> attn_norm, ffn_norm;
+    GpuLinear q, k, v, o, gate, up, down;
+  };
+  ModelConfig c_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<GemmContext> gemm_;
+  std::vector<DeviceBuffer<__half>> dense_;     // fp16 weights (embedding first)
+  const __half* emb_ = nullptr;
+  DeviceBuffer<float> final_norm_, rope_cos_, rope_sin_;
+  GpuLinear head_;
+  std::vector<Layer> layers_;
+  uint32_t widths_ = 0;
+  int dequantized_linears_ = 0;
+  // Workspace.
+  int ws_rows_ = 0, ws_logit_rows_ = 0;
+  DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
+  DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
+  // The captured decode graph.
+  cudaGraphExec_t graph_ = nullptr;
+  int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1;
+  const void* graph_cache_ = nullptr;
+};
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,318 @@
+#include "cuda/gpu_ops.h"
+
+#include <cfloat>
+
+#include "cuda/common.h"
+
+namespace lowbit::cuda {
+namespace {
+
+unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+__global__ void embed_kernel(const __half* emb, const int32_t* tokens, int dim, float* x) {
+  const int r = blockIdx.x;
+  const __half* e = emb + static_cast<int64_t>(tokens[r]) * dim;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) x[static_cast<int64_t>(r) * dim + i] = __half2float(e[i]);
+}
+
+// One block per row.
+__global__ void rmsnorm_kernel(const float* x, const float* w, float* y, int dim, float eps) {
+  __shared__ float part[32];
+  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
+    v = warp_sum(v);
+    if (threadIdx.x == 0) part[0] = rsqrtf(v / static_cast<float>(dim) + eps);
+  }
+  __syncthreads();
+  const float inv = part[0];
+  float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+}
+
+__global__ void rope_kernel(float* x, const int32_t* pos, int heads, int hd, const float* cos_t, const float* sin_t) {
+  const int r = blockIdx.x, half = hd / 2;
+  const float* cs = cos_t + static_cast<int64_t>(pos[r]) * half;
+  const float* sn = sin_t + static_cast<int64_t>(pos[r]) * half;
+  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    float* v = x + (static_cast<int64_t>(r) * heads + h) * hd;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * cs[i] - b * sn[i];
+    v[i + half] = b * cs[i] + a * sn[i];
+  }
+}
+
+__global__ void kv_store_kernel(const float* k, const float* v, const int32_t* seq, const int32_t* pos, int kv_dim,
+                                int layer, int layers, int capacity, __half* kc, __half* vc) {
+  const int r = blockIdx.x;
+  const int64_t base = ((static_cast<int64_t>(seq[r]) * layers + layer) * capacity + pos[r]) * kv_dim;
+  for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
+    kc[base + i] = __float2half_rn(k[static_cast<int64_t>(r) * kv_dim + i]);
+    vc[base + i] = __float2half_rn(v[static_cast<int64_t>(r) * kv_dim + i]);
+  }
+}
+
+constexpr int kAttnWarps = 4;
+constexpr int kMaxHd = 256;
+
+// grid (rows, heads, splits), 4 warps. Each warp takes chunks of 32 keys in turn: phase 1, lane j scores key
+// c0 + j against q (full dot product over hd from the fp16 row); phase 2, lanes own dims d = lane + 32 i and add
+// p_j v_j over the chunk. Online softmax per warp, the 4 warps merged in shared memory, then either the final
+// output (splits == 1) or a partial (m, l, acc) for attention_combine_kernel.
+__global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
+    const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, int layers,
+    int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch) {
+  __shared__ float qs[kMaxHd];
+  __shared__ float ps[kAttnWarps][32];
+  __shared__ float wm[kAttnWarps], wl[kAttnWarps];
+  __shared__ float wacc[kAttnWarps][kMaxHd];
+  const int r = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kvd = kv_heads * hd, kvh = h / (heads / kv_heads);
+  const int p = pos[r];
+  const int first = window > 0 ? max(0, p - window + 1) : 0;
+  const int span = p + 1 - first;
+  const int per = (span + splits - 1) / splits;
+  const int k0 = first + split * per, k1 = min(p + 1, k0 + per);
+  const float scale = rsqrtf(static_cast<float>(hd));
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(static_cast<int64_t>(r) * heads + h) * hd + i] * scale;
+  __syncthreads();
+  const int64_t base = (static_cast<int64_t>(seq[r]) * layers + layer) * capacity * kvd + static_cast<int64_t>(kvh) * hd;
+  const __half* kb = kc + base;
+  const __half* vb = vc + base;
+  constexpr int kDims = kMaxHd / 32;
+  float acc[kDims];
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) acc[i] = 0.0f;
+  float m = -FLT_MAX, l = 0.0f;
+  for (int c0 = k0 + warp * 32; c0 < k1; c0 += kAttnWarps * 32) {
+    const int j = c0 + lane;
+    float sc = -FLT_MAX;
+    if (j < k1) {
+      const __half* kr = kb + static_cast<int64_t>(j) * kvd;
+      float d = 0.0f;
+      if (hd % 8 == 0) {
+        for (int i = 0; i < hd; i += 8) {
+          const uint4 raw = *reinterpret_cast<const uint4*>(kr + i);
+          const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float2 f = __half22float2(h2[e]);
+            d = fmaf(qs[i + 2 * e], f.x, d);
+            d = fmaf(qs[i + 2 * e + 1], f.y, d);
+          }
+        }
+      } else {
+        for (int i = 0; i < hd; ++i) d = fmaf(qs[i], __half2float(kr[i]), d);
+      }
+      sc = d;
+    }
+    const float cmax = warp_max(sc);
+    const float m_new = fmaxf(m, cmax);
+    const float pj = j < k1 ? __expf(sc - m_new) : 0.0f;
+    const float corr = __expf(m - m_new);
+    l = l * corr + warp_sum(pj);
+    m = m_new;
+    ps[warp][lane] = pj;
+    __syncwarp();
+    const int cnt = min(32, k1 - c0);
+#pragma unroll
+    for (int i = 0; i < kDims; ++i) acc[i] *= corr;
+    for (int jj = 0; jj < cnt; ++jj) {
+      const float pw = ps[warp][jj];
+      const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd;
+#pragma unroll
+      for (int i = 0; i < kDims; ++i) {
+        const int d = lane + 32 * i;
+        if (d < hd) acc[i] = fmaf(pw, __half2float(vr[d]), acc[i]);
+      }
+    }
+    __syncwarp();
+  }
+  // Merge the warps.
+  if (lane == 0) {
+    wm[warp] = m;
+    wl[warp] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) {
+    const int d = lane + 32 * i;
+    if (d < hd) wacc[warp][d] = acc[i];
+  }
+  __syncthreads();
+  float M = -FLT_MAX;
+  for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, wm[w]);
+  float L = 0.0f;
+  for (int w = 0; w < kAttnWarps; ++w) L += wl[w] * (wm[w] == -FLT_MAX ? 0.0f : __expf(wm[w] - M));
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float a = 0.0f;
+    for (int w = 0; w < kAttnWarps; ++w)
+      if (wm[w] != -FLT_MAX) a += wacc[w][d] * __expf(wm[w] - M);
+    if (splits == 1) {
+      out[(static_cast<int64_t>(r) * heads + h) * hd + d] = L > 0.0f ? a / L : 0.0f;
+    } else {
+      float* sp = scratch + ((static_cast<int64_t>(r) * heads + h) * splits + split) * (hd + 2);
+      sp[2 + d] = a;
+      if (d == 0) {
+        sp[0] = M;
+        sp[1] = L;
+      }
+    }
+  }
+}
+
+__global__ void attention_combine_kernel(int heads, int hd, int splits, const float* scratch, float* out) {
+  const int r = blockIdx.x, h = blockIdx.y;
+  const float* sp = scratch + (static_cast<int64_t>(r) * heads + h) * splits * (hd + 2);
+  float M = -FLT_MAX;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, sp[s * (hd + 2)]);
+  float L = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = sp[s * (hd + 2)];
+    if (ms != -FLT_MAX) L += sp[s * (hd + 2) + 1] * __expf(ms - M);
+  }
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float a = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = sp[s * (hd + 2)];
+      if (ms != -FLT_MAX) a += sp[s * (hd + 2) + 2 + d] * __expf(ms - M);
+    }
+    out[(static_cast<int64_t>(r) * heads + h) * hd + d] = L > 0.0f ? a / L : 0.0f;
+  }
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+__global__ void swiglu_kernel(float* g, const float* u, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) {
+    const float a = g[i];
+    g[i] = a / (1.0f + expf(-a)) * u[i];
+  }
+}
+
+__global__ void bias_kernel(float* y, const float* b, int rows, int n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < static_cast<int64_t>(rows) * n) y[i] += b[i % n];
+}
+
+// One block per row: max (with the lowest index), then sum of exp.
+__global__ void nll_kernel(const float* logits, const int32_t* target, int vocab, float* nll, int* hit) {
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const float* lg = logits + static_cast<int64_t>(blockIdx.x) * vocab;
+  float mx = -FLT_MAX;
+  int arg = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (lg[i] > mx) {
+      mx = lg[i];
+      arg = i;
+    }
+  for (int off = 16; off > 0; off >>= 1) {
+    const float om = __shfl_xor_sync(0xffffffffu, mx, off);
+    const int oi = __shfl_xor_sync(0xffffffffu, arg, off);
+    if (om > mx || (om == mx && oi < arg)) {
+      mx = om;
+      arg = oi;
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  if (lane == 0) {
+    sv[warp] = mx;
+    si[warp] = arg;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < nw; ++w)
+      if (sv[w] > sv[0] || (sv[w] == sv[0] && si[w] < si[0])) {
+        sv[0] = sv[w];
+        si[0] = si[w];
+      }
+  }
+  __syncthreads();
+  const float M = sv[0];
+  const int A = si[0];
+  __syncthreads();
+  float s = 0.0f;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) s += __expf(lg[i] - M);
+  s = warp_sum(s);
+  if (lane == 0) sv[warp] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.0f;
+    for (int w = 0; w < nw; ++w) t += sv[w];
+    const int tg = target[blockIdx.x];
+    if (nll != nullptr) nll[blockIdx.x] = logf(t) + M - lg[tg];
+    if (hit != nullptr) hit[blockIdx.x] = A == tg;
+    if (nll == nullptr && hit != nullptr) hit[blockIdx.x] = A;   // argmax mode
+  }
+}
+
+__global__ void increment_kernel(int32_t* p, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] += 1;
+}
+
+}  // namespace
+
+void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, float* x, cudaStream_t s) {
+  embed_kernel<<<rows, 256, 0, s>>>(emb, tokens, dim, x);
+}
+void rmsnorm(const float* x, const float* w, float* y, int rows, int dim, float eps, cudaStream_t s) {
+  rmsnorm_kernel<<<rows, 256, 0, s>>>(x, w, y, dim, eps);
+}
+void rope(float* x, const int32_t* pos, int rows, int heads, int hd, const float* cos_t, const float* sin_t, cudaStream_t s) {
+  rope_kernel<<<rows, 256, 0, s>>>(x, pos, heads, hd, cos_t, sin_t);
+}
+void kv_store(const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int kv_dim, int layer,
+              int layers, int capacity, __half* kc, __half* vc, cudaStream_t s) {
+  kv_store_kernel<<<rows, 256, 0, s>>>(k, v, seq, pos, kv_dim, layer, layers, capacity, kc, vc);
+}
+void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
+               int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
+               int splits, float* scratch, cudaStream_t s) {
+  LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
+  attention_kernel<<<dim3(rows, heads, splits), kAttnWarps * 32, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers,
+                                                                         capacity, window, kc, vc, out, splits, scratch);
+  if (splits > 1) attention_combine_kernel<<<dim3(rows, heads), 128, 0, s>>>(heads, hd, splits, scratch, out);
+}
+void add_inplace(float* x, const float* y, int64_t count, cudaStream_t s) {
+  add_kernel<<<blocks_for(count, 256), 256, 0, s>>>(x, y, count);
+}
+void swiglu_inplace(float* g, const float* u, int64_t count, cudaStream_t s) {
+  swiglu_kernel<<<blocks_for(count, 256), 256, 0, s>>>(g, u, count);
+}
+void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s) {
+  bias_kernel<<<blocks_for(static_cast<int64_t>(rows) * n, 256), 256, 0, s>>>(y, bias, rows, n);
+}
+void nll_rows(const float* logits, const int32_t* target, int rows, int vocab, float* nll, int* hit, cudaStream_t s) {
+  if (rows > 0) nll_kernel<<<rows, 512, 0, s>>>(logits, target, vocab, nll, hit);
+}
+void argmax_rows(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s) {
+  // nll_kernel in argmax mode: nll == nullptr writes the argmax into hit; target is only read when nll is set,
+  // so pass out itself as a valid pointer.
+  if (rows > 0) nll_kernel<<<rows, 512, 0, s>>>(logits, out, vocab, nullptr, out);
+}
+void increment(int32_t* pos, int count, cudaStream_t s) { increment_kernel<<<blocks_for(count, 128), 128, 0, s>>>(pos, count); }
+
+}  // namespace lowbit::cuda

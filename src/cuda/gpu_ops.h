@@ -1,0 +1,40 @@
+// The element-wise and attention kernels of the GPU forward pass (src/cuda/gpu_model.cu). Activations are fp32
+// [rows, width] row-major; the KV cache is fp16. Each op's CPU twin is the same step of Model::forward
+// (src/model/forward.cpp); tests/test_cuda_model.cpp compares whole forwards.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace lowbit::cuda {
+
+// x [rows, dim] = fp32(emb[tokens[r]]) (emb fp16 [vocab, dim]).
+void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, float* x, cudaStream_t s);
+// y = x / rms(x) * w per row (fp32, sum of squares accumulated in fp32 per thread then reduced).
+void rmsnorm(const float* x, const float* w, float* y, int rows, int dim, float eps, cudaStream_t s);
+// Rotates x [rows, heads * hd] (Hugging Face half-split pairs) at per-row positions pos[r] with tables
+// cos/sin [max_pos, hd/2].
+void rope(float* x, const int32_t* pos, int rows, int heads, int hd, const float* cos_t, const float* sin_t, cudaStream_t s);
+// KV cache layout: [seqs][layers][capacity][kv_dim] fp16. Row r of k/v [rows, kv_dim] goes to sequence seq[r],
+// position pos[r] of `layer`.
+void kv_store(const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int kv_dim,
+              int layer, int layers, int capacity, __half* kc, __half* vc, cudaStream_t s);
+// Causal GQA attention of q [rows, heads * hd] (row r: sequence seq[r] at position pos[r], keys 0..pos[r], or the
+// last `window` of them when window > 0) against the cache; out [rows, heads * hd]. Keys are split over `splits`
+// blocks per (row, head) when splits > 1 (flash-decoding), partial results combined by a second kernel in
+// `scratch` (>= rows * heads * splits * (hd + 2) floats).
+void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
+               int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
+               int splits, float* scratch, cudaStream_t s);
+void add_inplace(float* x, const float* y, int64_t count, cudaStream_t s);          // x += y
+void swiglu_inplace(float* g, const float* u, int64_t count, cudaStream_t s);       // g = silu(g) * u
+void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s);   // y[r] += bias
+// Per row r < rows: nll[r] = logsumexp(logits[r]) - logits[r][target[r]], hit[r] = argmax == target (ties: lowest).
+void nll_rows(const float* logits, const int32_t* target, int rows, int vocab, float* nll, int* hit, cudaStream_t s);
+// out[r] = argmax of logits[r] (lowest index on ties).
+void argmax_rows(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s);
+// pos[i] += 1 for i < count (advances a decode step inside a captured graph).
+void increment(int32_t* pos, int count, cudaStream_t s);
+
+}  // namespace lowbit::cuda

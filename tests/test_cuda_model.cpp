@@ -1,0 +1,220 @@
+// The GPU forward pass (src/cuda/gpu_model.*) against the CPU forward on the same loaded models: every tiny
+// architecture fixture (Llama-3 RoPE scaling, Qwen2 biases, Mistral sliding window), stories260K (fp32 and
+// any-precision at every width), SmolLM2 (fp16 and 2/4/16 mixed24a); KV-cache decode against prefill, a batch of
+// sequences against one at a time, CUDA-graph decode against plain launches. Without a GPU every test skips and
+// says why.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+#ifdef LOWBIT_WITH_CUDA
+#include <cmath>
+
+#include "cuda/gpu_runtime.h"
+#include "model/model.h"
+#include "quantize/calibration.h"
+#include "quantize/quantize_model.h"
+#include "runtime/eval_text.h"
+
+namespace lowbit {
+namespace {
+
+// GPU vs CPU logits, relative to the largest |logit| of the row block: the GPU rounds the activations entering each
+// fp16 GEMM (and dense weights from fp32 files) to fp16 (2^-11 relative) and keeps the KV cache in fp16.
+constexpr double kLogitBudget = 1.5e-2;
+// GPU vs GPU where only the launch shape differs (decode steps vs prefill, batch vs single): fp32 rounding order.
+constexpr double kSameDeviceBudget = 2e-3;
+// Perplexity on the GPU vs the CPU, relative.
+constexpr double kPplBudget = 5e-3;
+
+#define SKIP_WITHOUT_GPU()                                                              \
+  do {                                                                                  \
+    std::string why;                                                                    \
+    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;     \
+  } while (0)
+
+std::vector<float> download(const float* d, size_t n) {
+  std::vector<float> h(n);
+  LOWBIT_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// max |a - b| / max(1, max |b|), and the fraction of rows whose argmax agrees.
+std::pair<double, double> compare_logits(const std::vector<float>& a, const std::vector<float>& b, int vocab) {
+  double err = 0, mx = 1;
+  int agree = 0;
+  const int rows = static_cast<int>(b.size() / static_cast<size_t>(vocab));
+  for (size_t i = 0; i < b.size(); ++i) {
+    err = std::max(err, std::fabs(static_cast<double>(a[i]) - b[i]));
+    mx = std::max(mx, std::fabs(static_cast<double>(b[i])));
+  }
+  for (int r = 0; r < rows; ++r) {
+    const float* pa = a.data() + static_cast<size_t>(r) * vocab;
+    const float* pb = b.data() + static_cast<size_t>(r) * vocab;
+    agree += std::max_element(pa, pa + vocab) - pa == std::max_element(pb, pb + vocab) - pb;
+  }
+  return {err / mx, static_cast<double>(agree) / rows};
+}
+
+// All-position logits of `ids` on the CPU and the GPU; expects them within kLogitBudget (argmax agreement >= 95%).
+void expect_forward_matches(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& ids, int bits,
+                            const std::string& what) {
+  const int n = static_cast<int>(ids.size()), V = cpu.config().vocab_size;
+  std::vector<float> want(static_cast<size_t>(n) * V);
+  KVCache cache = cpu.new_cache(n);
+  cpu.forward(ids.data(), n, cache, want.data(), true, bits);
+  cuda::GpuKVCache gc = gpu.new_cache(1, n);
+  const auto got = download(gpu.forward(ids.data(), 1, n, gc, true, bits), want.size());
+  const auto [err, agree] = compare_logits(got, want, V);
+  EXPECT_LE(err, kLogitBudget) << what;
+  EXPECT_GE(agree, 0.95) << what;
+  std::printf("[ %s ] GPU vs CPU: max |dlogit| / max|logit| = %.2e, argmax agreement %.4f over %d positions\n",
+              what.c_str(), err, agree, n);
+}
+
+std::vector<int32_t> some_ids(const Model& m, int n) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % m.config().vocab_size));
+  return ids;
+}
+
+TEST(CudaModel, TinyArchitecturesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const char* arch : {"llama3", "qwen2", "mistral", "mistral_sw"}) {
+    auto cpu = Model::load(test::fixture(std::string("tiny_") + arch));
+    cuda::GpuModel gpu(*cpu);
+    expect_forward_matches(*cpu, gpu, some_ids(*cpu, 40), 0, std::string("tiny ") + arch);
+  }
+}
+
+// Decode with the KV cache (one token per call) gives the prefill's logits; so does a batch of 3 sequences.
+TEST(CudaModel, DecodeAndBatchMatchPrefill) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  auto cpu = Model::load(bin);
+  cuda::GpuModel gpu(*cpu);
+  const int V = cpu->config().vocab_size, n = 24;
+  std::vector<int32_t> ids = some_ids(*cpu, n);
+  cuda::GpuKVCache c1 = gpu.new_cache(1, n);
+  const auto prefill = download(gpu.forward(ids.data(), 1, n, c1, true, 0), static_cast<size_t>(n) * V);
+  cuda::GpuKVCache c2 = gpu.new_cache(1, n);
+  gpu.forward(ids.data(), 1, 10, c2, false, 0);
+  for (int t = 10; t < n; ++t) {
+    const auto step = download(gpu.forward(&ids[static_cast<size_t>(t)], 1, 1, c2, false, 0), static_cast<size_t>(V));
+    const std::vector<float> want(prefill.begin() + static_cast<ptrdiff_t>(t) * V, prefill.begin() + static_cast<ptrdiff_t>(t + 1) * V);
+    EXPECT_LE(compare_logits(step, want, V).first, kSameDeviceBudget) << "decode step at position " << t;
+  }
+  // Three different sequences in one batch, each against its own single-sequence run.
+  std::vector<int32_t> batch;
+  for (int s = 0; s < 3; ++s)
+    for (int t = 0; t < n; ++t) batch.push_back(static_cast<int32_t>((t * 31 + s * 101 + 7) % V));
+  cuda::GpuKVCache cb = gpu.new_cache(3, n);
+  const auto all = download(gpu.forward(batch.data(), 3, n, cb, true, 0), static_cast<size_t>(3 * n) * V);
+  for (int s = 0; s < 3; ++s) {
+    cuda::GpuKVCache cs = gpu.new_cache(1, n);
+    const auto one = download(gpu.forward(batch.data() + s * n, 1, n, cs, true, 0), static_cast<size_t>(n) * V);
+    const std::vector<float> part(all.begin() + static_cast<ptrdiff_t>(s) * n * V, all.begin() + static_cast<ptrdiff_t>(s + 1) * n * V);
+    EXPECT_LE(compare_logits(part, one, V).first, kSameDeviceBudget) << "sequence " << s << " of the batch";
+  }
+}
+
+// Greedy decode replayed from a CUDA graph produces exactly the tokens of plain launches, for a batch of 2.
+TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  auto cpu = Model::load(bin);
+  cuda::GpuModel gpu(*cpu);
+  const std::vector<int32_t> prompt = {1, 403, 407, 1, 403, 290};   // two sequences of 3 tokens
+  std::vector<std::vector<int32_t>> runs;
+  for (bool graph : {false, true}) {
+    cuda::GpuKVCache c = gpu.new_cache(2, 64);
+    gpu.forward(prompt.data(), 2, 3, c, false, 0);
+    gpu.greedy_from_last_logits(2);
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; ++i) {
+      const auto t = gpu.get_decode_tokens(2);
+      toks.insert(toks.end(), t.begin(), t.end());
+      gpu.decode_step_greedy(c, 0, graph);
+    }
+    EXPECT_EQ(c.len[0], 43);
+    runs.push_back(toks);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  LOWBIT_REQUIRE_FILE(text, "TinyStories sample");
+  LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
+  auto base = Model::load(bin);
+  const EvalText et = load_eval_text(text, TextMode::Documents, "text", "<|endoftext|>");
+  std::vector<std::vector<int32_t>> docs;
+  for (const auto& d : et.docs) docs.push_back(base->tokenizer().encode(d, true, false));
+  const auto windows = make_windows_documents(docs, 512, nullptr);
+  PplOptions po;
+  po.ctx = 512;
+  {
+    cuda::GpuModel gpu(*base);
+    const double cpu_ppl = perplexity(*base, windows, po).ppl, gpu_ppl = cuda::perplexity_gpu(gpu, windows, po).ppl;
+    std::printf("[ stories260K fp32 ] ppl cpu %.4f gpu %.4f\n", cpu_ppl, gpu_ppl);
+    EXPECT_NEAR(gpu_ppl / cpu_ppl, 1.0, kPplBudget);
+    expect_forward_matches(*base, gpu, windows[0], 0, "stories260K fp32");
+  }
+  const std::string dir = test::temp_dir();
+  QuantizeOptions o;
+  o.method = QuantMethod::AnyPrec;
+  o.calib.samples = 8;
+  o.calib.seqlen = 128;
+  o.anyprec.outlier_fraction = 0.002;   // exercises the fused outlier correction
+  quantize_to_file(*base, o, dir + "/ap.lowbit");
+  auto ap = Model::load(dir + "/ap.lowbit");
+  cuda::GpuModel gpu(*ap);
+  EXPECT_EQ(gpu.widths(), ap->widths());
+  for (int b : ap->widths()) {
+    po.bits = b;
+    const double cpu_ppl = perplexity(*ap, windows, po).ppl, gpu_ppl = cuda::perplexity_gpu(gpu, windows, po).ppl;
+    std::printf("[ stories260K anyprec ] width %d ppl cpu %.4f gpu %.4f\n", b, cpu_ppl, gpu_ppl);
+    EXPECT_NEAR(gpu_ppl / cpu_ppl, 1.0, kPplBudget) << "width " << b;
+    expect_forward_matches(*ap, gpu, windows[0], b, "stories260K anyprec " + std::to_string(b) + "-bit");
+  }
+  test::expect_error([&](const std::string&) { gpu.check_bits(2); }, "--bits 2", "not served");
+}
+
+TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  const std::string gguf = test::smollm2_gguf();
+  LOWBIT_REQUIRE_FILE(gguf, "SmolLM2 GGUF");
+  LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
+  auto base = Model::load(gguf);
+  const std::vector<int32_t> ids = some_ids(*base, 300);
+  {
+    cuda::GpuModel gpu(*base);
+    expect_forward_matches(*base, gpu, ids, 0, "SmolLM2 fp16");
+  }
+  const std::string dir = test::temp_dir();
+  QuantizeOptions o;
+  o.method = QuantMethod::Mixed24;
+  o.calib.samples = 4;
+  o.calib.seqlen = 128;
+  o.mixed24.outlier_fraction = 0.003;
+  quantize_to_file(*base, o, dir + "/m.lowbit");
+  auto m = Model::load(dir + "/m.lowbit");
+  int aligned = 0;
+  for (const auto& [name, pw] : m->weights().packed) aligned += pw.format == "mixed24a";
+  EXPECT_EQ(aligned, 7 * m->config().n_layers);   // every linear in the aligned layout: the GPU kernel runs them all
+  cuda::GpuModel gpu(*m);
+  EXPECT_EQ(gpu.dequantized_linears(), 0);
+  expect_forward_matches(*m, gpu, ids, 0, "SmolLM2 mixed24a");
+}
+
+}  // namespace
+}  // namespace lowbit
+
+#else
+TEST(CudaModel, SkippedWithoutCudaToolkit) { GTEST_SKIP() << "GPU tests skipped: lowbit was built without CUDA"; }
+#endif
