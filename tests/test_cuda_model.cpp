@@ -8,10 +8,12 @@
 #include "test_util.h"
 
 #ifdef LOWBIT_WITH_CUDA
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/gpu_runtime.h"
 #include "model/model.h"
+#include "runtime/generate.h"
 #include "quantize/calibration.h"
 #include "quantize/quantize_model.h"
 #include "runtime/eval_text.h"
@@ -33,7 +35,9 @@ constexpr double kPplBudget = 5e-3;
     if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;     \
   } while (0)
 
-std::vector<float> download(const float* d, size_t n) {
+// The model's stream is non-blocking: wait for it before reading what it wrote.
+std::vector<float> download(const cuda::GpuModel& gpu, const float* d, size_t n) {
+  gpu.synchronize();
   std::vector<float> h(n);
   LOWBIT_CUDA_CHECK(cudaMemcpy(h.data(), d, n * sizeof(float), cudaMemcpyDeviceToHost));
   return h;
@@ -64,7 +68,7 @@ void expect_forward_matches(const Model& cpu, cuda::GpuModel& gpu, const std::ve
   KVCache cache = cpu.new_cache(n);
   cpu.forward(ids.data(), n, cache, want.data(), true, bits);
   cuda::GpuKVCache gc = gpu.new_cache(1, n);
-  const auto got = download(gpu.forward(ids.data(), 1, n, gc, true, bits), want.size());
+  const auto got = download(gpu, gpu.forward(ids.data(), 1, n, gc, true, bits), want.size());
   const auto [err, agree] = compare_logits(got, want, V);
   EXPECT_LE(err, kLogitBudget) << what;
   EXPECT_GE(agree, 0.95) << what;
@@ -97,11 +101,11 @@ TEST(CudaModel, DecodeAndBatchMatchPrefill) {
   const int V = cpu->config().vocab_size, n = 24;
   std::vector<int32_t> ids = some_ids(*cpu, n);
   cuda::GpuKVCache c1 = gpu.new_cache(1, n);
-  const auto prefill = download(gpu.forward(ids.data(), 1, n, c1, true, 0), static_cast<size_t>(n) * V);
+  const auto prefill = download(gpu, gpu.forward(ids.data(), 1, n, c1, true, 0), static_cast<size_t>(n) * V);
   cuda::GpuKVCache c2 = gpu.new_cache(1, n);
   gpu.forward(ids.data(), 1, 10, c2, false, 0);
   for (int t = 10; t < n; ++t) {
-    const auto step = download(gpu.forward(&ids[static_cast<size_t>(t)], 1, 1, c2, false, 0), static_cast<size_t>(V));
+    const auto step = download(gpu, gpu.forward(&ids[static_cast<size_t>(t)], 1, 1, c2, false, 0), static_cast<size_t>(V));
     const std::vector<float> want(prefill.begin() + static_cast<ptrdiff_t>(t) * V, prefill.begin() + static_cast<ptrdiff_t>(t + 1) * V);
     EXPECT_LE(compare_logits(step, want, V).first, kSameDeviceBudget) << "decode step at position " << t;
   }
@@ -110,27 +114,31 @@ TEST(CudaModel, DecodeAndBatchMatchPrefill) {
   for (int s = 0; s < 3; ++s)
     for (int t = 0; t < n; ++t) batch.push_back(static_cast<int32_t>((t * 31 + s * 101 + 7) % V));
   cuda::GpuKVCache cb = gpu.new_cache(3, n);
-  const auto all = download(gpu.forward(batch.data(), 3, n, cb, true, 0), static_cast<size_t>(3 * n) * V);
+  const auto all = download(gpu, gpu.forward(batch.data(), 3, n, cb, true, 0), static_cast<size_t>(3 * n) * V);
   for (int s = 0; s < 3; ++s) {
     cuda::GpuKVCache cs = gpu.new_cache(1, n);
-    const auto one = download(gpu.forward(batch.data() + s * n, 1, n, cs, true, 0), static_cast<size_t>(n) * V);
+    const auto one = download(gpu, gpu.forward(batch.data() + s * n, 1, n, cs, true, 0), static_cast<size_t>(n) * V);
     const std::vector<float> part(all.begin() + static_cast<ptrdiff_t>(s) * n * V, all.begin() + static_cast<ptrdiff_t>(s + 1) * n * V);
     EXPECT_LE(compare_logits(part, one, V).first, kSameDeviceBudget) << "sequence " << s << " of the batch";
   }
 }
 
-// Greedy decode replayed from a CUDA graph produces exactly the tokens of plain launches, for a batch of 2.
+// Greedy decode replayed from a CUDA graph produces exactly the tokens of plain launches, for a batch of 2, with a
+// context long enough (300 + 40 of 512 positions) that decode attention splits its keys over several blocks.
 TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
   SKIP_WITHOUT_GPU();
   const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
   auto cpu = Model::load(bin);
   cuda::GpuModel gpu(*cpu);
-  const std::vector<int32_t> prompt = {1, 403, 407, 1, 403, 290};   // two sequences of 3 tokens
+  const int P = 300;
+  std::vector<int32_t> prompt;
+  for (int s = 0; s < 2; ++s)
+    for (int t = 0; t < P; ++t) prompt.push_back(static_cast<int32_t>((t * 37 + s * 11 + 5) % cpu->config().vocab_size));
   std::vector<std::vector<int32_t>> runs;
   for (bool graph : {false, true}) {
-    cuda::GpuKVCache c = gpu.new_cache(2, 64);
-    gpu.forward(prompt.data(), 2, 3, c, false, 0);
+    cuda::GpuKVCache c = gpu.new_cache(2, cpu->config().max_seq_len);
+    gpu.forward(prompt.data(), 2, P, c, false, 0);
     gpu.greedy_from_last_logits(2);
     std::vector<int32_t> toks;
     for (int i = 0; i < 40; ++i) {
@@ -138,10 +146,35 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
       toks.insert(toks.end(), t.begin(), t.end());
       gpu.decode_step_greedy(c, 0, graph);
     }
-    EXPECT_EQ(c.len[0], 43);
+    EXPECT_EQ(c.len[0], P + 40);
     runs.push_back(toks);
   }
   EXPECT_EQ(runs[0], runs[1]);
+}
+
+// Teacher-forced check of the GPU's greedy generation: every token it picks is, on the CPU at the same position,
+// within the logit budget of the CPU's own best token (a near-tie may go either way; anything else may not).
+void expect_generation_near_greedy(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& prompt, int bits,
+                                   const std::string& what) {
+  GenerateOptions go;
+  go.max_new_tokens = 24;
+  go.stop_at_eos = false;
+  go.bits = bits;
+  const GenerateResult r = cuda::generate_gpu(gpu, cpu.tokenizer(), prompt, go);
+  ASSERT_EQ(r.new_ids.size(), 24u) << what;
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), r.new_ids.begin(), r.new_ids.end());
+  const int V = cpu.config().vocab_size, n = static_cast<int>(seq.size());
+  std::vector<float> logits(static_cast<size_t>(n) * V);
+  KVCache cache = cpu.new_cache(n);
+  cpu.forward(seq.data(), n, cache, logits.data(), true, bits);
+  for (size_t i = 0; i < r.new_ids.size(); ++i) {
+    const float* row = logits.data() + (prompt.size() - 1 + i) * static_cast<size_t>(V);
+    const float best = *std::max_element(row, row + V);
+    double scale = 1;
+    for (int v = 0; v < V; ++v) scale = std::max(scale, std::fabs(static_cast<double>(row[v])));
+    EXPECT_LE(best - row[r.new_ids[i]], kLogitBudget * scale) << what << ": generated token " << i;
+  }
 }
 
 TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
@@ -181,6 +214,21 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
     std::printf("[ stories260K anyprec ] width %d ppl cpu %.4f gpu %.4f\n", b, cpu_ppl, gpu_ppl);
     EXPECT_NEAR(gpu_ppl / cpu_ppl, 1.0, kPplBudget) << "width " << b;
     expect_forward_matches(*ap, gpu, windows[0], b, "stories260K anyprec " + std::to_string(b) + "-bit");
+    // Decode steps (batch 1: the bitplane GEMV itself, not dequantize + cuBLAS) against the CPU's decode steps.
+    const std::vector<int32_t>& w0 = windows[0];
+    const int V = ap->config().vocab_size;
+    KVCache cc = ap->new_cache(24);
+    cuda::GpuKVCache gc = gpu.new_cache(1, 24);
+    std::vector<float> want(static_cast<size_t>(V));
+    ap->forward(w0.data(), 8, cc, want.data(), false, b);
+    gpu.forward(w0.data(), 1, 8, gc, false, b);
+    for (int t = 8; t < 24; ++t) {
+      ap->forward(&w0[static_cast<size_t>(t)], 1, cc, want.data(), false, b);
+      const auto got = download(gpu, gpu.forward(&w0[static_cast<size_t>(t)], 1, 1, gc, false, b), static_cast<size_t>(V));
+      EXPECT_LE(compare_logits(got, want, V).first, kLogitBudget) << "width " << b << " decode position " << t;
+    }
+    expect_generation_near_greedy(*ap, gpu, std::vector<int32_t>(w0.begin(), w0.begin() + 12), b,
+                                  "stories260K anyprec " + std::to_string(b) + "-bit generation");
   }
   test::expect_error([&](const std::string&) { gpu.check_bits(2); }, "--bits 2", "not served");
 }
@@ -209,7 +257,20 @@ TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
   EXPECT_EQ(aligned, 7 * m->config().n_layers);   // every linear in the aligned layout: the GPU kernel runs them all
   cuda::GpuModel gpu(*m);
   EXPECT_EQ(gpu.dequantized_linears(), 0);
-  expect_forward_matches(*m, gpu, ids, 0, "SmolLM2 mixed24a");
+  expect_forward_matches(*m, gpu, ids, 0, "SmolLM2 mixed24a");   // 300 tokens: dequantize + cuBLAS
+  // Batch 1 decode steps: the mixed24a GEMV with fused outliers, against the CPU.
+  const int V = m->config().vocab_size;
+  KVCache cc = m->new_cache(40);
+  cuda::GpuKVCache gc = gpu.new_cache(1, 40);
+  std::vector<float> want(static_cast<size_t>(V));
+  m->forward(ids.data(), 20, cc, want.data(), false, 0);
+  gpu.forward(ids.data(), 1, 20, gc, false, 0);
+  for (int t = 20; t < 40; ++t) {
+    m->forward(&ids[static_cast<size_t>(t)], 1, cc, want.data(), false, 0);
+    const auto got = download(gpu, gpu.forward(&ids[static_cast<size_t>(t)], 1, 1, gc, false, 0), static_cast<size_t>(V));
+    EXPECT_LE(compare_logits(got, want, V).first, kLogitBudget) << "SmolLM2 mixed24a decode position " << t;
+  }
+  expect_generation_near_greedy(*m, gpu, std::vector<int32_t>(ids.begin(), ids.begin() + 16), 0, "SmolLM2 mixed24a generation");
 }
 
 }  // namespace

@@ -31,6 +31,7 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 }  // namespace
 
 void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
+  LOWBIT_CHECK(o.decode >= 3 && o.prompt >= 1 && o.prefill >= 1, "bench --e2e: decode >= 3, prompt and prefill >= 1");
   char line[512];
   out << "device: " << device_name() << "\n";
   out << "random weights generated on the device; prefill = one forward of " << o.prefill

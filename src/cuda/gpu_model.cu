@@ -12,7 +12,12 @@ namespace {
 
 constexpr int kKeysPerSplit = 256;   // attention: keys per block before the key range is split (flash-decoding)
 
-int splits_for(int span) { return std::clamp((span + kKeysPerSplit - 1) / kKeysPerSplit, 1, 32); }
+constexpr int kMaxSplits = 32;
+// Split the keys only when the (row, head) blocks alone cannot fill the GPU (decode); prefill has enough blocks.
+int splits_for(int span, int rows, int heads) {
+  if (static_cast<int64_t>(rows) * heads >= 1024) return 1;
+  return std::clamp((span + kKeysPerSplit - 1) / kKeysPerSplit, 1, kMaxSplits);
+}
 
 }  // namespace
 
@@ -37,11 +42,14 @@ GpuModel::GpuModel(const Model& cpu) : c_(cpu.config()) {
   const WeightSet& ws = cpu.weights();
   const int64_t dim = c_.dim, hid = c_.hidden_dim, qd = c_.q_dim(), kvd = c_.kv_dim(), V = c_.vocab_size;
   // fp32 runtime tensor -> fp16 on the device (converted there).
+  // Uploads are cudaMemcpy from pageable memory on the legacy stream, which may return before the DMA lands, and
+  // stream_ is non-blocking: the device is synchronised before stream_ reads an upload.
   auto f16 = [&](const std::string& name, int64_t count) -> const __half* {
     DeviceBuffer<float> tmp(cpu.tensor_f32(name), static_cast<size_t>(count));
     dense_.emplace_back(static_cast<size_t>(count));
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
     f32_to_f16(tmp.get(), dense_.back().get(), count, stream_);
-    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    synchronize();
     return dense_.back().get();
   };
   auto f32 = [&](const std::string& name, int64_t count) { return DeviceBuffer<float>(cpu.tensor_f32(name), static_cast<size_t>(count)); };
@@ -57,6 +65,7 @@ GpuModel::GpuModel(const Model& cpu) : c_(cpu.config()) {
       else unpack_mixed24(it->second, ws.path + ": " + name).dequantize(w.data());
       DeviceBuffer<float> tmp(w);
       dense_.emplace_back(w.size());
+      LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
       f32_to_f16(tmp.get(), dense_.back().get(), n * k, stream_);
       synchronize();
       l.dense = dense_.back().get();
@@ -97,6 +106,7 @@ GpuModel::GpuModel(const Model& cpu) : c_(cpu.config()) {
   const size_t rope_n = static_cast<size_t>(c_.max_seq_len) * (c_.head_dim / 2);
   rope_cos_ = DeviceBuffer<float>(cpu.rope_cos(), rope_n);
   rope_sin_ = DeviceBuffer<float>(cpu.rope_sin(), rope_n);
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c) {
@@ -148,7 +158,7 @@ GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c)
     }
   rope_cos_ = DeviceBuffer<float>(cs);
   rope_sin_ = DeviceBuffer<float>(sn);
-  synchronize();
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());   // the packed weights were filled on the legacy stream
 }
 
 std::vector<int> GpuModel::widths() const {
@@ -170,7 +180,7 @@ uint64_t GpuModel::weight_bytes() const {
   for (const Layer& L : layers_) {
     b += L.attn_norm.bytes() + L.ffn_norm.bytes();
     for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-      if (l->packed) b += l->packed->bytes() + l->bias.bytes();
+      b += (l->packed ? l->packed->bytes() : 0) + l->bias.bytes();
   }
   return b;
 }
@@ -203,10 +213,7 @@ void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
   const int logit_rows = all_logits ? rows : seqs;
   if (rows <= ws_rows_ && logit_rows <= ws_logit_rows_) return;
   synchronize();
-  if (graph_ != nullptr) {   // the captured step points into the old buffers
-    cudaGraphExecDestroy(graph_);
-    graph_ = nullptr;
-  }
+  invalidate_graph();   // the captured step points into the old buffers
   ws_rows_ = std::max(rows, ws_rows_);
   ws_logit_rows_ = std::max(logit_rows, ws_logit_rows_);
   const size_t R = static_cast<size_t>(ws_rows_);
@@ -221,13 +228,31 @@ void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
   u_ = DeviceBuffer<float>(R * c_.hidden_dim);
   tmp_ = DeviceBuffer<float>(R * c_.dim);
   logits_ = DeviceBuffer<float>(static_cast<size_t>(ws_logit_rows_) * c_.vocab_size);
-  attn_scratch_ = DeviceBuffer<float>(R * c_.n_heads * 32 * (c_.head_dim + 2));
   nll_ = DeviceBuffer<float>(R);
   hit_ = DeviceBuffer<int32_t>(R);
   tok_in_ = DeviceBuffer<int32_t>(R);
   seq_dev_ = DeviceBuffer<int32_t>(R);
   pos_dev_ = DeviceBuffer<int32_t>(R);
-  if (tok_dev_.size() < R) tok_dev_ = DeviceBuffer<int32_t>(R);
+  if (tok_dev_.size() < R) {   // keep the decode tokens already set
+    DeviceBuffer<int32_t> grown(R);
+    if (tok_dev_.size() > 0)
+      LOWBIT_CUDA_CHECK(cudaMemcpy(grown.get(), tok_dev_.get(), tok_dev_.bytes(), cudaMemcpyDeviceToDevice));
+    tok_dev_ = std::move(grown);
+  }
+}
+
+void GpuModel::ensure_attn_scratch(int rows, int splits) {
+  if (splits <= 1) return;
+  const size_t need = static_cast<size_t>(rows) * c_.n_heads * splits * (c_.head_dim + 2);
+  if (attn_scratch_.size() >= need) return;
+  synchronize();
+  invalidate_graph();
+  attn_scratch_ = DeviceBuffer<float>(need);
+}
+
+void GpuModel::invalidate_graph() {
+  if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
+  graph_ = nullptr;
 }
 
 void GpuModel::run_linear(const GpuLinear& l, const float* x, int64_t m, float* y, int bits) {
@@ -296,7 +321,9 @@ const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCach
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   embed_rows(emb_, tok_in_.get(), rows, c_.dim, x_.get(), stream_);
-  forward_device(rows, seqs, n, cache, all_logits, bits, splits_for(max_span));
+  const int splits = splits_for(max_span, rows, c_.n_heads);
+  ensure_attn_scratch(rows, splits);
+  forward_device(rows, seqs, n, cache, all_logits, bits, splits);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < seqs; ++b) cache.len[static_cast<size_t>(b)] += n;
   return logits_.get();
@@ -328,10 +355,14 @@ void GpuModel::set_decode_tokens(const std::vector<int32_t>& toks) {
   ensure_workspace(static_cast<int>(toks.size()), static_cast<int>(toks.size()), false);
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tok_dev_.get(), toks.data(), sizeof(int32_t) * toks.size(), cudaMemcpyHostToDevice, stream_));
   synchronize();
+  decode_seqs_ = static_cast<int>(toks.size());
 }
 
 void GpuModel::greedy_from_last_logits(int seqs) {
+  LOWBIT_CHECK(seqs >= 1 && seqs <= ws_logit_rows_, "greedy: ", seqs, " sequences, the last forward produced ",
+               ws_logit_rows_, " rows of logits at most");
   argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_);
+  decode_seqs_ = seqs;
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -345,6 +376,8 @@ std::vector<int32_t> GpuModel::get_decode_tokens(int seqs) const {
 void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
   check_bits(bits);
   const int seqs = cache.seqs;
+  LOWBIT_CHECK(decode_seqs_ == seqs, "decode: tokens were set for ", decode_seqs_, " sequences, the cache holds ", seqs,
+               " (set_decode_tokens / greedy_from_last_logits first)");
   for (int b = 0; b < seqs; ++b)
     LOWBIT_CHECK(cache.len[static_cast<size_t>(b)] + 1 <= cache.capacity, "decode: the KV cache of ", cache.capacity,
                  " positions is full");
@@ -353,14 +386,15 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
   for (int b = 0; b < seqs; ++b) seq[static_cast<size_t>(b)] = b;
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
-  const int splits = splits_for(cache.capacity);   // fixed per cache, so one graph serves every position
+  const int splits = splits_for(cache.capacity, seqs, c_.n_heads);   // fixed per cache: one graph, every position
+  ensure_attn_scratch(seqs, splits);
   auto body = [&] {
     embed_rows(emb_, tok_dev_.get(), seqs, c_.dim, x_.get(), stream_);
     forward_device(seqs, seqs, 1, cache, false, bits, splits);
     argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_);
   };
   const bool same = graph_ != nullptr && graph_seqs_ == seqs && graph_bits_ == bits && graph_capacity_ == cache.capacity &&
-                    graph_cache_ == cache.k.get();
+                    graph_cache_ == cache.k.get() && graph_gemm_gen_ == gemm_->generation();
   if (!use_graph) {
     body();
   } else if (same) {

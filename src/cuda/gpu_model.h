@@ -38,7 +38,8 @@ class GpuModel {
   // an fp16 copy of the weights they encode (counted by dequantized_linears()); QUIK is refused, naming the tensor.
   explicit GpuModel(const Model& cpu);
   // A model with this config and random weights generated on the device (benchmarks of shapes that are not on
-  // disk): fp16 everywhere, or every linear as a random anyprec (8-bit parent, widths 3..8) or mixed24a weight.
+  // disk): fp16 everywhere, or every linear as a random anyprec (8-bit parent, widths 2..8) or mixed24a weight
+  // (0.35% outliers).
   enum class RandomKind { Fp16, AnyPrec, Mixed24a };
   GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed);
   ~GpuModel();
@@ -74,6 +75,8 @@ class GpuModel {
  private:
   void init_common();
   void ensure_workspace(int rows, int seqs, bool all_logits);
+  void ensure_attn_scratch(int rows, int splits);
+  void invalidate_graph();
   void run_linear(const GpuLinear& l, const float* x, int64_t m, float* y, int bits);
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
   void forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits);
@@ -98,7 +101,8 @@ class GpuModel {
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
   // The captured decode graph.
   cudaGraphExec_t graph_ = nullptr;
-  int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1;
+  int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1, decode_seqs_ = 0;
+  uint64_t graph_gemm_gen_ = 0;
   const void* graph_cache_ = nullptr;
 };
 

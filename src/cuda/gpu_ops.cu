@@ -261,10 +261,13 @@ __global__ void nll_kernel(const float* logits, const int32_t* target, int vocab
   if (threadIdx.x == 0) {
     float t = 0.0f;
     for (int w = 0; w < nw; ++w) t += sv[w];
-    const int tg = target[blockIdx.x];
-    if (nll != nullptr) nll[blockIdx.x] = logf(t) + M - lg[tg];
-    if (hit != nullptr) hit[blockIdx.x] = A == tg;
-    if (nll == nullptr && hit != nullptr) hit[blockIdx.x] = A;   // argmax mode
+    if (nll != nullptr) {
+      const int tg = target[blockIdx.x];
+      nll[blockIdx.x] = logf(t) + M - lg[tg];
+      if (hit != nullptr) hit[blockIdx.x] = A == tg;
+    } else {
+      hit[blockIdx.x] = A;   // argmax mode
+    }
   }
 }
 
@@ -309,9 +312,8 @@ void nll_rows(const float* logits, const int32_t* target, int rows, int vocab, f
   if (rows > 0) nll_kernel<<<rows, 512, 0, s>>>(logits, target, vocab, nll, hit);
 }
 void argmax_rows(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s) {
-  // nll_kernel in argmax mode: nll == nullptr writes the argmax into hit; target is only read when nll is set,
-  // so pass out itself as a valid pointer.
-  if (rows > 0) nll_kernel<<<rows, 512, 0, s>>>(logits, out, vocab, nullptr, out);
+  // nll_kernel in argmax mode: with nll == nullptr it writes the argmax into hit and never reads target.
+  if (rows > 0) nll_kernel<<<rows, 512, 0, s>>>(logits, nullptr, vocab, nullptr, out);
 }
 void increment(int32_t* pos, int count, cudaStream_t s) { increment_kernel<<<blocks_for(count, 128), 128, 0, s>>>(pos, count); }
 

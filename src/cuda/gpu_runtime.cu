@@ -75,7 +75,10 @@ GenerateResult generate_gpu(GpuModel& model, const Tokenizer& tok, const std::ve
     if (on_device) {
       next = model.get_decode_tokens(1)[0];
     } else {
-      LOWBIT_CUDA_CHECK(cudaMemcpy(logits.data(), dlog, sizeof(float) * logits.size(), cudaMemcpyDeviceToHost));
+      // The model's stream is non-blocking: the copy must be queued on it, then waited for.
+      LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits.data(), dlog, sizeof(float) * logits.size(), cudaMemcpyDeviceToHost,
+                                        model.stream()));
+      model.synchronize();
       next = sampler.sample(logits.data(), c.vocab_size, history);
     }
     if (opts.stop_at_eos && std::find(stops.begin(), stops.end(), next) != stops.end()) {

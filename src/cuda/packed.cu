@@ -211,9 +211,10 @@ void f32_to_f16(const float* in, __half* out, int64_t count, cudaStream_t s) {
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
-GemmContext::GemmContext(cudaStream_t s) : stream_(s) {
+GemmContext::GemmContext(cudaStream_t s) : stream_(s), cublas_ws_(32u << 20) {
   cublas_check(cublasCreate(&handle_), "cublasCreate");
   cublas_check(cublasSetStream(handle_, s), "cublasSetStream");
+  cublas_check(cublasSetWorkspace(handle_, cublas_ws_.get(), cublas_ws_.bytes()), "cublasSetWorkspace");
 }
 
 GemmContext::~GemmContext() {
@@ -221,12 +222,20 @@ GemmContext::~GemmContext() {
 }
 
 __half* GemmContext::weight_scratch(size_t elements) {
-  if (wbuf_.size() < elements) wbuf_ = DeviceBuffer<__half>(elements);
+  if (wbuf_.size() < elements) {
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream_));   // the old buffer may still be read by queued work
+    wbuf_ = DeviceBuffer<__half>(elements);
+    ++generation_;
+  }
   return wbuf_.get();
 }
 
 __half* GemmContext::act_scratch(size_t elements) {
-  if (abuf_.size() < elements) abuf_ = DeviceBuffer<__half>(elements);
+  if (abuf_.size() < elements) {
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    abuf_ = DeviceBuffer<__half>(elements);
+    ++generation_;
+  }
   return abuf_.get();
 }
 

@@ -102,11 +102,15 @@ class GemmContext {
   cublasHandle_t cublas() const { return handle_; }
   __half* weight_scratch(size_t elements);
   __half* act_scratch(size_t elements);
+  // Bumped whenever a scratch buffer is reallocated: a captured CUDA graph that baked in the old pointers is stale.
+  uint64_t generation() const { return generation_; }
 
  private:
   cudaStream_t stream_;
   cublasHandle_t handle_ = nullptr;
   DeviceBuffer<__half> wbuf_, abuf_;
+  DeviceBuffer<uint8_t> cublas_ws_;   // cuBLAS's workspace, owned here so nothing is allocated during graph capture
+  uint64_t generation_ = 0;
 };
 
 // y [m, n] fp32 = x [m, k] fp32 · Wᵀ with W [n, k] fp16 already on the device: x is converted to fp16 in the
