@@ -3,6 +3,9 @@
 #   scripts/device_cuda.sh test        the GPU tests (kernels vs CPU twins, GPU model vs CPU model); $OUT/cuda-tests.txt
 #   scripts/device_cuda.sh sanitize    the same tests under compute-sanitizer memcheck; $OUT/cuda-sanitizer.txt
 #   scripts/device_cuda.sh bench [ARGS] lowbit bench --kernels ARGS; $OUT/bench-kernels.txt
+#   scripts/device_cuda.sh e2e [ARGS]   lowbit bench --e2e ARGS; $OUT/bench-e2e.txt
+#   scripts/device_cuda.sh all          test, bench (defaults), e2e (Llama-2-7B and Llama-3-8B shapes), sanitize
+#                                       (kernel tests), in that order, each log copied to $OUT as it finishes
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 OUT="${OUT:-/tmp/out}"
@@ -31,5 +34,15 @@ case "${1:-}" in
     shift
     "$LB/pkg/lowbit" bench --kernels "$@" 2>&1 | tee "$OUT/bench-kernels.txt"
     ;;
-  *) echo "usage: $0 test | sanitize | bench [ARGS]" >&2; exit 2 ;;
+  e2e)
+    shift
+    "$LB/pkg/lowbit" bench --e2e "$@" 2>&1 | tee "$OUT/bench-e2e.txt"
+    ;;
+  all)
+    bash "$0" test
+    bash "$0" bench
+    bash "$0" e2e --model-shapes llama2-7b,llama3-8b
+    bash "$0" sanitize --gtest_filter='CudaKernels.*'
+    ;;
+  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all" >&2; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
 #include "cuda/bench_e2e.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -30,6 +31,65 @@ double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock:
 
 }  // namespace
 
+double time_prefill(GpuModel& m, int bits, int prefill) {
+  const int V = m.config().vocab_size;
+  std::vector<int32_t> toks(static_cast<size_t>(prefill));
+  for (int i = 0; i < prefill; ++i) toks[static_cast<size_t>(i)] = (i * 7919 + 1) % V;
+  GpuKVCache kv = m.new_cache(1, prefill);
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    kv.len[0] = 0;
+    m.synchronize();
+    const double t0 = now_s();
+    m.forward(toks.data(), 1, prefill, kv, false, bits);
+    m.synchronize();
+    if (rep > 0) best = std::min(best, now_s() - t0);   // rep 0 warms up (workspace, cuBLAS)
+  }
+  return prefill / best;
+}
+
+double time_decode(GpuModel& m, int bits, int prompt, int decode, int batch, double* kv_bytes) {
+  LOWBIT_CHECK(decode >= 3, "decode timing needs at least 3 steps");
+  const int V = m.config().vocab_size;
+  GpuKVCache kv = m.new_cache(batch, prompt + decode + 1);
+  std::vector<int32_t> p(static_cast<size_t>(batch * prompt));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>((i * 104729 + 3) % static_cast<size_t>(V));
+  m.forward(p.data(), batch, prompt, kv, false, bits);
+  m.greedy_from_last_logits(batch);
+  m.decode_step_greedy(kv, bits, true);   // runs plainly and records the graph
+  m.decode_step_greedy(kv, bits, true);
+  m.synchronize();
+  const int steps = decode - 2;
+  const double t0 = now_s();
+  for (int i = 0; i < steps; ++i) m.decode_step_greedy(kv, bits, true);
+  m.synchronize();
+  if (kv_bytes != nullptr) *kv_bytes = static_cast<double>(kv.bytes());
+  return steps * batch / (now_s() - t0);
+}
+
+double device_copy_bandwidth() {
+  const size_t bytes = 1ull << 30;
+  DeviceBuffer<uint8_t> a(bytes), b(bytes);
+  LOWBIT_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  cudaEvent_t e0, e1;
+  LOWBIT_CUDA_CHECK(cudaEventCreate(&e0));
+  LOWBIT_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> t;
+  for (int i = 0; i < 22; ++i) {
+    LOWBIT_CUDA_CHECK(cudaEventRecord(e0));
+    LOWBIT_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));
+    LOWBIT_CUDA_CHECK(cudaEventRecord(e1));
+    LOWBIT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    LOWBIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 2) t.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(t.begin(), t.end());
+  return 2.0 * static_cast<double>(bytes) / (t[t.size() / 2] * 1e-3);
+}
+
 void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
   LOWBIT_CHECK(o.decode >= 3 && o.prompt >= 1 && o.prefill >= 1, "bench --e2e: decode >= 3, prompt and prefill >= 1");
   char line[512];
@@ -58,39 +118,14 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
       GpuModel m(c, rk, 1234);
       const std::vector<int> widths = kind == "anyprec" ? o.bits : std::vector<int>{0};
       for (int b : widths) {
-        // Prefill.
-        std::vector<int32_t> toks(static_cast<size_t>(o.prefill));
-        for (int i = 0; i < o.prefill; ++i) toks[static_cast<size_t>(i)] = (i * 7919 + 1) % c.vocab_size;
-        double best = 1e30;
-        {
-          GpuKVCache kv = m.new_cache(1, o.prefill);
-          for (int rep = 0; rep < 4; ++rep) {
-            kv.len[0] = 0;
-            m.synchronize();
-            const double t0 = now_s();
-            m.forward(toks.data(), 1, o.prefill, kv, false, b);
-            m.synchronize();
-            if (rep > 0) best = std::min(best, now_s() - t0);   // rep 0 warms up (workspace, cuBLAS)
-          }
-        }
+        const double prefill_tok_s = time_prefill(m, b, o.prefill);
         for (int batch : o.batches) {
-          GpuKVCache kv = m.new_cache(batch, o.prompt + o.decode + 1);
-          std::vector<int32_t> prompt(static_cast<size_t>(batch * o.prompt));
-          for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 104729 + 3) % static_cast<size_t>(c.vocab_size));
-          m.forward(prompt.data(), batch, o.prompt, kv, false, b);
-          m.greedy_from_last_logits(batch);
-          m.decode_step_greedy(kv, b, true);   // records the graph
-          m.decode_step_greedy(kv, b, true);
-          m.synchronize();
-          const int steps = o.decode - 2;
-          const double t0 = now_s();
-          for (int i = 0; i < steps; ++i) m.decode_step_greedy(kv, b, true);
-          m.synchronize();
-          const double dt = now_s() - t0;
+          double kv_bytes = 0;
+          const double decode_tok_s = time_decode(m, b, o.prompt, o.decode, batch, &kv_bytes);
           std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.2f\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
-                        static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, o.prefill / best, batch,
-                        steps * batch / dt, static_cast<double>(kv.bytes()) / 1e9);
+                        static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
+                        kv_bytes / 1e9);
           out << line << std::flush;
         }
       }

@@ -18,4 +18,13 @@ struct E2EBenchOptions {
 
 void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out);
 
+class GpuModel;
+// Prefill tokens/s of one forward of `prefill` tokens (batch 1, best of 3 after a warm-up run).
+double time_prefill(GpuModel& m, int bits, int prefill);
+// Greedy decode tokens/s (steps x batch / time) of `decode` CUDA-graph steps after a `prompt`-token prompt in each
+// of `batch` sequences; *kv_bytes receives the KV cache's size.
+double time_decode(GpuModel& m, int bits, int prompt, int decode, int batch, double* kv_bytes);
+// Device-to-device copy bandwidth, bytes read + written per second (1 GiB, median of 20).
+double device_copy_bandwidth();
+
 }  // namespace lowbit::cuda

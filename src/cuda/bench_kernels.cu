@@ -6,6 +6,7 @@
 #include <random>
 #include <string>
 
+#include "cuda/bench_e2e.h"
 #include "cuda/packed.h"
 
 namespace lowbit::cuda {
@@ -52,19 +53,11 @@ int rotation(uint64_t bytes_per_copy) {
   return static_cast<int>(std::clamp<uint64_t>((want + bytes_per_copy - 1) / bytes_per_copy, 2, 64));
 }
 
-double copy_bandwidth() {
-  const size_t bytes = 1ull << 30;
-  DeviceBuffer<uint8_t> a(bytes), b(bytes);
-  LOWBIT_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
-  const double us = median_us(20, [&](int) { LOWBIT_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice)); });
-  return 2.0 * static_cast<double>(bytes) / (us * 1e-6);
-}
-
 }  // namespace
 
 void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
   char line[512];
-  const double bw = copy_bandwidth();
+  const double bw = device_copy_bandwidth();
   std::snprintf(line, sizeof line, "device: %s\ncopy bandwidth (device-to-device, bytes read + written): %.0f GB/s\n",
                 device_name().c_str(), bw / 1e9);
   out << line;

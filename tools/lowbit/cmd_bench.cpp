@@ -17,6 +17,7 @@
 #ifdef LOWBIT_WITH_CUDA
 #include "cuda/bench_e2e.h"
 #include "cuda/bench_kernels.h"
+#include "cuda/gpu_model.h"
 #include "cuda/common.h"
 #endif
 
@@ -73,6 +74,8 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--reps", *reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   sub->add_option("--bits", *bits, "Any-precision models: the width to run (default: the widest)");
+  auto device = std::make_shared<std::string>("auto");
+  add_device_option(sub, *device);
   sub->callback([=, &common] {
     if (*e2e) {
 #ifdef LOWBIT_WITH_CUDA
@@ -123,6 +126,26 @@ void register_bench(CLI::App& app, Common& common) {
     const ModelConfig& c = model->config();
     const int P = std::min(*prefill, c.max_seq_len - *decode);
     LOWBIT_CHECK(P >= 1, "--prefill + --decode exceed the model context of ", c.max_seq_len);
+    if (use_cuda(*device, *model)) {
+#ifdef LOWBIT_WITH_CUDA
+      // GPU: prefill of P tokens, greedy decode (CUDA-graph steps) at batch 1, weight bandwidth vs a device copy.
+      LOWBIT_CHECK(*decode >= 3, "bench --device cuda: --decode must be >= 3");
+      cuda::GpuModel g(*model);
+      const double bw = cuda::device_copy_bandwidth();
+      const double pre = cuda::time_prefill(g, *bits, P);
+      double kv = 0;
+      const double dec = cuda::time_decode(g, *bits, P, *decode, 1, &kv);
+      const double bytes = static_cast<double>(g.weight_bytes_per_token(*bits));
+      std::printf("model: %s on %s (%.1f MB of weights on the GPU%s)\n", path->c_str(), device_description().c_str(),
+                  static_cast<double>(g.weight_bytes()) / 1e6,
+                  g.dequantized_linears() > 0 ? ", some linears as fp16 copies: no kernel for their format" : "");
+      std::printf("copy bandwidth (device-to-device, read + write): %.0f GB/s\n", bw / 1e9);
+      std::printf("prefill         (%d tokens):      %8.1f tokens/s\n", P, pre);
+      std::printf("decode          (%d tokens after %d): %8.1f tokens/s  %8.1f GB/s of weights = %.0f%% of the copy\n",
+                  *decode, P, dec, bytes * dec / 1e9, 100.0 * bytes * dec / bw);
+      return;
+#endif
+    }
     // Linear-layer FLOPs per token (2 per multiply-add) plus the head; attention added per position.
     const double lin = 2.0 * c.n_layers * (static_cast<double>(c.dim) * (c.q_dim() + 2 * c.kv_dim()) +
                                            static_cast<double>(c.q_dim()) * c.dim + 3.0 * c.dim * c.hidden_dim) +
