@@ -8,11 +8,14 @@
 #include "test_util.h"
 
 #ifdef LOWBIT_WITH_CUDA
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <random>
 
 #include "core/half.h"
 #include "cuda/packed.h"
+#include "cuda/sampling.h"
 #include "formats/format_table.h"
 #include "packed_fixtures.h"
 
@@ -235,6 +238,78 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
     }
   }
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// The CPU Sampler's rules, exactly, as probabilities: temperature, top-k (ties by the lower index), then the smallest
+// descending prefix whose mass reaches top-p (all ties at its boundary kept, as the GPU does).
+std::vector<double> kept_distribution(const std::vector<float>& logits, const cuda::GpuSamplingParams& p) {
+  const int V = static_cast<int>(logits.size());
+  std::vector<int> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::vector<float> x(static_cast<size_t>(V));
+  for (int i = 0; i < V; ++i) x[static_cast<size_t>(i)] = logits[static_cast<size_t>(i)] * (1.0f / p.temperature);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return x[static_cast<size_t>(a)] > x[static_cast<size_t>(b)]; });
+  const int k = p.top_k > 0 && p.top_k < V ? p.top_k : V;
+  const double mx = x[static_cast<size_t>(order[0])];
+  double z = 0;
+  for (int r = 0; r < k; ++r) z += std::exp(static_cast<double>(x[static_cast<size_t>(order[static_cast<size_t>(r)])]) - mx);
+  int keep = k;
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    keep = 0;
+    while (keep < k) {
+      cum += std::exp(static_cast<double>(x[static_cast<size_t>(order[static_cast<size_t>(keep)])]) - mx) / z;
+      ++keep;
+      if (cum >= p.top_p) break;
+    }
+    while (keep < k && x[static_cast<size_t>(order[static_cast<size_t>(keep)])] == x[static_cast<size_t>(order[static_cast<size_t>(keep - 1)])]) ++keep;
+  }
+  std::vector<double> prob(static_cast<size_t>(V), 0.0);
+  double s = 0;
+  for (int r = 0; r < keep; ++r) s += prob[static_cast<size_t>(order[static_cast<size_t>(r)])] = std::exp(static_cast<double>(x[static_cast<size_t>(order[static_cast<size_t>(r)])]) - mx);
+  for (double& q : prob) q /= s;
+  return prob;
+}
+
+// With N stratified uniforms u_i = (i + 0.5) / N, inverse-CDF sampling draws every token within one count of
+// p_j * N: the GPU's empirical frequencies must match the CPU rules' probabilities to 1.5 / N, and never pick a
+// token outside the kept set.
+TEST(CudaKernels, SamplingDrawsTheCpuSamplersDistribution) {
+  SKIP_WITHOUT_GPU();
+  const int V = 3001, N = 4096;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> row(static_cast<size_t>(V));
+  for (float& v : row) v = nd(rng);
+  row[17] = row[18] = row[40] = 7.5f;   // ties at the top
+  std::vector<float> logits;
+  for (int i = 0; i < N; ++i) logits.insert(logits.end(), row.begin(), row.end());
+  std::vector<float> u(static_cast<size_t>(N));
+  for (int i = 0; i < N; ++i) u[static_cast<size_t>(i)] = (static_cast<float>(i) + 0.5f) / static_cast<float>(N);
+  cuda::DeviceBuffer<float> ld(logits), ud(u);
+  cuda::DeviceBuffer<int32_t> out(static_cast<size_t>(N));
+  for (const cuda::GpuSamplingParams& p : {cuda::GpuSamplingParams{1.0f, 0, 1.0f}, cuda::GpuSamplingParams{0.7f, 50, 1.0f},
+                                          cuda::GpuSamplingParams{1.3f, 0, 0.8f}, cuda::GpuSamplingParams{1.0f, 20, 0.5f},
+                                          cuda::GpuSamplingParams{1.0f, 2, 1.0f}, cuda::GpuSamplingParams{1.0f, 1, 1.0f}}) {
+    LOWBIT_CUDA_CHECK(cudaMemset(out.get(), 0xFF, out.bytes()));
+    cuda::sample_rows(ld.get(), N, V, p, ud.get(), out.get(), nullptr);
+    LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int32_t> got = out.download();
+    const std::vector<double> want = kept_distribution(row, p);
+    std::vector<int> count(static_cast<size_t>(V), 0);
+    int outside = 0;
+    for (int32_t t : got) {
+      if (t < 0 || t >= V || want[static_cast<size_t>(t)] == 0) ++outside;
+      else ++count[static_cast<size_t>(t)];
+    }
+    EXPECT_EQ(outside, 0) << "T " << p.temperature << " k " << p.top_k << " p " << p.top_p;
+    double worst = 0;
+    for (int j = 0; j < V; ++j) worst = std::max(worst, std::fabs(count[static_cast<size_t>(j)] / static_cast<double>(N) - want[static_cast<size_t>(j)]));
+    EXPECT_LE(worst, 1.5 / N) << "T " << p.temperature << " k " << p.top_k << " p " << p.top_p;
+  }
+  // top-k 1 picks the lowest-index maximum (17 of the three tied), whatever u is.
+  const std::vector<int32_t> last = out.download();
+  EXPECT_EQ(std::count(last.begin(), last.end(), 17), N);
 }
 
 TEST(CudaKernels, RefusesWhatItCannotRun) {

@@ -366,6 +366,15 @@ void GpuModel::greedy_from_last_logits(int seqs) {
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
+void GpuModel::sample_from_last_logits(int seqs, const GpuSamplingParams& p, const std::vector<float>& u) {
+  LOWBIT_CHECK(seqs >= 1 && seqs <= ws_logit_rows_ && static_cast<int>(u.size()) == seqs, "sample: ", seqs,
+               " sequences, ", u.size(), " uniforms, ", ws_logit_rows_, " rows of logits at most");
+  if (u_dev_.size() < u.size()) u_dev_ = DeviceBuffer<float>(u.size());
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(u_dev_.get(), u.data(), sizeof(float) * u.size(), cudaMemcpyHostToDevice, stream_));
+  sample_rows(logits_.get(), seqs, c_.vocab_size, p, u_dev_.get(), tok_dev_.get(), stream_);
+  decode_seqs_ = seqs;
+}
+
 std::vector<int32_t> GpuModel::get_decode_tokens(int seqs) const {
   std::vector<int32_t> t(static_cast<size_t>(seqs));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(t.data(), tok_dev_.get(), sizeof(int32_t) * seqs, cudaMemcpyDeviceToHost, stream_));

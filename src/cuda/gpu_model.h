@@ -10,6 +10,7 @@
 
 #include "cuda/common.h"
 #include "cuda/packed.h"
+#include "cuda/sampling.h"
 #include "model/model.h"
 
 namespace lowbit::cuda {
@@ -68,6 +69,8 @@ class GpuModel {
   void set_decode_tokens(const std::vector<int32_t>& toks);
   // The greedy tokens of the logits the last forward() returned ([seqs, vocab]) into the decode tokens.
   void greedy_from_last_logits(int seqs);
+  // The same with temperature / top-k / top-p sampling on the GPU, u[b] uniform in [0, 1) per sequence.
+  void sample_from_last_logits(int seqs, const GpuSamplingParams& p, const std::vector<float>& u);
   std::vector<int32_t> get_decode_tokens(int seqs) const;
   cudaStream_t stream() const { return stream_; }
   void synchronize() const;
@@ -99,6 +102,7 @@ class GpuModel {
   int ws_rows_ = 0, ws_logit_rows_ = 0;
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
+  DeviceBuffer<float> u_dev_;
   // The captured decode graph.
   cudaGraphExec_t graph_ = nullptr;
   int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1, decode_seqs_ = 0;

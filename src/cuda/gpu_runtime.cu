@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <random>
 
 namespace lowbit::cuda {
 namespace {
@@ -57,6 +58,15 @@ GenerateResult generate_gpu(GpuModel& model, const Tokenizer& tok, const std::ve
   GpuKVCache cache = model.new_cache(1, std::max(capacity, static_cast<int>(prompt_ids.size())));
   const std::vector<int32_t> stops = stop_tokens(c, tok);
   const bool on_device = opts.sampling.temperature == 0.0f && opts.sampling.repetition_penalty == 1.0f;
+  // Temperature / top-k / top-p without a repetition penalty sample on the GPU too (the penalty needs the history:
+  // that path downloads the logits and uses the CPU Sampler).
+  const bool gpu_sampling = !on_device && opts.sampling.repetition_penalty == 1.0f;
+  GpuSamplingParams gp;
+  gp.temperature = opts.sampling.temperature;
+  gp.top_k = opts.sampling.top_k;
+  gp.top_p = opts.sampling.top_p;
+  std::mt19937_64 rng(opts.sampling.seed);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
 
   GenerateResult r;
   r.prompt_ids = prompt_ids;
@@ -73,6 +83,10 @@ GenerateResult generate_gpu(GpuModel& model, const Tokenizer& tok, const std::ve
   for (int i = 0; i < opts.max_new_tokens; ++i) {
     int32_t next;
     if (on_device) {
+      next = model.get_decode_tokens(1)[0];
+    } else if (gpu_sampling) {
+      const float u = std::min(static_cast<float>(uniform(rng)), 0x1.fffffep-1f);   // [0, 1) after rounding to float
+      model.sample_from_last_logits(1, gp, {u});
       next = model.get_decode_tokens(1)[0];
     } else {
       // The model's stream is non-blocking: the copy must be queued on it, then waited for.
