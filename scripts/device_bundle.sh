@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=build-portable-cuda
-cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLOWBIT_NATIVE=OFF -DLOWBIT_CUDA=ON -DLOWBIT_TESTS=ON >/dev/null
+cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLOWBIT_NATIVE=OFF -DLOWBIT_CUDA=ON -DLOWBIT_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 targets=(lowbit_cli)
 grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=(test_cuda_kernels test_cuda_model)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" >/dev/null

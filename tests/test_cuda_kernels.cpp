@@ -135,6 +135,7 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
     }
 }
 
+// Both GEMV paths (CUDA-core FMAs; tensor-core mma with x split into two fp16 halves) hold the fp32 budget.
 TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   const Shape shapes[] = {{1, 64}, {17, 576}, {40, 1600}, {16, 4096}, {3, 28672}, {28672, 128}};
@@ -153,15 +154,17 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
         std::vector<float> want(static_cast<size_t>(m * sh.n));
         mixed24a_gemm_packed_ref(pw, x.data(), m, nullptr, want.data());
         const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
-        for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
-          if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
-          const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
-            cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode);
-          });
-          expect_close(got, want, scale, kGemvBudget,
-                       "mixed24a " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" + std::to_string(m) +
-                           (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
-        }
+        for (cuda::GemvPath path : {cuda::GemvPath::Scalar, cuda::GemvPath::TensorCore})
+          for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+            if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+            const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+              cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, path);
+            });
+            expect_close(got, want, scale, kGemvBudget,
+                         "mixed24a " + std::string(path == cuda::GemvPath::Scalar ? "scalar " : "tensor-core ") +
+                             std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" + std::to_string(m) +
+                             (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
+          }
       }
     }
 }

@@ -139,7 +139,12 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
         const int64_t m = o.batches[bi];
         if (m <= kMaxGemvBatch) {
           const double d_us = median_us(o.iters, [&](int i) { mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s); });
-          row("2/4/16 no outliers", m, d_us, base[bi], dense_bytes);
+          row(std::string("2/4/16 no outliers") + (m == 1 ? " (CUDA cores)" : " (tensor cores)"), m, d_us, base[bi], dense_bytes);
+          const GemvPath other = m == 1 ? GemvPath::TensorCore : GemvPath::Scalar;
+          const double a_us = median_us(o.iters, [&](int i) {
+            mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused, other);
+          });
+          row(std::string("2/4/16 no outliers") + (m == 1 ? " (tensor cores)" : " (CUDA cores)"), m, a_us, base[bi], dense_bytes);
           if (full[0].rowptr != nullptr) {
             const double f_us = median_us(o.iters, [&](int i) { mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused); });
             row("2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);

@@ -182,6 +182,155 @@ __global__ void mixed24a_dequant_outliers_kernel(Mixed24ADevice w, __half* __res
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tensor-core path (batch 2..8, and 1 on request): mma.sync m16n8k16, fp16 inputs, fp32 accumulation.
+//
+// A block is one 16-row block (the second-order row group) and 4 warps splitting its units (u = warp, warp + 4, ...).
+// Per stored group of 16 columns a warp issues mma with A = (q - z) for the 16 rows — small integers, exact in fp16 —
+// and B = the group's activations for the batch columns, then adds ŝ(row) * C to its accumulators: the group's
+// scale is applied to the fp32 product, never rounded into fp16. x is split as x_hi + x_lo (two fp16 values, the
+// second holding the next 11 bits), each through its own mma, so the result keeps about fp32 accuracy.
+//
+// The k order inside a group is ours to choose (A and B only have to agree), and it is picked so that one shift and
+// one LOP3 turn a code word into a fragment register: lane (g = lane / 4, t = lane % 4), for a 2-bit word w (code i
+// at bits 2i), (w >> 4t) & 0x00030003 holds codes 2t and 2t + 8, (w >> 4t + 2) & ... codes 2t + 1 and 2t + 9; OR-ed
+// with 0x64006400 they are the fp16 values 1024 + q, and one HSUB2 of 1024 + z leaves q - z. The 4-bit group
+// (codes 0..7 in qa.w, 8..15 in qb, 4 bits each) gives codes t, t + 4 and 8 + t, 12 + t the same way.
+constexpr int kTcWarps = 4;
+
+__device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+__device__ __forceinline__ uint32_t codes_minus_zero(uint32_t field_pair, __half2 zm) {
+  const uint32_t v = field_pair | 0x64006400u;   // (1024 + q_lo, 1024 + q_hi) as fp16
+  return half2_bits(__hsub2(*reinterpret_cast<const __half2*>(&v), zm));
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (hi, lo) fp16 pairs of two activations: hi = fp16(v), lo = fp16(v - hi).
+__device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(v0, v1);
+  const float2 hf = __half22float2(h);
+  hi = half2_bits(h);
+  lo = half2_bits(__floats2half2_rn(v0 - hf.x, v1 - hf.y));
+}
+
+template <bool kFusedOutliers>
+__global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24ADevice w, const float* __restrict__ x,
+                                                                         int m_total, float* __restrict__ y) {
+  __shared__ float part[kTcWarps][32][4];
+  __shared__ float outs[16][8];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n = w.n, k = w.k, U = k / 64, rg = blockIdx.x, row0 = rg * 16;
+  const int64_t r0 = min(row0 + g, n - 1), r1 = min(row0 + g + 8, n - 1);
+  const bool col_ok = g < m_total;   // this lane feeds batch column g of B
+  const float* xg = x + static_cast<int64_t>(col_ok ? g : 0) * k;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+  for (int64_t u = warp; u < U; u += kTcWarps) {
+    const uint4 qa0 = __ldg(w.qa + r0 * U + u), qa1 = __ldg(w.qa + r1 * U + u);
+    const uint32_t qb0 = __ldg(w.qb + r0 * U + u), qb1 = __ldg(w.qb + r1 * U + u);
+    const uint32_t m20 = __ldg(w.meta2 + r0 * U + u), m21 = __ldg(w.meta2 + r1 * U + u);
+    const uint32_t m40 = __ldg(w.meta4 + r0 * U + u), m41 = __ldg(w.meta4 + r1 * U + u);
+    const uint2 pp = __ldg(reinterpret_cast<const uint2*>(w.perm) + u);
+    const int64_t base[4] = {16 * static_cast<int64_t>(pp.x & 0xFFFFu), 16 * static_cast<int64_t>(pp.x >> 16),
+                             16 * static_cast<int64_t>(pp.y & 0xFFFFu), 16 * static_cast<int64_t>(pp.y >> 16)};
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const float ss = __half2float(s < 3 ? w.ss2[rg * 3 * U + 3 * u + s] : w.ss4[rg * U + u]);
+      const float sm = __half2float(s < 3 ? w.sm2[rg * 3 * U + 3 * u + s] : w.sm4[rg * U + u]);
+      const uint32_t sc0 = s == 0 ? (m20 & 15u) : s == 1 ? ((m20 >> 4) & 7u) : s == 2 ? ((m20 >> 7) & 7u) : (m40 & 15u);
+      const uint32_t sc1 = s == 0 ? (m21 & 15u) : s == 1 ? ((m21 >> 4) & 7u) : s == 2 ? ((m21 >> 7) & 7u) : (m41 & 15u);
+      const uint32_t z0 = s == 3 ? (m40 >> 4) : ((m20 >> (10 + 2 * s)) & 3u);
+      const uint32_t z1 = s == 3 ? (m41 >> 4) : ((m21 >> (10 + 2 * s)) & 3u);
+      const float scale0 = fmaf(static_cast<float>(sc0), ss, sm), scale1 = fmaf(static_cast<float>(sc1), ss, sm);
+      const __half2 zm0 = __float2half2_rn(1024.0f + static_cast<float>(z0));
+      const __half2 zm1 = __float2half2_rn(1024.0f + static_cast<float>(z1));
+      uint32_t a[4];
+      // The activations of the 4 k positions this lane feeds, in the same order.
+      float xk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (s < 3) {
+        const uint32_t w0 = s == 0 ? qa0.x : s == 1 ? qa0.y : qa0.z, w1 = s == 0 ? qa1.x : s == 1 ? qa1.y : qa1.z;
+        a[0] = codes_minus_zero((w0 >> (4 * t)) & 0x00030003u, zm0);       // row g,     k 2t, 2t+1: codes 2t, 2t+8
+        a[1] = codes_minus_zero((w1 >> (4 * t)) & 0x00030003u, zm1);       // row g + 8
+        a[2] = codes_minus_zero((w0 >> (4 * t + 2)) & 0x00030003u, zm0);   // row g,     k 2t+8, 2t+9: codes 2t+1, 2t+9
+        a[3] = codes_minus_zero((w1 >> (4 * t + 2)) & 0x00030003u, zm1);
+        if (col_ok) {
+          const float2 lo = __ldg(reinterpret_cast<const float2*>(xg + base[s] + 2 * t));       // x[2t], x[2t+1]
+          const float2 hi = __ldg(reinterpret_cast<const float2*>(xg + base[s] + 2 * t + 8));   // x[2t+8], x[2t+9]
+          xk[0] = lo.x;  // k 2t   -> code 2t
+          xk[1] = hi.x;  // k 2t+1 -> code 2t+8
+          xk[2] = lo.y;  // k 2t+8 -> code 2t+1
+          xk[3] = hi.y;  // k 2t+9 -> code 2t+9
+        }
+      } else {
+        a[0] = codes_minus_zero((qa0.w >> (4 * t)) & 0x000F000Fu, zm0);    // codes t, t+4
+        a[1] = codes_minus_zero((qa1.w >> (4 * t)) & 0x000F000Fu, zm1);
+        a[2] = codes_minus_zero((qb0 >> (4 * t)) & 0x000F000Fu, zm0);      // codes 8+t, 12+t
+        a[3] = codes_minus_zero((qb1 >> (4 * t)) & 0x000F000Fu, zm1);
+        if (col_ok) {
+          xk[0] = __ldg(xg + base[s] + t);
+          xk[1] = __ldg(xg + base[s] + t + 4);
+          xk[2] = __ldg(xg + base[s] + 8 + t);
+          xk[3] = __ldg(xg + base[s] + 12 + t);
+        }
+      }
+      uint32_t b0h, b0l, b1h, b1l;
+      split_pair(xk[0], xk[1], b0h, b0l);
+      split_pair(xk[2], xk[3], b1h, b1l);
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_16816(c, a, b0h, b1h);
+      mma_16816(c, a, b0l, b1l);
+      acc[0] = fmaf(scale0, c[0], acc[0]);
+      acc[1] = fmaf(scale0, c[1], acc[1]);
+      acc[2] = fmaf(scale1, c[2], acc[2]);
+      acc[3] = fmaf(scale1, c[3], acc[3]);
+    }
+  }
+
+  // Sum the 4 warps' fragments: lane (g, t) holds rows g / g + 8, batch columns 2t / 2t + 1.
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];
+  __syncthreads();
+  if (warp == 0) {
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int wi = 0; wi < kTcWarps; ++wi)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] += part[wi][lane][i];
+    outs[g][2 * t] = v[0];
+    outs[g][2 * t + 1] = v[1];
+    outs[g + 8][2 * t] = v[2];
+    outs[g + 8][2 * t + 1] = v[3];
+  }
+  __syncthreads();
+  // Outliers (fused) and the store: warp w takes rows 4w .. 4w + 3 of the block.
+  for (int rr = 0; rr < 4; ++rr) {
+    const int lr = warp * 4 + rr;
+    const int64_t row = row0 + lr;
+    if (row >= n) break;
+    for (int mm = 0; mm < m_total; ++mm) {
+      float extra = 0.0f;
+      if (kFusedOutliers && w.rowptr != nullptr) {
+        for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
+          const uint32_t c = __ldg(w.col + e);
+          const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
+          extra = fmaf(__half2float(w.val[e]), __ldg(x + mm * k + orig), extra);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
+      }
+      if (lane == 0) y[mm * n + row] = outs[lr][mm] + extra;
+    }
+  }
+}
+
 template <int M>
 void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
   const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
@@ -191,8 +340,19 @@ void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, b
 
 }  // namespace
 
-void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode) {
+void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
+                   GemvPath path) {
   const bool fused = mode == OutlierMode::Fused;
+  LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
+  if (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= 2)) {
+    const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
+    if (fused) mixed24a_gemv_tc_kernel<true><<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y);
+    else mixed24a_gemv_tc_kernel<false><<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y);
+    if (!fused && w.rowptr != nullptr)
+      mixed24a_outliers_kernel<<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
+    LOWBIT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   switch (m) {
     case 1: launch<1>(w, x, y, s, fused); break;
     case 2: launch<2>(w, x, y, s, fused); break;
