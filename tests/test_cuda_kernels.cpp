@@ -121,15 +121,17 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
           std::vector<float> want(static_cast<size_t>(m * sh.n));
           cpu->forward_ref(x.data(), m, want.data(), bits);
           const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
-          for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
-            if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
-            const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
-              cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode);
-            });
-            expect_close(got, want, scale, kGemvBudget,
-                         "anyprec " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) +
-                             " m" + std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
-          }
+          for (cuda::GemvPath path : {cuda::GemvPath::Scalar, cuda::GemvPath::TensorCore})
+            for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+              if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+              const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+                cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path);
+              });
+              expect_close(got, want, scale, kGemvBudget,
+                           "anyprec " + std::string(path == cuda::GemvPath::Scalar ? "scalar " : "tensor-core ") +
+                               std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
+                               std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
+            }
         }
       }
     }

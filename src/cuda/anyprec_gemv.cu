@@ -21,6 +21,7 @@
 // its rows' CSR entries (the code re-read from the planes); or a separate SpMV kernel does the same afterwards.
 #include <algorithm>
 
+#include "cuda/mma.cuh"
 #include "cuda/packed.h"
 
 namespace lowbit::cuda {
@@ -236,8 +237,150 @@ void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t 
   }
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tensor-core path (batch 2..8 by default): mma.sync m16n8k16 with A = the rows' fp16 LUT values (exact: the LUTs
+// are stored in fp16) and B = the activations split into hi + lo fp16 halves, fp32 accumulation.
+//
+// A CTA is one block of 16 rows and 4 warps that split the row's word quads between them. Lane (g, t) loads word
+// 4q + t of a tile from planes 0..b-1 of rows g and g + 8, so a quad of 4 words (128 columns) is 8 k16 slabs; in
+// slab j the lane feeds word bits 4j .. 4j+3 (k = 2t, 2t+1, 2t+8, 2t+9), i.e. columns u·8nw + 8w + 4(j&1) + 0..3 of
+// its word w, quarter u = j/2: one 16-byte activation load per slab and batch column. Codes are built four quarters
+// at a time as in the CUDA-core kernel. The LUTs of the 16 rows sit in shared memory as 32-bit words at
+// ((h·2^b + e)·8 + g)·4 + t (h: row g or g + 8), so a warp-wide lookup for one row half reads 32 different banks.
+constexpr int kTcWarps = 4;
+
+template <int B, bool kFusedOutliers>
+__global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecDevice w, const float* __restrict__ x,
+                                                                        int m_total, float* __restrict__ y) {
+  extern __shared__ uint32_t tabs[];   // [2][2^B][8][4]
+  __shared__ float part[kTcWarps][32][4];
+  __shared__ float outs[16][8];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n = w.n, k = w.k, W = w.words, row0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t r0 = min_i64(row0 + g, n - 1), r1 = min_i64(row0 + g + 8, n - 1);
+  const __half* lut = w.lut[B];
+  constexpr int E = 1 << B;
+  for (int q = static_cast<int>(threadIdx.x); q < 2 * E * 32; q += kTcWarps * 32) {
+    const int l = q % 32, e = (q / 32) % E, h = q / (32 * E);
+    const int64_t row = min_i64(row0 + l / 4 + 8 * h, n - 1);
+    tabs[q] = __half_as_ushort(lut[row * E + e]);
+  }
+  __syncthreads();
+  const uint32_t* t0 = tabs + lane;            // row g:     entry e at t0[e * 32]
+  const uint32_t* t1 = tabs + E * 32 + lane;   // row g + 8
+  const bool col_ok = g < m_total;
+  const float* xg = x + static_cast<int64_t>(col_ok ? g : 0) * k;
+  const bool vec = (k % 4) == 0;
+  const int64_t plane_stride = n * W;
+  const int64_t full_tiles = W / 32, last_nw = W % 32;
+  const int64_t quads = full_tiles * 8 + (last_nw + 3) / 4;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+
+  for (int64_t qi = warp; qi < quads; qi += kTcWarps) {
+    const int64_t T = qi / 8, wq = qi % 8;
+    const int nw = static_cast<int>(min_i64(32, W - 32 * T));
+    const int wt = static_cast<int>(4 * wq) + t;   // word within the tile
+    const bool word_ok = wt < nw;
+    uint32_t p0[B], p1[B];
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      p0[j] = word_ok ? __ldg(w.plane_data + j * plane_stride + r0 * W + 32 * T + wt) : 0u;
+      p1[j] = word_ok ? __ldg(w.plane_data + j * plane_stride + r1 * W + 32 * T + wt) : 0u;
+    }
+    uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      uint32_t v0 = 0, v1 = 0;
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        v0 |= ((p0[j] >> i) & 0x01010101u) << (B - 1 - j);
+        v1 |= ((p1[j] >> i) & 0x01010101u) << (B - 1 - j);
+      }
+      i0[i] = v0;
+      i1[i] = v1;
+    }
+#pragma unroll
+    for (int sj = 0; sj < 8; ++sj) {
+      const int u = sj / 2, ib = (sj % 2) * 4;
+      uint32_t e0[4], e1[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        e0[q] = __byte_perm(i0[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
+        e1[q] = __byte_perm(i1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
+      }
+      uint32_t a[4];
+      a[0] = __byte_perm(t0[e0[0] * 32], t0[e0[1] * 32], 0x5410u);   // row g,     bits 4sj, 4sj+1
+      a[1] = __byte_perm(t1[e1[0] * 32], t1[e1[1] * 32], 0x5410u);   // row g + 8
+      a[2] = __byte_perm(t0[e0[2] * 32], t0[e0[3] * 32], 0x5410u);   // row g,     bits 4sj+2, 4sj+3
+      a[3] = __byte_perm(t1[e1[2] * 32], t1[e1[3] * 32], 0x5410u);
+      float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (col_ok && word_ok) {
+        const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
+        if (vec && c + 4 <= k) {
+          const float4 v = __ldg(reinterpret_cast<const float4*>(xg + c));
+          xv[0] = v.x; xv[1] = v.y; xv[2] = v.z; xv[3] = v.w;
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) xv[q] = c + q < k ? __ldg(xg + c + q) : 0.0f;
+        }
+      }
+      mma_split(acc, a, xv[0], xv[1], xv[2], xv[3]);
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];
+  __syncthreads();
+  if (warp == 0) {
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int wi = 0; wi < kTcWarps; ++wi)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] += part[wi][lane][i];
+    outs[g][2 * t] = v[0];
+    outs[g][2 * t + 1] = v[1];
+    outs[g + 8][2 * t] = v[2];
+    outs[g + 8][2 * t + 1] = v[3];
+  }
+  __syncthreads();
+  for (int rr = 0; rr < 4; ++rr) {   // warp w stores rows 4w .. 4w+3 (and adds their outliers)
+    const int lr = warp * 4 + rr;
+    const int64_t row = row0 + lr;
+    if (row >= n) break;
+    for (int mm = 0; mm < m_total; ++mm) {
+      float extra = 0.0f;
+      if (kFusedOutliers && w.rowptr != nullptr) {
+        const __half* l = lut + row * E;
+        for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
+          const int64_t c = __ldg(w.col + e);
+          extra = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), __ldg(x + mm * k + c), extra);
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
+      }
+      if (lane == 0) y[mm * n + row] = outs[lr][mm] + extra;
+    }
+  }
+}
+
 template <int B>
-void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused) {
+void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused) {
+  const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
+  const size_t smem = sizeof(uint32_t) * 2 * (1u << B) * 32;
+  auto kern = fused ? anyprec_gemv_tc_kernel<B, true> : anyprec_gemv_tc_kernel<B, false>;
+  if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kern<<<grid, kTcWarps * 32, smem, s>>>(w, x, m, y);
+}
+
+template <int B>
+void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, GemvPath path) {
+  if (m >= 1 && m <= kMaxGemvBatch && (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= 2))) {
+    launch_tc<B>(w, x, m, y, s, fused);
+    if (!fused && w.rowptr != nullptr)
+      anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
+    return;
+  }
   switch (m) {
     case 1: launch_gemv<B, 1>(w, x, y, s, fused); break;
     case 2: launch_gemv<B, 2>(w, x, y, s, fused); break;
@@ -262,17 +405,19 @@ void check_width(const AnyPrecDevice& w, int bits) {
 
 }  // namespace
 
-void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode) {
+void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
+                  GemvPath path) {
   check_width(w, bits);
+  LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "anyprec GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   const bool fused = mode == OutlierMode::Fused;
   switch (bits) {
-    case 2: gemv_bits<2>(w, x, m, y, s, fused); break;
-    case 3: gemv_bits<3>(w, x, m, y, s, fused); break;
-    case 4: gemv_bits<4>(w, x, m, y, s, fused); break;
-    case 5: gemv_bits<5>(w, x, m, y, s, fused); break;
-    case 6: gemv_bits<6>(w, x, m, y, s, fused); break;
-    case 7: gemv_bits<7>(w, x, m, y, s, fused); break;
-    case 8: gemv_bits<8>(w, x, m, y, s, fused); break;
+    case 2: gemv_bits<2>(w, x, m, y, s, fused, path); break;
+    case 3: gemv_bits<3>(w, x, m, y, s, fused, path); break;
+    case 4: gemv_bits<4>(w, x, m, y, s, fused, path); break;
+    case 5: gemv_bits<5>(w, x, m, y, s, fused, path); break;
+    case 6: gemv_bits<6>(w, x, m, y, s, fused, path); break;
+    case 7: gemv_bits<7>(w, x, m, y, s, fused, path); break;
+    case 8: gemv_bits<8>(w, x, m, y, s, fused, path); break;
     default: break;
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());

@@ -114,6 +114,13 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           double us;
           if (m <= kMaxGemvBatch) {
             us = median_us(o.iters, [&](int i) { anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s); });
+            const GemvPath other = m == 1 ? GemvPath::TensorCore : GemvPath::Scalar;
+            const double a_us = median_us(o.iters, [&](int i) {
+              anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
+                           OutlierMode::Fused, other);
+            });
+            row("anyprec " + std::to_string(b) + "-bit" + (m == 1 ? " (tensor cores)" : " (CUDA cores)"), m, a_us,
+                base[bi], w[0].bytes_read(b));
           } else {
             __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
             us = median_us(o.iters, [&](int i) {
@@ -121,8 +128,9 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
             });
           }
-          row("anyprec " + std::to_string(b) + "-bit" + (m > kMaxGemvBatch ? " (dequant+cuBLAS)" : ""), m, us, base[bi],
-              w[0].bytes_read(b));
+          row("anyprec " + std::to_string(b) + "-bit" +
+                  (m > kMaxGemvBatch ? " (dequant+cuBLAS)" : m == 1 ? " (CUDA cores)" : " (tensor cores)"),
+              m, us, base[bi], w[0].bytes_read(b));
         }
     }
     if (o.mixed24a && k % 64 == 0) {

@@ -13,6 +13,7 @@
 //
 // Outliers (stored columns, the dense code under each equal to its zero point, so the dense part there is 0):
 // fused, each warp adds val * x[orig(c)] over its rows' CSR entries; or a CSR SpMV kernel runs after the GEMV.
+#include "cuda/mma.cuh"
 #include "cuda/packed.h"
 
 namespace lowbit::cuda {
@@ -199,26 +200,9 @@ __global__ void mixed24a_dequant_outliers_kernel(Mixed24ADevice w, __half* __res
 // (codes 0..7 in qa.w, 8..15 in qb, 4 bits each) gives codes t, t + 4 and 8 + t, 12 + t the same way.
 constexpr int kTcWarps = 4;
 
-__device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-
 __device__ __forceinline__ uint32_t codes_minus_zero(uint32_t field_pair, __half2 zm) {
   const uint32_t v = field_pair | 0x64006400u;   // (1024 + q_lo, 1024 + q_hi) as fp16
   return half2_bits(__hsub2(*reinterpret_cast<const __half2*>(&v), zm));
-}
-
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (hi, lo) fp16 pairs of two activations: hi = fp16(v), lo = fp16(v - hi).
-__device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(v0, v1);
-  const float2 hf = __half22float2(h);
-  hi = half2_bits(h);
-  lo = half2_bits(__floats2half2_rn(v0 - hf.x, v1 - hf.y));
 }
 
 template <bool kFusedOutliers>
@@ -282,12 +266,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
           xk[3] = __ldg(xg + base[s] + 12 + t);
         }
       }
-      uint32_t b0h, b0l, b1h, b1l;
-      split_pair(xk[0], xk[1], b0h, b0l);
-      split_pair(xk[2], xk[3], b1h, b1l);
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_16816(c, a, b0h, b1h);
-      mma_16816(c, a, b0l, b1l);
+      mma_split(c, a, xk[0], xk[1], xk[2], xk[3]);
       acc[0] = fmaf(scale0, c[0], acc[0]);
       acc[1] = fmaf(scale0, c[1], acc[1]);
       acc[2] = fmaf(scale1, c[2], acc[2]);

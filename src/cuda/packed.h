@@ -80,12 +80,12 @@ class DevicePackedWeight {
 };
 
 enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or a CSR SpMV launched after it
-// mixed24a GEMV: CUDA-core FMAs (batch 1 by default) or tensor-core mma.sync (batch 2..8 by default).
+// GEMV kernels: CUDA-core FMAs (batch 1 by default) or tensor-core mma.sync (batch 2..8 by default).
 enum class GemvPath { Auto, Scalar, TensorCore };
 
 // y [m, n] (fp32, row-major) = x [m, k] (fp32) · W_bᵀ, 1 <= m <= kMaxGemvBatch. bits: a served width.
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s,
-                  OutlierMode mode = OutlierMode::Fused);
+                  OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto);
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
                    OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto);
 // The whole matrix [n, k] in fp16, original column order, outliers included (the large-batch path's first step).

@@ -1,0 +1,42 @@
+// Tensor-core helpers shared by the GEMV kernels: one mma.sync m16n8k16 (fp16 inputs, fp32 accumulation) and the
+// hi + lo fp16 split of fp32 activations that keeps an fp32-accurate product when A is exact in fp16.
+//
+// Fragment layout of m16n8k16 (PTX ISA), lane = 4 g + t:
+//   A (16 x 16, row): a0 = (row g, k 2t, 2t+1), a1 = (row g+8, k 2t, 2t+1), a2 = (row g, k 2t+8, 2t+9), a3 = (row g+8, ...)
+//   B (16 x 8, col):  b0 = (k 2t, 2t+1; col g), b1 = (k 2t+8, 2t+9; col g)
+//   C (16 x 8):       c0, c1 = (row g, col 2t, 2t+1), c2, c3 = (row g+8, col 2t, 2t+1)
+// Each register pair holds its lower k (or col) in the low 16 bits.
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace lowbit::cuda {
+
+__device__ __forceinline__ uint32_t half2_bits(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (hi, lo) fp16 pairs of two activations: hi = fp16(v), lo = fp16(v - hi), so hi + lo carries ~22 bits of v.
+__device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(v0, v1);
+  const float2 hf = __half22float2(h);
+  hi = half2_bits(h);
+  lo = half2_bits(__floats2half2_rn(v0 - hf.x, v1 - hf.y));
+}
+
+// C += A (B_hi + B_lo): two mma on the same accumulators.
+__device__ __forceinline__ void mma_split(float (&c)[4], const uint32_t (&a)[4], float x0, float x1, float x2, float x3) {
+  uint32_t b0h, b0l, b1h, b1l;
+  split_pair(x0, x1, b0h, b0l);
+  split_pair(x2, x3, b1h, b1l);
+  mma_16816(c, a, b0h, b1h);
+  mma_16816(c, a, b0l, b1l);
+}
+
+}  // namespace lowbit::cuda
