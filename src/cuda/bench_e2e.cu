@@ -128,6 +128,28 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
                         kv_bytes / 1e9);
           out << line << std::flush;
         }
+        // Where the time of a decode step goes (batch 1, uncaptured steps timed stage by stage).
+        {
+          GpuKVCache kv = m.new_cache(1, o.prompt + 17);
+          std::vector<int32_t> p(static_cast<size_t>(o.prompt));
+          for (int i = 0; i < o.prompt; ++i) p[static_cast<size_t>(i)] = (i * 104729 + 3) % c.vocab_size;
+          m.forward(p.data(), 1, o.prompt, kv, false, b);
+          m.greedy_from_last_logits(1);
+          m.decode_step_greedy(kv, b, false);
+          m.enable_profile(true);
+          for (int i = 0; i < 16; ++i) m.decode_step_greedy(kv, b, false);
+          const auto stages = m.take_profile();
+          m.enable_profile(false);
+          double total = 0;
+          for (const auto& [name, ms] : stages) total += ms;
+          out << "  decode step breakdown (batch 1, " << shape << " " << kind << (b ? " " + std::to_string(b) + "-bit" : "")
+              << ", 16 uncaptured steps):";
+          for (const auto& [name, ms] : stages) {
+            std::snprintf(line, sizeof line, " %s %.1f us (%.0f%%);", name.c_str(), 1000.0 * ms / 16, 100.0 * ms / total);
+            out << line;
+          }
+          out << "\n" << std::flush;
+        }
       }
     }
   }

@@ -21,6 +21,50 @@ int splits_for(int span, int rows, int heads) {
 
 }  // namespace
 
+struct GpuModel::StageTimer {
+  std::vector<std::pair<std::string, cudaEvent_t>> marks;   // the stage that starts at each event
+  std::vector<std::pair<std::string, double>> total_ms;       // in first-seen order
+  bool capturing = false;
+
+  void collect(cudaStream_t s) {
+    if (marks.empty()) return;
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
+    for (size_t i = 0; i + 1 < marks.size(); ++i) {
+      float ms = 0;
+      LOWBIT_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second));
+      auto it = std::find_if(total_ms.begin(), total_ms.end(), [&](const auto& p) { return p.first == marks[i].first; });
+      if (it == total_ms.end()) total_ms.emplace_back(marks[i].first, ms);
+      else it->second += ms;
+    }
+    for (auto& [name, ev] : marks) cudaEventDestroy(ev);
+    marks.clear();
+  }
+};
+
+void GpuModel::enable_profile(bool on) {
+  if (on && !prof_) prof_ = std::make_unique<StageTimer>();
+  if (!on && prof_) {
+    prof_->collect(stream_);
+    prof_.reset();
+  }
+}
+
+std::vector<std::pair<std::string, double>> GpuModel::take_profile() {
+  if (!prof_) return {};
+  prof_->collect(stream_);
+  auto r = std::move(prof_->total_ms);
+  prof_->total_ms.clear();
+  return r;
+}
+
+void GpuModel::mark(const char* stage) {
+  if (!prof_ || prof_->capturing) return;
+  cudaEvent_t e;
+  LOWBIT_CUDA_CHECK(cudaEventCreate(&e));
+  LOWBIT_CUDA_CHECK(cudaEventRecord(e, stream_));
+  prof_->marks.emplace_back(stage, e);
+}
+
 uint64_t GpuLinear::bytes_read(int bits) const {
   if (packed) return packed->bytes_read(bits == 0 && packed->served_widths() != 0 ? 31 - __builtin_clz(packed->served_widths()) : bits);
   return static_cast<uint64_t>(n * k) * 2 + bias.bytes();
@@ -266,25 +310,36 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   cudaStream_t s = stream_;
   for (int l = 0; l < c_.n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
+    mark("norms + residuals");
     rmsnorm(x_.get(), L.attn_norm.get(), xn_.get(), rows, dim, c_.rms_eps, s);
+    mark("q/k/v linears");
     run_linear(L.q, xn_.get(), rows, q_.get(), bits);
     run_linear(L.k, xn_.get(), rows, kk_.get(), bits);
     run_linear(L.v, xn_.get(), rows, vv_.get(), bits);
+    mark("RoPE + KV store");
     rope(q_.get(), pos_dev_.get(), rows, H, hd, rope_cos_.get(), rope_sin_.get(), s);
     rope(kk_.get(), pos_dev_.get(), rows, KVH, hd, rope_cos_.get(), rope_sin_.get(), s);
     kv_store(kk_.get(), vv_.get(), seq_dev_.get(), pos_dev_.get(), rows, c_.kv_dim(), l, c_.n_layers, cache.capacity,
              cache.k.get(), cache.v.get(), s);
+    mark("attention");
     attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, c_.n_layers, cache.capacity,
               c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), s);
+    mark("o linear");
     run_linear(L.o, att_.get(), rows, tmp_.get(), bits);
+    mark("norms + residuals");
     add_inplace(x_.get(), tmp_.get(), static_cast<int64_t>(rows) * dim, s);
     rmsnorm(x_.get(), L.ffn_norm.get(), xn_.get(), rows, dim, c_.rms_eps, s);
+    mark("gate/up linears");
     run_linear(L.gate, xn_.get(), rows, g_.get(), bits);
     run_linear(L.up, xn_.get(), rows, u_.get(), bits);
+    mark("SwiGLU");
     swiglu_inplace(g_.get(), u_.get(), static_cast<int64_t>(rows) * c_.hidden_dim, s);
+    mark("down linear");
     run_linear(L.down, g_.get(), rows, tmp_.get(), bits);
+    mark("norms + residuals");
     add_inplace(x_.get(), tmp_.get(), static_cast<int64_t>(rows) * dim, s);
   }
+  mark("final norm + head");
   if (all_logits) {
     rmsnorm(x_.get(), final_norm_.get(), xn_.get(), rows, dim, c_.rms_eps, s);
     run_linear(head_, xn_.get(), rows, logits_.get(), 0);
@@ -295,6 +350,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     rmsnorm(tmp_.get(), final_norm_.get(), xn_.get(), seqs, dim, c_.rms_eps, s);
     run_linear(head_, xn_.get(), seqs, logits_.get(), 0);
   }
+  mark("after the forward: argmax, host gaps");
 }
 
 const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits) {

@@ -75,6 +75,12 @@ class GpuModel {
   cudaStream_t stream() const { return stream_; }
   void synchronize() const;
 
+  // Stage timing of uncaptured forwards (CUDA events between the stages of every layer: norms, q/k/v, RoPE + KV
+  // store, attention, o, gate/up, SwiGLU, down, head). take_profile() returns milliseconds per stage summed since
+  // enable_profile(true), and resets them. Graph replays are not broken down.
+  void enable_profile(bool on);
+  std::vector<std::pair<std::string, double>> take_profile();
+
  private:
   void init_common();
   void ensure_workspace(int rows, int seqs, bool all_logits);
@@ -103,6 +109,9 @@ class GpuModel {
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
   DeviceBuffer<float> u_dev_;
+  struct StageTimer;
+  std::unique_ptr<StageTimer> prof_;
+  void mark(const char* stage);
   // The captured decode graph.
   cudaGraphExec_t graph_ = nullptr;
   int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1, decode_seqs_ = 0;
