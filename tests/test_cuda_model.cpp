@@ -233,6 +233,27 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
   test::expect_error([&](const std::string&) { gpu.check_bits(2); }, "--bits 2", "not served");
 }
 
+// Formats without a GPU kernel yet (RTN/GPTQ integers) run as an fp16 copy of exactly what they encode.
+TEST(CudaModel, GptqModelRunsThroughTheFp16Fallback) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
+  auto base = Model::load(bin);
+  const std::string dir = test::temp_dir();
+  QuantizeOptions o;
+  o.method = QuantMethod::Gptq;
+  o.gptq.spec.bits = 4;
+  o.gptq.spec.group_size = 32;
+  o.calib.samples = 4;
+  o.calib.seqlen = 128;
+  quantize_to_file(*base, o, dir + "/g.lowbit");
+  auto q = Model::load(dir + "/g.lowbit");
+  cuda::GpuModel gpu(*q);
+  EXPECT_EQ(gpu.dequantized_linears(), 7 * q->config().n_layers);
+  expect_forward_matches(*q, gpu, some_ids(*q, 64), 0, "stories260K GPTQ w4 g32 (fp16 fallback)");
+}
+
 TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
   SKIP_WITHOUT_GPU();
   const std::string gguf = test::smollm2_gguf();
