@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   if (use_k) {
     uint32_t a = 0, b = 0xFFFFFFFFu;   // invariant: count(>= a) >= k
     while (a < b) {
-      const uint32_t mid = a + (b - a + 1) / 2;
+      const uint32_t mid = static_cast<uint32_t>(a + (static_cast<uint64_t>(b) - a + 1) / 2);   // no wrap at 2^32
       int c = 0;
       for (int i = lo; i < hi; ++i) c += fkey(lg[i] * inv_t) >= mid;
       if (block_sum(c, redi) >= p.top_k) a = mid;
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(const float* logits, i
   if (p.top_p < 1.0f) {
     uint32_t a = 0, b = 0xFFFFFFFFu;   // invariant: mass(>= a) >= top_p z
     while (a < b) {
-      const uint32_t mid = a + (b - a + 1) / 2;
+      const uint32_t mid = static_cast<uint32_t>(a + (static_cast<uint64_t>(b) - a + 1) / 2);   // no wrap at 2^32
       double m = 0;
       int seen = 0;
       for (int i = lo; i < hi; ++i)
