@@ -33,6 +33,26 @@ TEST(Cli, Misuse) {
   expect_usage_error("generate x --prompt hi --temperature -1", "--temperature");
   expect_usage_error("convert x y --dtype q4", "--dtype");
   expect_usage_error("inspect " + test::source_dir() + "/README.md", "not a model file");
+  expect_usage_error("ppl x --text y --device tpu", "--device");
+}
+
+// --device cuda either runs on the GPU (and says so) or, without one, refuses in one line; never falls back
+// silently. --device cpu always runs on the CPU.
+TEST(Cli, DeviceOption) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  LOWBIT_REQUIRE_FILE(text, "tinystories sample");
+  const std::string base = "ppl " + stories() + " --text " + text + " --doc-separator '<|endoftext|>' --ctx 512 --max-windows 2";
+  std::string out;
+  ASSERT_EQ(run_cli(base + " --device cpu", &out), 0) << out;
+  EXPECT_NE(out.find("device: cpu"), std::string::npos) << out;
+  const int rc = run_cli(base + " --device cuda", &out);
+  if (rc == 0) {
+    EXPECT_NE(out.find("device: cuda"), std::string::npos) << out;
+  } else {
+    EXPECT_EQ(rc, 1) << out;
+    EXPECT_NE(out.find("--device cuda: "), std::string::npos) << out;
+  }
 }
 
 TEST(Cli, ErrorsOnRealModel) {
@@ -61,14 +81,15 @@ TEST(Cli, PplAndGenerateStories) {
   const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
   LOWBIT_REQUIRE_FILE(text, "tinystories sample");
   std::string out;
-  ASSERT_EQ(run_cli("ppl " + stories() + " --text " + text + " --doc-separator '<|endoftext|>' --ctx 512", &out), 0) << out;
+  // --device cpu: the exact fp32 path the reference figures belong to (the GPU runs fp16 weights).
+  ASSERT_EQ(run_cli("ppl " + stories() + " --text " + text + " --doc-separator '<|endoftext|>' --ctx 512 --device cpu", &out), 0) << out;
   EXPECT_NE(out.find("predicted tokens: 2586"), std::string::npos) << out;
   EXPECT_NE(out.find("perplexity: 3.13"), std::string::npos) << out;
   ASSERT_EQ(run_cli("generate " + stories() + " --prompt 'Once upon a time' -n 12 --temperature 0.8 --top-k 40 "
-                    "--top-p 0.9 --seed 7 --no-stats", &out), 0) << out;
+                    "--top-p 0.9 --seed 7 --no-stats --device cpu", &out), 0) << out;
   std::string again;
   ASSERT_EQ(run_cli("generate " + stories() + " --prompt 'Once upon a time' -n 12 --temperature 0.8 --top-k 40 "
-                    "--top-p 0.9 --seed 7 --no-stats", &again), 0);
+                    "--top-p 0.9 --seed 7 --no-stats --device cpu", &again), 0);
   EXPECT_EQ(out, again) << "same seed must give the same text";
   EXPECT_GT(out.size(), std::string("Once upon a time").size() + 10) << out;
 }
@@ -84,7 +105,7 @@ TEST(Cli, ConvertRoundTrip) {
   for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
     EXPECT_TRUE(test::file_exists(dir + "/" + f)) << f;
   std::string a, b;
-  const std::string args = " --text " + text + " --doc-separator '<|endoftext|>' --ctx 512";
+  const std::string args = " --text " + text + " --doc-separator '<|endoftext|>' --ctx 512 --device cpu";
   ASSERT_EQ(run_cli("ppl " + stories() + args, &a), 0) << a;
   ASSERT_EQ(run_cli("ppl " + dir + args, &b), 0) << b;
   auto ppl_line = [](const std::string& s) { return s.substr(s.find("mean NLL"), s.find("speed") - s.find("mean NLL")); };
