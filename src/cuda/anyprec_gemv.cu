@@ -153,15 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
     }
   }
 
-#pragma unroll
-  for (int r = 0; r < kRows; ++r)
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float v = acc[r][m];
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-      if (lane == 0 && row0 + r < n) y[m * n + row0 + r] = v;
-    }
+  store_warp_sums<kRows, M>(acc, lane, row0, n, y);
 }
 
 // The separate outlier pass: one warp per row adds (val - lut[code]) * x over the row's CSR entries.

@@ -95,15 +95,7 @@ GenerateResult generate_gpu(GpuModel& model, const Tokenizer& tok, const std::ve
       model.synchronize();
       next = sampler.sample(logits.data(), c.vocab_size, history);
     }
-    if (opts.stop_at_eos && std::find(stops.begin(), stops.end(), next) != stops.end()) {
-      r.stop_reason = "eos";
-      break;
-    }
-    r.new_ids.push_back(next);
-    history.push_back(next);
-    const std::string piece = tok.token_bytes(next);
-    r.text += piece;
-    if (on_text) on_text(piece);
+    if (!accept_token(next, stops, opts, tok, r, history, on_text)) break;
     if (i + 1 == opts.max_new_tokens) break;
     if (cache.len[0] >= cache.capacity) {
       r.stop_reason = "context";

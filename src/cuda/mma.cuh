@@ -1,4 +1,4 @@
-// Tensor-core helpers shared by the GEMV kernels: one mma.sync m16n8k16 (fp16 inputs, fp32 accumulation) and the
+// Helpers shared by the GEMV kernels: the scalar kernels' warp-sum epilogue, and for the tensor-core paths one mma.sync m16n8k16 (fp16 inputs, fp32 accumulation) and the
 // hi + lo fp16 split of fp32 activations that keeps an fp32-accurate product when A is exact in fp16.
 //
 // Fragment layout of m16n8k16 (PTX ISA), lane = 4 g + t:
@@ -37,6 +37,21 @@ __device__ __forceinline__ void mma_split(float (&c)[4], const uint32_t (&a)[4],
   split_pair(x2, x3, b1h, b1l);
   mma_16816(c, a, b0h, b1h);
   mma_16816(c, a, b0l, b1l);
+}
+
+// The scalar GEMV epilogue: each (row r, batch m) partial sum reduced across the warp, lane 0 storing rows < n.
+template <int kRows, int M>
+__device__ __forceinline__ void store_warp_sums(const float (&acc)[kRows][M], int lane, int64_t row0, int64_t n,
+                                                float* __restrict__ y) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float v = acc[r][m];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && row0 + r < n) y[m * n + row0 + r] = v;
+    }
 }
 
 }  // namespace lowbit::cuda

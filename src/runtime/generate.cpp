@@ -18,6 +18,21 @@ std::vector<int32_t> stop_tokens(const ModelConfig& c, const Tokenizer& tok) {
   return stops;
 }
 
+bool accept_token(int32_t next, const std::vector<int32_t>& stops, const GenerateOptions& opts, const Tokenizer& tok,
+                  GenerateResult& r, std::vector<int32_t>& history,
+                  const std::function<void(const std::string&)>& on_text) {
+  if (opts.stop_at_eos && std::find(stops.begin(), stops.end(), next) != stops.end()) {
+    r.stop_reason = "eos";
+    return false;
+  }
+  r.new_ids.push_back(next);
+  history.push_back(next);
+  const std::string piece = tok.token_bytes(next);
+  r.text += piece;
+  if (on_text) on_text(piece);
+  return true;
+}
+
 GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text) {
   const ModelConfig& c = model.config();
@@ -44,15 +59,7 @@ GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_i
   r.stop_reason = "length";
   for (int i = 0; i < opts.max_new_tokens; ++i) {
     const int32_t next = sampler.sample(logits.data(), c.vocab_size, history);
-    if (opts.stop_at_eos && std::find(stops.begin(), stops.end(), next) != stops.end()) {
-      r.stop_reason = "eos";
-      break;
-    }
-    r.new_ids.push_back(next);
-    history.push_back(next);
-    const std::string piece = tok.token_bytes(next);
-    r.text += piece;
-    if (on_text) on_text(piece);
+    if (!accept_token(next, stops, opts, tok, r, history, on_text)) break;
     if (i + 1 == opts.max_new_tokens) break;
     if (cache.len >= cache.capacity) {
       r.stop_reason = "context";

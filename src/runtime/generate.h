@@ -29,6 +29,12 @@ struct GenerateResult {
 // The tokens that end a generation: the config's and tokenizer's EOS and the chat templates' end-of-turn tokens.
 std::vector<int32_t> stop_tokens(const ModelConfig& c, const Tokenizer& tok);
 
+// Takes the sampled token `next` into r (ids, history, text, streamed to on_text), or records r.stop_reason = "eos"
+// and returns false when it ends the generation. Shared by the CPU and GPU generation loops.
+bool accept_token(int32_t next, const std::vector<int32_t>& stops, const GenerateOptions& opts, const Tokenizer& tok,
+                  GenerateResult& r, std::vector<int32_t>& history,
+                  const std::function<void(const std::string&)>& on_text);
+
 GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text = nullptr);
 
