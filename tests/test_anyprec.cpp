@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <set>
 
@@ -471,3 +472,43 @@ TEST(AnyPrecCli, QuantizeIsDeterministicCachesSensitivityAndRefusesMisuse) {
 
 }  // namespace
 }  // namespace lowbit
+
+// The accumulation question of issue 7: the paper's kernel accumulates in fp16 (HFMA2); ours in fp32. Emulated on
+// the CPU in the GEMV's own order (32 lanes over strided columns, then a butterfly reduction), against a double
+// reference, on Llama-shaped row lengths with fp16 centroid values and activations that carry outlier channels.
+TEST(AnyPrecAccumulation, Fp32StaysExactWhereFp16AccumulationDrifts) {
+  auto to_h = [](float v) { return lowbit::f16_to_f32(lowbit::f32_to_f16(v)); };
+  std::mt19937 rng(7);
+  std::normal_distribution<float> wd(0.0f, 0.02f), xd(0.0f, 1.0f);
+  for (const int k : {4096, 11008, 28672}) {
+    const int rows = 64;
+    std::vector<float> x(static_cast<size_t>(k));
+    for (int c = 0; c < k; ++c) x[static_cast<size_t>(c)] = to_h(xd(rng) * (c % 97 == 0 ? 20.0f : 1.0f));
+    double num32 = 0, num16 = 0, den = 0;
+    for (int r = 0; r < rows; ++r) {
+      std::vector<float> w(static_cast<size_t>(k));
+      for (auto& v : w) v = to_h(wd(rng));   // LUT values are stored in fp16
+      double exact = 0;
+      float lane32[32] = {}, lane16[32] = {};
+      for (int c = 0; c < k; ++c) {
+        const float p = w[static_cast<size_t>(c)], q = x[static_cast<size_t>(c)];
+        exact += static_cast<double>(p) * q;
+        lane32[c % 32] = std::fma(p, q, lane32[c % 32]);
+        lane16[c % 32] = to_h(std::fma(p, q, lane16[c % 32]));   // HFMA: one rounding to fp16 per step
+      }
+      for (int off = 16; off > 0; off >>= 1)
+        for (int l = 0; l < off; ++l) {
+          lane32[l] += lane32[l + off];
+          lane16[l] = to_h(lane16[l] + lane16[l + off]);
+        }
+      num32 += (lane32[0] - exact) * (lane32[0] - exact);
+      num16 += (lane16[0] - exact) * (lane16[0] - exact);
+      den += exact * exact;
+    }
+    const double e32 = std::sqrt(num32 / den), e16 = std::sqrt(num16 / den);
+    std::printf("[ accumulation k=%d ] relative error of the row sums: fp32 %.2e, fp16 %.2e (%.0fx)\n", k, e32, e16, e16 / e32);
+    EXPECT_LT(e32, 4e-6) << "k=" << k;          // fp32 accumulation: at the level of fp32 rounding
+    EXPECT_GT(e16, 1e-4) << "k=" << k;          // fp16 accumulation: visible error on long rows
+    EXPECT_GT(e16, 100 * e32) << "k=" << k;
+  }
+}

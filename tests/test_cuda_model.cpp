@@ -136,6 +136,7 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
   for (int s = 0; s < 2; ++s)
     for (int t = 0; t < P; ++t) prompt.push_back(static_cast<int32_t>((t * 37 + s * 11 + 5) % cpu->config().vocab_size));
   std::vector<std::vector<int32_t>> runs;
+  const int captures_before = gpu.graph_captures();
   for (bool graph : {false, true}) {
     cuda::GpuKVCache c = gpu.new_cache(2, cpu->config().max_seq_len);
     gpu.forward(prompt.data(), 2, P, c, false, 0);
@@ -150,6 +151,7 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
     runs.push_back(toks);
   }
   EXPECT_EQ(runs[0], runs[1]);
+  EXPECT_EQ(gpu.graph_captures() - captures_before, 1) << "40 graph steps of one batch and cache: one capture, 39 replays";
 }
 
 // Teacher-forced check of the GPU's greedy generation: every token it picks is, on the CPU at the same position,

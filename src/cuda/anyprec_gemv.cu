@@ -6,12 +6,13 @@
 // row, shared by the kRows rows. Only planes 0..b-1 are read: the width is a run-time argument, the same planes
 // serve every width.
 //
-// Bit transpose, SIMD within a register: for column slot i (0..7) of every byte, (plane_j >> i) & 0x01010101 puts
-// plane j's bit of that column of each of the four quarters into the low bit of a byte; shifted to bit b-1-j and
-// OR-ed over the b planes, each byte holds the column's b-bit code: four codes from 2b shift/mask operations.
+// Bit transpose, SIMD within a register (transpose_slot): for column slot i (0..7) of every byte, plane j's word is
+// funnel-shifted so that bit i of each byte lands on bit b-1-j and merged under the mask 0x01010101 << (b-1-j) by
+// one LOP3: each byte then holds its column's b-bit code, four codes from 2b operations.
 //
 // Centroid lookup: the row's LUT is expanded into shared memory as kCopies interleaved copies, entry e of copy c at
-// word e * kCopies + c, and lane l reads copy l % kCopies. With 32 copies (b <= 5) the 32 lanes of a lookup hit 32
+// word e * kCopies + c, and lane l reads copy l % kCopies; the lookup is PRMT (the byte) + one IMAD (its shared
+// address) + LDS + FFMA per weight at batch 1. With 32 copies (b <= 5) the 32 lanes of a lookup hit 32
 // different banks whatever their codes: one shared-memory wavefront per warp-wide lookup. A single table of 2^b
 // words (the obvious layout, v1 of this kernel) took 4-5 wavefronts per lookup on random codes and made the kernel
 // bank-conflict bound (115 us for 3 bits at 28672x8192 on the H200). Wider tables keep 4 KB per row: 16, 8, 4
@@ -29,6 +30,34 @@ namespace {
 
 constexpr int kWarps = 4;
 __device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// One fp32 / u32 from shared memory at a 32-bit shared-window byte address: the lookup address is then one
+// IMAD/LEA (code * entry stride + the row's base), not a generic-pointer computation per lookup.
+__device__ __forceinline__ float lds_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+// Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
+// plane 0 the most significant bit. Plane j's bit is moved from position i to position B-1-j of each byte by one
+// funnel shift and merged by one LOP3 ((t & mask) | v): 2B operations for four codes.
+template <int B>
+__device__ __forceinline__ uint32_t transpose_slot(const uint32_t (&p)[B], int i) {
+  uint32_t v = 0;
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    const int sh = i - (B - 1 - j);
+    const uint32_t t = sh >= 0 ? p[j] >> sh : p[j] << -sh;
+    v |= t & (0x01010101u << (B - 1 - j));
+  }
+  return v;
+}
 
 template <int B>
 struct Table {
@@ -89,7 +118,9 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
     for (int i = lane; i < T::kFloats; i += 32) tab[r * T::kFloats + i] = __half2float(l[i / T::kCopies]);
   }
   __syncwarp();
-  const float* my_tab = tab + lane % T::kCopies;
+  // Byte address of this lane's copy of row r's entry 0; entry e is e * kCopies * 4 bytes further.
+  constexpr uint32_t kStride = 4u * T::kCopies;
+  const uint32_t my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 4u * (lane % T::kCopies);
 
   float acc[kRows][M];
 #pragma unroll
@@ -112,12 +143,7 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        uint32_t v = 0;
-#pragma unroll
-        for (int j = 0; j < B; ++j) v |= ((p[r][j] >> i) & 0x01010101u) << (B - 1 - j);
-        idx[r][i] = v;
-      }
+      for (int i = 0; i < 8; ++i) idx[r][i] = transpose_slot<B>(p[r], i);
     const int64_t col0 = t0 * 32;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -127,10 +153,10 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
       for (int m = 0; m < M; ++m) load_x8(x + m * k, c, k, vec, xv[m]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const float* tr = my_tab + r * T::kFloats;
+        const uint32_t tr = my_tab + static_cast<uint32_t>(r * T::kFloats * 4);
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
-          const float wv = tr[__byte_perm(idx[r][i], 0u, 0x4440u + static_cast<uint32_t>(u)) * T::kCopies];
+          const float wv = lds_f32(tr + __byte_perm(idx[r][i], 0u, 0x4440u + static_cast<uint32_t>(u)) * kStride);
 #pragma unroll
           for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][i], wv, acc[r][m]);
         }
@@ -260,8 +286,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
     tabs[q] = __half_as_ushort(lut[row * E + e]);
   }
   __syncthreads();
-  const uint32_t* t0 = tabs + lane;            // row g:     entry e at t0[e * 32]
-  const uint32_t* t1 = tabs + E * 32 + lane;   // row g + 8
+  const uint32_t t0 = static_cast<uint32_t>(__cvta_generic_to_shared(tabs)) + 4u * lane;   // row g: entry e at t0 + 128 e
+  const uint32_t t1 = t0 + 128u * E;                                                          // row g + 8
   const bool col_ok = g < m_total;
   const float* xg = x + static_cast<int64_t>(col_ok ? g : 0) * k;
   const bool vec = (k % 4) == 0;
@@ -284,14 +310,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
     uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      uint32_t v0 = 0, v1 = 0;
-#pragma unroll
-      for (int j = 0; j < B; ++j) {
-        v0 |= ((p0[j] >> i) & 0x01010101u) << (B - 1 - j);
-        v1 |= ((p1[j] >> i) & 0x01010101u) << (B - 1 - j);
-      }
-      i0[i] = v0;
-      i1[i] = v1;
+      i0[i] = transpose_slot<B>(p0, i);
+      i1[i] = transpose_slot<B>(p1, i);
     }
 #pragma unroll
     for (int sj = 0; sj < 8; ++sj) {
@@ -303,10 +323,10 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
         e1[q] = __byte_perm(i1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
       }
       uint32_t a[4];
-      a[0] = __byte_perm(t0[e0[0] * 32], t0[e0[1] * 32], 0x5410u);   // row g,     bits 4sj, 4sj+1
-      a[1] = __byte_perm(t1[e1[0] * 32], t1[e1[1] * 32], 0x5410u);   // row g + 8
-      a[2] = __byte_perm(t0[e0[2] * 32], t0[e0[3] * 32], 0x5410u);   // row g,     bits 4sj+2, 4sj+3
-      a[3] = __byte_perm(t1[e1[2] * 32], t1[e1[3] * 32], 0x5410u);
+      a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g,   bits 4sj, 4sj+1
+      a[1] = __byte_perm(lds_u32(t1 + e1[0] * 128u), lds_u32(t1 + e1[1] * 128u), 0x5410u);   // row g + 8
+      a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
+      a[3] = __byte_perm(lds_u32(t1 + e1[2] * 128u), lds_u32(t1 + e1[3] * 128u), 0x5410u);
       float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (col_ok && word_ok) {
         const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
@@ -367,7 +387,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
 
 template <int B>
 void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, GemvPath path) {
-  if (m >= 1 && m <= kMaxGemvBatch && (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= 2))) {
+  if (m >= 1 && m <= kMaxGemvBatch && (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= kAnyPrecTcMinBatch))) {
     launch_tc<B>(w, x, m, y, s, fused);
     if (!fused && w.rowptr != nullptr)
       anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);

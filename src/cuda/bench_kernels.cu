@@ -63,6 +63,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
   out << line;
   out << "times: median of " << o.iters << " launches (CUDA events around each, queued behind a spin kernel so host\n"
          "overhead is excluded), weights rotated through copies >= 4x the L2\n";
+  out << "* = the path the runtime takes at that batch (GemvPath::Auto)\n";
   out << "shape (n x k) | kernel | batch | us | cuBLAS fp16 us | speedup | weight GB/s | of copy bw\n";
   cudaStream_t s = nullptr;
   GemmContext ctx(s);
@@ -111,26 +112,27 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       for (int b : o.bits)
         for (size_t bi = 0; bi < o.batches.size(); ++bi) {
           const int64_t m = o.batches[bi];
-          double us;
-          if (m <= kMaxGemvBatch) {
-            us = median_us(o.iters, [&](int i) { anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s); });
-            const GemvPath other = m == 1 ? GemvPath::TensorCore : GemvPath::Scalar;
-            const double a_us = median_us(o.iters, [&](int i) {
-              anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
-                           OutlierMode::Fused, other);
-            });
-            row("anyprec " + std::to_string(b) + "-bit" + (m == 1 ? " (tensor cores)" : " (CUDA cores)"), m, a_us,
-                base[bi], w[0].bytes_read(b));
-          } else {
+          if (m > kMaxGemvBatch) {
             __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
-            us = median_us(o.iters, [&](int i) {
+            const double us = median_us(o.iters, [&](int i) {
               anyprec_dequant_f16(w[static_cast<size_t>(i % rot)].anyprec(), b, wd, s);
               dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
             });
+            row("anyprec " + std::to_string(b) + "-bit (dequant+cuBLAS) *", m, us, base[bi], w[0].bytes_read(b));
+            continue;
           }
-          row("anyprec " + std::to_string(b) + "-bit" +
-                  (m > kMaxGemvBatch ? " (dequant+cuBLAS)" : m == 1 ? " (CUDA cores)" : " (tensor cores)"),
-              m, us, base[bi], w[0].bytes_read(b));
+          // Both GEMV paths, each labelled; * marks the one Auto (the runtime) takes: the tensor cores from
+          // kAnyPrecTcMinBatch on.
+          for (const GemvPath path : {GemvPath::Scalar, GemvPath::TensorCore}) {
+            const double us = median_us(o.iters, [&](int i) {
+              anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
+                           OutlierMode::Fused, path);
+            });
+            const bool chosen = (path == GemvPath::TensorCore) == (m >= kAnyPrecTcMinBatch);
+            row("anyprec " + std::to_string(b) + "-bit" + (path == GemvPath::TensorCore ? " (tensor cores)" : " (CUDA cores)") +
+                    (chosen ? " *" : ""),
+                m, us, base[bi], w[0].bytes_read(b));
+          }
         }
     }
     if (o.mixed24a && k % 64 == 0) {
@@ -146,13 +148,15 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int64_t m = o.batches[bi];
         if (m <= kMaxGemvBatch) {
-          const double d_us = median_us(o.iters, [&](int i) { mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s); });
-          row(std::string("2/4/16 no outliers") + (m == 1 ? " (CUDA cores)" : " (tensor cores)"), m, d_us, base[bi], dense_bytes);
-          const GemvPath other = m == 1 ? GemvPath::TensorCore : GemvPath::Scalar;
-          const double a_us = median_us(o.iters, [&](int i) {
-            mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused, other);
-          });
-          row(std::string("2/4/16 no outliers") + (m == 1 ? " (tensor cores)" : " (CUDA cores)"), m, a_us, base[bi], dense_bytes);
+          for (const GemvPath path : {GemvPath::Scalar, GemvPath::TensorCore}) {
+            const double p_us = median_us(o.iters, [&](int i) {
+              mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused, path);
+            });
+            const bool chosen = (path == GemvPath::TensorCore) == (m >= kMixed24aTcMinBatch);
+            row(std::string("2/4/16 no outliers") + (path == GemvPath::TensorCore ? " (tensor cores)" : " (CUDA cores)") +
+                    (chosen ? " *" : ""),
+                m, p_us, base[bi], dense_bytes);
+          }
           if (full[0].rowptr != nullptr) {
             const double f_us = median_us(o.iters, [&](int i) { mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused); });
             row("2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);
@@ -165,7 +169,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             mixed24a_dequant_f16(full[static_cast<size_t>(i % rot)], wd, s);
             dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
           });
-          row("2/4/16 + outliers (dequant+cuBLAS)", m, us, base[bi], all_bytes);
+          row("2/4/16 + outliers (dequant+cuBLAS) *", m, us, base[bi], all_bytes);
         }
       }
     }

@@ -10,58 +10,76 @@
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kKeysPerSplit = 256;   // attention: keys per block before the key range is split (flash-decoding)
-
+constexpr int kMinKeysPerSplit = 32;   // attention: one warp's chunk of keys, the least worth a block of its own
 constexpr int kMaxSplits = 32;
-// Split the keys only when the (row, head) blocks alone cannot fill the GPU (decode); prefill has enough blocks.
-int splits_for(int span, int rows, int heads) {
-  if (static_cast<int64_t>(rows) * heads >= 1024) return 1;
-  return std::clamp((span + kKeysPerSplit - 1) / kKeysPerSplit, 1, kMaxSplits);
+// Split the keys (flash-decoding) only when the (row, head) blocks alone cannot fill the GPU twice over (decode):
+// as many splits as take the grid to two blocks per SM, each split keeping at least kMinKeysPerSplit keys.
+int splits_for(int span, int rows, int heads, int sms) {
+  const int64_t blocks = static_cast<int64_t>(rows) * heads, want = 2LL * sms;
+  if (blocks >= want) return 1;
+  const int by_grid = static_cast<int>((want + blocks - 1) / blocks);
+  const int by_keys = (span + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
+  return std::clamp(std::min(by_grid, by_keys), 1, kMaxSplits);
 }
 
 }  // namespace
 
+// Stage timing: an event at the start of every stage (mark()) and one at the end of the step. Uncaptured forwards
+// record fresh events, read and destroyed by accumulate(); a profiled decode graph holds its events as event-record
+// nodes, re-timed by every replay (the events live as long as that graph).
 struct GpuModel::StageTimer {
   std::vector<std::pair<std::string, cudaEvent_t>> marks;   // the stage that starts at each event
   std::vector<std::pair<std::string, double>> total_ms;       // in first-seen order
-  bool capturing = false;
+  bool paused = false;                                         // marks off (the step run before a capture)
+  cudaGraphExec_t graph = nullptr;                             // the profiled decode step
+  int graph_seqs = -1, graph_bits = -1;
+  const void* graph_cache = nullptr;
+  uint64_t graph_gemm_gen = 0;
 
-  void collect(cudaStream_t s) {
+  ~StageTimer() {
+    if (graph != nullptr) cudaGraphExecDestroy(graph);
+    for (auto& [name, ev] : marks) cudaEventDestroy(ev);
+  }
+  // Adds the time between consecutive marks of the last step(s) to total_ms ("end" closes a step).
+  void accumulate(cudaStream_t s, bool destroy) {
     if (marks.empty()) return;
     LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
     for (size_t i = 0; i + 1 < marks.size(); ++i) {
+      if (marks[i].first == "end") continue;   // host time between two uncaptured steps: not part of a step
       float ms = 0;
       LOWBIT_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second));
       auto it = std::find_if(total_ms.begin(), total_ms.end(), [&](const auto& p) { return p.first == marks[i].first; });
       if (it == total_ms.end()) total_ms.emplace_back(marks[i].first, ms);
       else it->second += ms;
     }
-    for (auto& [name, ev] : marks) cudaEventDestroy(ev);
-    marks.clear();
+    if (destroy) {
+      for (auto& [name, ev] : marks) cudaEventDestroy(ev);
+      marks.clear();
+    }
   }
 };
 
 void GpuModel::enable_profile(bool on) {
   if (on && !prof_) prof_ = std::make_unique<StageTimer>();
   if (!on && prof_) {
-    prof_->collect(stream_);
+    synchronize();
     prof_.reset();
   }
 }
 
 std::vector<std::pair<std::string, double>> GpuModel::take_profile() {
   if (!prof_) return {};
-  prof_->collect(stream_);
+  if (prof_->graph == nullptr) prof_->accumulate(stream_, true);
   auto r = std::move(prof_->total_ms);
   prof_->total_ms.clear();
   return r;
 }
 
 void GpuModel::mark(const char* stage) {
-  if (!prof_ || prof_->capturing) return;
+  if (!prof_ || prof_->paused) return;
   cudaEvent_t e;
   LOWBIT_CUDA_CHECK(cudaEventCreate(&e));
-  LOWBIT_CUDA_CHECK(cudaEventRecord(e, stream_));
+  LOWBIT_CUDA_CHECK(cudaEventRecord(e, stream_));   // inside a capture: an event-record node of the graph
   prof_->marks.emplace_back(stage, e);
 }
 
@@ -73,6 +91,9 @@ uint64_t GpuLinear::bytes_read(int bits) const {
 void GpuModel::init_common() {
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<GemmContext>(stream_);
+  int dev = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
 }
 
 GpuModel::~GpuModel() {
@@ -147,6 +168,7 @@ GpuModel::GpuModel(const Model& cpu) : c_(cpu.config()) {
   head_.n = V;
   head_.k = dim;
   head_.dense = c_.tie_embeddings ? emb_ : f16("lm_head.weight", V * dim);
+  note_dense_layers();
   const size_t rope_n = static_cast<size_t>(c_.max_seq_len) * (c_.head_dim / 2);
   rope_cos_ = DeviceBuffer<float>(cpu.rope_cos(), rope_n);
   rope_sin_ = DeviceBuffer<float>(cpu.rope_sin(), rope_n);
@@ -188,6 +210,7 @@ GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c)
     linear(L.down, dim, hid);
   }
   widths_ = kind == RandomKind::AnyPrec ? 0x1FCu : 0u;
+  note_dense_layers();
   final_norm_ = ones(dim);
   head_.n = V;
   head_.k = dim;
@@ -203,6 +226,12 @@ GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c)
   rope_cos_ = DeviceBuffer<float>(cs);
   rope_sin_ = DeviceBuffer<float>(sn);
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());   // the packed weights were filled on the legacy stream
+}
+
+void GpuModel::note_dense_layers() {
+  dense_layers_ = false;
+  for (const Layer& L : layers_)
+    for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.gate, &L.up}) dense_layers_ = dense_layers_ || !l->packed;
 }
 
 std::vector<int> GpuModel::widths() const {
@@ -264,6 +293,7 @@ void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
   const size_t wide = static_cast<size_t>(std::max({c_.dim, c_.q_dim(), c_.hidden_dim}));
   x_ = DeviceBuffer<float>(R * c_.dim);
   xn_ = DeviceBuffer<float>(R * wide);
+  xnh_ = DeviceBuffer<__half>(R * c_.dim);
   q_ = DeviceBuffer<float>(R * c_.q_dim());
   kk_ = DeviceBuffer<float>(R * c_.kv_dim());
   vv_ = DeviceBuffer<float>(R * c_.kv_dim());
@@ -299,8 +329,9 @@ void GpuModel::invalidate_graph() {
   graph_ = nullptr;
 }
 
-void GpuModel::run_linear(const GpuLinear& l, const float* x, int64_t m, float* y, int bits) {
+void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits) {
   if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_);
+  else if (xh != nullptr) dense_f16_matmul_h(l.dense, l.n, l.k, xh, m, y, *gemm_);
   else dense_f16_matmul(l.dense, l.n, l.k, x, m, y, *gemm_);
   if (l.bias.size() > 0) add_bias_rows(y, l.bias.get(), static_cast<int>(m), static_cast<int>(l.n), stream_);
 }
@@ -308,49 +339,47 @@ void GpuModel::run_linear(const GpuLinear& l, const float* x, int64_t m, float* 
 void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits) {
   const int dim = c_.dim, H = c_.n_heads, KVH = c_.n_kv_heads, hd = c_.head_dim;
   cudaStream_t s = stream_;
+  // The normalised activations in fp16 as well when a dense (cuBLAS) linear reads them: converted once per norm.
+  __half* xh = dense_layers_ ? xnh_.get() : nullptr;
+  mark("norms + residuals");
+  rmsnorm(x_.get(), nullptr, layers_[0].attn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s);
   for (int l = 0; l < c_.n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
-    mark("norms + residuals");
-    rmsnorm(x_.get(), L.attn_norm.get(), xn_.get(), rows, dim, c_.rms_eps, s);
     mark("q/k/v linears");
-    run_linear(L.q, xn_.get(), rows, q_.get(), bits);
-    run_linear(L.k, xn_.get(), rows, kk_.get(), bits);
-    run_linear(L.v, xn_.get(), rows, vv_.get(), bits);
+    run_linear(L.q, xn_.get(), xh, rows, q_.get(), bits);
+    run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits);
+    run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits);
     mark("RoPE + KV store");
-    rope(q_.get(), pos_dev_.get(), rows, H, hd, rope_cos_.get(), rope_sin_.get(), s);
-    rope(kk_.get(), pos_dev_.get(), rows, KVH, hd, rope_cos_.get(), rope_sin_.get(), s);
-    kv_store(kk_.get(), vv_.get(), seq_dev_.get(), pos_dev_.get(), rows, c_.kv_dim(), l, c_.n_layers, cache.capacity,
-             cache.k.get(), cache.v.get(), s);
+    rope_kv_store(q_.get(), kk_.get(), vv_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, rope_cos_.get(),
+                  rope_sin_.get(), l, c_.n_layers, cache.capacity, cache.k.get(), cache.v.get(), s);
     mark("attention");
     attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, c_.n_layers, cache.capacity,
               c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), s);
     mark("o linear");
-    run_linear(L.o, att_.get(), rows, tmp_.get(), bits);
+    run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits);
     mark("norms + residuals");
-    add_inplace(x_.get(), tmp_.get(), static_cast<int64_t>(rows) * dim, s);
-    rmsnorm(x_.get(), L.ffn_norm.get(), xn_.get(), rows, dim, c_.rms_eps, s);
+    rmsnorm(x_.get(), tmp_.get(), L.ffn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s);   // x += attention out
     mark("gate/up linears");
-    run_linear(L.gate, xn_.get(), rows, g_.get(), bits);
-    run_linear(L.up, xn_.get(), rows, u_.get(), bits);
+    run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits);
+    run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits);
     mark("SwiGLU");
     swiglu_inplace(g_.get(), u_.get(), static_cast<int64_t>(rows) * c_.hidden_dim, s);
     mark("down linear");
-    run_linear(L.down, g_.get(), rows, tmp_.get(), bits);
-    mark("norms + residuals");
-    add_inplace(x_.get(), tmp_.get(), static_cast<int64_t>(rows) * dim, s);
+    run_linear(L.down, g_.get(), nullptr, rows, tmp_.get(), bits);
+    mark(l + 1 < c_.n_layers ? "norms + residuals" : "final norm + head");
+    // x += MLP out, then the next layer's attention norm (or, after the last layer, the final norm).
+    const float* next_norm = l + 1 < c_.n_layers ? layers_[static_cast<size_t>(l) + 1].attn_norm.get() : final_norm_.get();
+    rmsnorm(x_.get(), tmp_.get(), next_norm, xn_.get(), xnh_.get(), rows, dim, c_.rms_eps, s);
   }
-  mark("final norm + head");
-  if (all_logits) {
-    rmsnorm(x_.get(), final_norm_.get(), xn_.get(), rows, dim, c_.rms_eps, s);
-    run_linear(head_, xn_.get(), rows, logits_.get(), 0);
+  if (all_logits || n == 1) {   // every row's logits, or one row per sequence (decode)
+    run_linear(head_, xn_.get(), xnh_.get(), rows, logits_.get(), 0);
   } else {
-    // The last row of each sequence.
-    LOWBIT_CUDA_CHECK(cudaMemcpy2DAsync(tmp_.get(), sizeof(float) * dim, x_.get() + static_cast<int64_t>(n - 1) * dim,
+    // The last row of each sequence (rows n-1, 2n-1, ...), already normalised.
+    LOWBIT_CUDA_CHECK(cudaMemcpy2DAsync(tmp_.get(), sizeof(float) * dim, xn_.get() + static_cast<int64_t>(n - 1) * dim,
                                         sizeof(float) * dim * n, sizeof(float) * dim, seqs, cudaMemcpyDeviceToDevice, s));
-    rmsnorm(tmp_.get(), final_norm_.get(), xn_.get(), seqs, dim, c_.rms_eps, s);
-    run_linear(head_, xn_.get(), seqs, logits_.get(), 0);
+    run_linear(head_, tmp_.get(), nullptr, seqs, logits_.get(), 0);
   }
-  mark("after the forward: argmax, host gaps");
+  mark("argmax");
 }
 
 const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits) {
@@ -377,7 +406,7 @@ const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCach
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   embed_rows(emb_, tok_in_.get(), rows, c_.dim, x_.get(), stream_);
-  const int splits = splits_for(max_span, rows, c_.n_heads);
+  const int splits = splits_for(max_span, rows, c_.n_heads, sms_);
   ensure_attn_scratch(rows, splits);
   forward_device(rows, seqs, n, cache, all_logits, bits, splits);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
@@ -451,38 +480,59 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
   for (int b = 0; b < seqs; ++b) seq[static_cast<size_t>(b)] = b;
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
-  const int splits = splits_for(cache.capacity, seqs, c_.n_heads);   // fixed per cache: one graph, every position
+  const int splits = splits_for(cache.capacity, seqs, c_.n_heads, sms_);   // fixed per cache: one graph, every position
   ensure_attn_scratch(seqs, splits);
   auto body = [&] {
     embed_rows(emb_, tok_dev_.get(), seqs, c_.dim, x_.get(), stream_);
     forward_device(seqs, seqs, 1, cache, false, bits, splits);
     argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_);
+    mark("end");
   };
-  const bool same = graph_ != nullptr && graph_seqs_ == seqs && graph_bits_ == bits && graph_capacity_ == cache.capacity &&
-                    graph_cache_ == cache.k.get() && graph_gemm_gen_ == gemm_->generation();
-  if (!use_graph) {
-    body();
-  } else if (same) {
-    LOWBIT_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
-  } else {
-    // Run once uncaptured (sizes the GEMM scratch: no allocation may happen during capture), then capture.
-    if (graph_ != nullptr) {
-      cudaGraphExecDestroy(graph_);
-      graph_ = nullptr;
-    }
-    // This call's step runs uncaptured; the capture below only records (it executes nothing) for the next calls.
+  // Runs this call's step uncaptured (which also sizes the GEMM scratch: nothing may be allocated during a capture),
+  // then captures the step into *exec for the next calls: the capture only records, it executes nothing.
+  auto run_and_capture = [&](cudaGraphExec_t* exec) {
+    if (prof_) prof_->paused = true;   // stage events only as nodes of the profiled graph
     body();
     synchronize();
+    if (prof_) prof_->paused = false;
     cudaGraph_t g = nullptr;
     LOWBIT_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     body();
     LOWBIT_CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
-    LOWBIT_CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
+    LOWBIT_CUDA_CHECK(cudaGraphInstantiate(exec, g, 0));
     cudaGraphDestroy(g);
+  };
+  if (prof_ && use_graph) {
+    // Profiling: a graph of the same step with the stage events as nodes, timed replay by replay.
+    StageTimer& p = *prof_;
+    if (p.graph != nullptr && p.graph_seqs == seqs && p.graph_bits == bits && p.graph_cache == cache.k.get() &&
+        p.graph_gemm_gen == gemm_->generation()) {
+      LOWBIT_CUDA_CHECK(cudaGraphLaunch(p.graph, stream_));
+      p.accumulate(stream_, false);
+    } else {
+      if (p.graph != nullptr) cudaGraphExecDestroy(p.graph);
+      p.graph = nullptr;
+      p.accumulate(stream_, true);   // marks of earlier uncaptured steps (or of the old graph)
+      run_and_capture(&p.graph);
+      p.graph_seqs = seqs;
+      p.graph_bits = bits;
+      p.graph_cache = cache.k.get();
+      p.graph_gemm_gen = gemm_->generation();
+    }
+  } else if (!use_graph) {
+    body();
+  } else if (graph_ != nullptr && graph_seqs_ == seqs && graph_bits_ == bits && graph_capacity_ == cache.capacity &&
+             graph_cache_ == cache.k.get() && graph_gemm_gen_ == gemm_->generation()) {
+    LOWBIT_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+  } else {
+    invalidate_graph();
+    run_and_capture(&graph_);
+    ++graph_captures_;
     graph_seqs_ = seqs;
     graph_bits_ = bits;
     graph_capacity_ = cache.capacity;
     graph_cache_ = cache.k.get();
+    graph_gemm_gen_ = gemm_->generation();   // after the uncaptured step, which may have grown the scratch
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < seqs; ++b) ++cache.len[static_cast<size_t>(b)];

@@ -73,11 +73,14 @@ class GpuModel {
   void sample_from_last_logits(int seqs, const GpuSamplingParams& p, const std::vector<float>& u);
   std::vector<int32_t> get_decode_tokens(int seqs) const;
   cudaStream_t stream() const { return stream_; }
+  // How often decode_step_greedy captured its graph (once per batch / width / cache; replays reuse it).
+  int graph_captures() const { return graph_captures_; }
   void synchronize() const;
 
-  // Stage timing of uncaptured forwards (CUDA events between the stages of every layer: norms, q/k/v, RoPE + KV
-  // store, attention, o, gate/up, SwiGLU, down, head). take_profile() returns milliseconds per stage summed since
-  // enable_profile(true), and resets them. Graph replays are not broken down.
+  // Stage timing (CUDA events at the stages of every layer: norms, q/k/v, RoPE + KV store, attention, o, gate/up,
+  // SwiGLU, down, head). Uncaptured forwards record events as they go; graph decode steps run a graph of their own
+  // with the events as nodes, so a replay is timed as it runs. take_profile() returns milliseconds per stage summed
+  // since enable_profile(true) (or the last take_profile()), and resets them.
   void enable_profile(bool on);
   std::vector<std::pair<std::string, double>> take_profile();
 
@@ -86,7 +89,8 @@ class GpuModel {
   void ensure_workspace(int rows, int seqs, bool all_logits);
   void ensure_attn_scratch(int rows, int splits);
   void invalidate_graph();
-  void run_linear(const GpuLinear& l, const float* x, int64_t m, float* y, int bits);
+  void note_dense_layers();
+  void run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits);
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
   void forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits);
 
@@ -96,6 +100,7 @@ class GpuModel {
   };
   ModelConfig c_;
   cudaStream_t stream_ = nullptr;
+  int sms_ = 1;   // multiprocessors of the device (attention's key splitting)
   std::unique_ptr<GemmContext> gemm_;
   std::vector<DeviceBuffer<__half>> dense_;     // fp16 weights (embedding first)
   const __half* emb_ = nullptr;
@@ -104,8 +109,10 @@ class GpuModel {
   std::vector<Layer> layers_;
   uint32_t widths_ = 0;
   int dequantized_linears_ = 0;
+  bool dense_layers_ = false;   // some q/k/v/gate/up linear runs on cuBLAS: the norms also write fp16
   // Workspace.
   int ws_rows_ = 0, ws_logit_rows_ = 0;
+  DeviceBuffer<__half> xnh_;   // xn_ in fp16 (dense linears' input)
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
   DeviceBuffer<float> u_dev_;
@@ -114,7 +121,7 @@ class GpuModel {
   void mark(const char* stage);
   // The captured decode graph.
   cudaGraphExec_t graph_ = nullptr;
-  int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1, decode_seqs_ = 0;
+  int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1, decode_seqs_ = 0, graph_captures_ = 0;
   uint64_t graph_gemm_gen_ = 0;
   const void* graph_cache_ = nullptr;
 };

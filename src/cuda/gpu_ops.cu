@@ -26,12 +26,22 @@ __global__ void embed_kernel(const __half* emb, const int32_t* tokens, int dim, 
   for (int i = threadIdx.x; i < dim; i += blockDim.x) x[static_cast<int64_t>(r) * dim + i] = __half2float(e[i]);
 }
 
-// One block per row.
-__global__ void rmsnorm_kernel(const float* x, const float* w, float* y, int dim, float eps) {
+// One block per row. With delta != nullptr the residual is added first (x += delta, written back), so the
+// residual add and the next norm are one pass over x. With yh != nullptr the normalised row is also written in
+// fp16 (the dense linears' cuBLAS input, converted once for every linear that reads it).
+__global__ void rmsnorm_kernel(float* x, const float* delta, const float* w, float* y, __half* yh, int dim, float eps) {
   __shared__ float part[32];
-  const float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
+  const float* dr = delta != nullptr ? delta + static_cast<int64_t>(blockIdx.x) * dim : nullptr;
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    float v = xr[i];
+    if (dr != nullptr) {
+      v += dr[i];
+      xr[i] = v;
+    }
+    ss = fmaf(v, v, ss);
+  }
   ss = warp_sum(ss);
   if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
   __syncthreads();
@@ -43,30 +53,36 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float* y, int dim
   __syncthreads();
   const float inv = part[0];
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = w[i] * (xr[i] * inv);   // each thread re-reads only the elements it wrote itself
+    yr[i] = v;
+    if (yh != nullptr) yh[static_cast<int64_t>(blockIdx.x) * dim + i] = __float2half_rn(v);
+  }
 }
 
-__global__ void rope_kernel(float* x, const int32_t* pos, int heads, int hd, const float* cos_t, const float* sin_t) {
-  const int r = blockIdx.x, half = hd / 2;
+// One block per row: q rotated in place; k rotated and, with v, stored into the fp16 cache at (seq[r], pos[r]).
+__global__ void rope_kv_store_kernel(float* q, const float* k, const float* v, const int32_t* seq, const int32_t* pos,
+                                     int heads, int kv_heads, int hd, const float* cos_t, const float* sin_t, int layer,
+                                     int layers, int capacity, __half* kc, __half* vc) {
+  const int r = blockIdx.x, half = hd / 2, kvd = kv_heads * hd;
   const float* cs = cos_t + static_cast<int64_t>(pos[r]) * half;
   const float* sn = sin_t + static_cast<int64_t>(pos[r]) * half;
   for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
     const int h = idx / half, i = idx % half;
-    float* v = x + (static_cast<int64_t>(r) * heads + h) * hd;
-    const float a = v[i], b = v[i + half];
-    v[i] = a * cs[i] - b * sn[i];
-    v[i + half] = b * cs[i] + a * sn[i];
+    float* qv = q + (static_cast<int64_t>(r) * heads + h) * hd;
+    const float a = qv[i], b = qv[i + half];
+    qv[i] = a * cs[i] - b * sn[i];
+    qv[i + half] = b * cs[i] + a * sn[i];
   }
-}
-
-__global__ void kv_store_kernel(const float* k, const float* v, const int32_t* seq, const int32_t* pos, int kv_dim,
-                                int layer, int layers, int capacity, __half* kc, __half* vc) {
-  const int r = blockIdx.x;
-  const int64_t base = ((static_cast<int64_t>(seq[r]) * layers + layer) * capacity + pos[r]) * kv_dim;
-  for (int i = threadIdx.x; i < kv_dim; i += blockDim.x) {
-    kc[base + i] = __float2half_rn(k[static_cast<int64_t>(r) * kv_dim + i]);
-    vc[base + i] = __float2half_rn(v[static_cast<int64_t>(r) * kv_dim + i]);
+  const int64_t base = ((static_cast<int64_t>(seq[r]) * layers + layer) * capacity + pos[r]) * kvd;
+  for (int idx = threadIdx.x; idx < kv_heads * half; idx += blockDim.x) {
+    const int h = idx / half, i = idx % half;
+    const float* kv = k + static_cast<int64_t>(r) * kvd + h * hd;
+    const float a = kv[i], b = kv[i + half];
+    kc[base + h * hd + i] = __float2half_rn(a * cs[i] - b * sn[i]);
+    kc[base + h * hd + i + half] = __float2half_rn(b * cs[i] + a * sn[i]);
   }
+  for (int i = threadIdx.x; i < kvd; i += blockDim.x) vc[base + i] = __float2half_rn(v[static_cast<int64_t>(r) * kvd + i]);
 }
 
 constexpr int kAttnWarps = 4;
@@ -198,11 +214,6 @@ __global__ void attention_combine_kernel(int heads, int hd, int splits, const fl
   }
 }
 
-__global__ void add_kernel(float* x, const float* y, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] += y[i];
-}
-
 __global__ void swiglu_kernel(float* g, const float* u, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
@@ -281,15 +292,15 @@ __global__ void increment_kernel(int32_t* p, int n) {
 void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, float* x, cudaStream_t s) {
   embed_kernel<<<rows, 256, 0, s>>>(emb, tokens, dim, x);
 }
-void rmsnorm(const float* x, const float* w, float* y, int rows, int dim, float eps, cudaStream_t s) {
-  rmsnorm_kernel<<<rows, 256, 0, s>>>(x, w, y, dim, eps);
+void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh, int rows, int dim, float eps,
+             cudaStream_t s) {
+  rmsnorm_kernel<<<rows, 256, 0, s>>>(x, delta, w, y, yh, dim, eps);
 }
-void rope(float* x, const int32_t* pos, int rows, int heads, int hd, const float* cos_t, const float* sin_t, cudaStream_t s) {
-  rope_kernel<<<rows, 256, 0, s>>>(x, pos, heads, hd, cos_t, sin_t);
-}
-void kv_store(const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int kv_dim, int layer,
-              int layers, int capacity, __half* kc, __half* vc, cudaStream_t s) {
-  kv_store_kernel<<<rows, 256, 0, s>>>(k, v, seq, pos, kv_dim, layer, layers, capacity, kc, vc);
+void rope_kv_store(float* q, const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int heads,
+                   int kv_heads, int hd, const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
+                   __half* kc, __half* vc, cudaStream_t s) {
+  rope_kv_store_kernel<<<rows, 256, 0, s>>>(q, k, v, seq, pos, heads, kv_heads, hd, cos_t, sin_t, layer, layers,
+                                            capacity, kc, vc);
 }
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
@@ -298,9 +309,6 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
   attention_kernel<<<dim3(rows, heads, splits), kAttnWarps * 32, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers,
                                                                          capacity, window, kc, vc, out, splits, scratch);
   if (splits > 1) attention_combine_kernel<<<dim3(rows, heads), 128, 0, s>>>(heads, hd, splits, scratch, out);
-}
-void add_inplace(float* x, const float* y, int64_t count, cudaStream_t s) {
-  add_kernel<<<blocks_for(count, 256), 256, 0, s>>>(x, y, count);
 }
 void swiglu_inplace(float* g, const float* u, int64_t count, cudaStream_t s) {
   swiglu_kernel<<<blocks_for(count, 256), 256, 0, s>>>(g, u, count);

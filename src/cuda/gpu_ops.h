@@ -11,15 +11,16 @@ namespace lowbit::cuda {
 
 // x [rows, dim] = fp32(emb[tokens[r]]) (emb fp16 [vocab, dim]).
 void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, float* x, cudaStream_t s);
-// y = x / rms(x) * w per row (fp32, sum of squares accumulated in fp32 per thread then reduced).
-void rmsnorm(const float* x, const float* w, float* y, int rows, int dim, float eps, cudaStream_t s);
-// Rotates x [rows, heads * hd] (Hugging Face half-split pairs) at per-row positions pos[r] with tables
-// cos/sin [max_pos, hd/2].
-void rope(float* x, const int32_t* pos, int rows, int heads, int hd, const float* cos_t, const float* sin_t, cudaStream_t s);
-// KV cache layout: [seqs][layers][capacity][kv_dim] fp16. Row r of k/v [rows, kv_dim] goes to sequence seq[r],
-// position pos[r] of `layer`.
-void kv_store(const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int kv_dim,
-              int layer, int layers, int capacity, __half* kc, __half* vc, cudaStream_t s);
+// Per row: x += delta when delta != nullptr (the residual add, written back), then y = x / rms(x) * w (fp32,
+// sum of squares accumulated per thread then reduced); also yh = fp16(y) when yh != nullptr.
+void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh, int rows, int dim, float eps,
+             cudaStream_t s);
+// Rotates q [rows, heads * hd] in place and k [rows, kv_heads * hd] (Hugging Face half-split pairs) at per-row
+// positions pos[r] with tables cos/sin [max_pos, hd/2], and stores the rotated k and v as fp16 into the KV cache,
+// layout [seqs][layers][capacity][kv_dim]: row r goes to sequence seq[r], position pos[r] of `layer`.
+void rope_kv_store(float* q, const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int heads,
+                   int kv_heads, int hd, const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
+                   __half* kc, __half* vc, cudaStream_t s);
 // Causal GQA attention of q [rows, heads * hd] (row r: sequence seq[r] at position pos[r], keys 0..pos[r], or the
 // last `window` of them when window > 0) against the cache; out [rows, heads * hd]. Keys are split over `splits`
 // blocks per (row, head) when splits > 1 (flash-decoding), partial results combined by a second kernel in
@@ -27,7 +28,6 @@ void kv_store(const float* k, const float* v, const int32_t* seq, const int32_t*
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
                int splits, float* scratch, cudaStream_t s);
-void add_inplace(float* x, const float* y, int64_t count, cudaStream_t s);          // x += y
 void swiglu_inplace(float* g, const float* u, int64_t count, cudaStream_t s);       // g = silu(g) * u
 void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s);   // y[r] += bias
 // Per row r < rows: nll[r] = logsumexp(logits[r]) - logits[r][target[r]], hit[r] = argmax == target (ties: lowest).

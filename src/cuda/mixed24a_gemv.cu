@@ -138,32 +138,41 @@ __global__ void mixed24a_outliers_kernel(Mixed24ADevice w, const float* __restri
   }
 }
 
-// One thread per (row, unit): 64 weights to fp16 at their original columns.
+// One thread per (row, unit, group): the group's 16 weights to fp16 at their original columns, two 16-byte stores
+// (the codes decoded as in the GEMV, by the 2^23 trick rather than integer-to-float conversions).
 __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ out) {
   const int64_t U = w.k / 64, gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (gid >= w.n * U) return;
-  const int64_t row = gid / U, u = gid % U, rg = row / 16;
-  const uint4 qa = w.qa[gid];
-  const uint32_t qb = w.qb[gid], m2 = w.meta2[gid], m4 = w.meta4[gid];
-  for (int s = 0; s < 4; ++s) {
-    const uint32_t sc = s == 0 ? (m2 & 15u) : s == 1 ? ((m2 >> 4) & 7u) : s == 2 ? ((m2 >> 7) & 7u) : (m4 & 15u);
-    const uint32_t z = s == 3 ? (m4 >> 4) : ((m2 >> (10 + 2 * s)) & 3u);
-    const float ss = __half2float(s < 3 ? w.ss2[rg * 3 * U + 3 * u + s] : w.ss4[rg * U + u]);
-    const float sm = __half2float(s < 3 ? w.sm2[rg * 3 * U + 3 * u + s] : w.sm4[rg * U + u]);
-    const float scale = fmaf(static_cast<float>(sc), ss, sm);
-    const int64_t base = 16 * static_cast<int64_t>(w.perm[4 * u + s]);
-    alignas(16) __half v[16];
+  if (gid >= w.n * U * 4) return;
+  const int s = static_cast<int>(gid % 4);
+  const int64_t unit = gid / 4, row = unit / U, u = unit % U, rg = row / 16;
+  const uint32_t m2 = __ldg(w.meta2 + unit), m4 = __ldg(w.meta4 + unit);
+  const uint32_t* qa = reinterpret_cast<const uint32_t*>(w.qa + unit);
+  const uint32_t sc = s == 0 ? (m2 & 15u) : s == 1 ? ((m2 >> 4) & 7u) : s == 2 ? ((m2 >> 7) & 7u) : (m4 & 15u);
+  const uint32_t z = s == 3 ? (m4 >> 4) : ((m2 >> (10 + 2 * s)) & 3u);
+  const float ss = __half2float(s < 3 ? w.ss2[rg * 3 * U + 3 * u + s] : w.ss4[rg * U + u]);
+  const float sm = __half2float(s < 3 ? w.sm2[rg * 3 * U + 3 * u + s] : w.sm4[rg * U + u]);
+  const float scale = fmaf(static_cast<float>(sc), ss, sm), zm = 8388608.0f + static_cast<float>(z);
+  alignas(16) __half2 v[8];
+  if (s < 3) {
+    const uint32_t word = __ldg(qa + s);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      uint32_t q;
-      if (s < 3) q = ((s == 0 ? qa.x : s == 1 ? qa.y : qa.z) >> (2 * i)) & 3u;
-      else q = ((i < 8 ? qa.w : qb) >> (4 * (i % 8))) & 15u;
-      v[i] = __float2half_rn((static_cast<float>(q) - static_cast<float>(z)) * scale);
+    for (int i = 0; i < 8; ++i)
+      v[i] = __floats2half2_rn(code_minus_zero((word >> (4 * i)) & 3u, zm) * scale,
+                               code_minus_zero((word >> (4 * i + 2)) & 3u, zm) * scale);
+  } else {
+    const uint32_t lo = __ldg(qa + 3), hi = __ldg(w.qb + unit);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t word = i < 4 ? lo : hi;
+      const int sh = 8 * (i % 4);
+      v[i] = __floats2half2_rn(code_minus_zero((word >> sh) & 15u, zm) * scale,
+                               code_minus_zero((word >> (sh + 4)) & 15u, zm) * scale);
     }
-    uint4* o = reinterpret_cast<uint4*>(out + row * w.k + base);   // k is a multiple of 64: 16-byte aligned
-    o[0] = reinterpret_cast<const uint4*>(v)[0];
-    o[1] = reinterpret_cast<const uint4*>(v)[1];
   }
+  const int64_t base = 16 * static_cast<int64_t>(__ldg(w.perm + 4 * u + s));
+  uint4* o = reinterpret_cast<uint4*>(out + row * w.k + base);   // k is a multiple of 64: 16-byte aligned
+  o[0] = reinterpret_cast<const uint4*>(v)[0];
+  o[1] = reinterpret_cast<const uint4*>(v)[1];
 }
 
 __global__ void mixed24a_dequant_outliers_kernel(Mixed24ADevice w, __half* __restrict__ out) {
@@ -316,7 +325,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
                    GemvPath path) {
   const bool fused = mode == OutlierMode::Fused;
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
-  if (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= 2)) {
+  if (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= kMixed24aTcMinBatch)) {
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
     if (fused) mixed24a_gemv_tc_kernel<true><<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y);
     else mixed24a_gemv_tc_kernel<false><<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y);
@@ -342,7 +351,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
 }
 
 void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s) {
-  const int64_t threads = w.n * (w.k / 64);
+  const int64_t threads = w.n * (w.k / 64) * 4;
   mixed24a_dequant_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(w, out);
   if (w.rowptr != nullptr)
     mixed24a_dequant_outliers_kernel<<<static_cast<unsigned>((w.n + 255) / 256), 256, 0, s>>>(w, out);

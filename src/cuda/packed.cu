@@ -259,6 +259,10 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
 void dense_f16_matmul(const __half* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, GemmContext& ctx) {
   __half* xh = ctx.act_scratch(static_cast<size_t>(m * k));
   f32_to_f16(x, xh, m * k, ctx.stream());
+  dense_f16_matmul_h(w, n, k, xh, m, y, ctx);
+}
+
+void dense_f16_matmul_h(const __half* w, int64_t n, int64_t k, const __half* xh, int64_t m, float* y, GemmContext& ctx) {
   // Row-major y [m, n] = x [m, k] · Wᵀ is column-major yᵀ [n, m] = (W as column-major [k, n])ᵀ · (x as [k, m]).
   const float alpha = 1.0f, beta = 0.0f;
   cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),

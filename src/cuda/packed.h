@@ -80,8 +80,12 @@ class DevicePackedWeight {
 };
 
 enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or a CSR SpMV launched after it
-// GEMV kernels: CUDA-core FMAs (batch 1 by default) or tensor-core mma.sync (batch 2..8 by default).
+// GEMV kernels: CUDA-core FMAs or tensor-core mma.sync. Auto takes the tensor cores from these batch sizes on
+// (the crossover measured by `lowbit bench --kernels` on the H100, docs/PERF.md: the CUDA-core kernels win at batch
+// 1..4 on every shape, the tensor-core ones at batch 8 on the large shapes).
 enum class GemvPath { Auto, Scalar, TensorCore };
+constexpr int kAnyPrecTcMinBatch = 6;
+constexpr int kMixed24aTcMinBatch = 5;
 
 // y [m, n] (fp32, row-major) = x [m, k] (fp32) · W_bᵀ, 1 <= m <= kMaxGemvBatch. bits: a served width.
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s,
@@ -118,6 +122,8 @@ class GemmContext {
 // y [m, n] fp32 = x [m, k] fp32 · Wᵀ with W [n, k] fp16 already on the device: x is converted to fp16 in the
 // context's scratch, then one cuBLAS GEMM (fp32 accumulation and output). The large-batch path's second step.
 void dense_f16_matmul(const __half* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, GemmContext& ctx);
+// The same with the activations already in fp16 (xh [m, k]): no conversion kernel.
+void dense_f16_matmul_h(const __half* w, int64_t n, int64_t k, const __half* xh, int64_t m, float* y, GemmContext& ctx);
 
 // y [m, n] fp32 = x [m, k] fp32 · Wᵀ for any m >= 1: the GEMV for m <= 8, else dequantize + cuBLAS (fp16 inputs,
 // fp32 accumulation and output). bits: the anyprec width (0 = widest); ignored by single-width formats.
