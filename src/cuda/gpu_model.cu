@@ -79,7 +79,12 @@ void GpuModel::mark(const char* stage) {
   if (!prof_ || prof_->paused) return;
   cudaEvent_t e;
   LOWBIT_CUDA_CHECK(cudaEventCreate(&e));
-  LOWBIT_CUDA_CHECK(cudaEventRecord(e, stream_));   // inside a capture: an event-record node of the graph
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  LOWBIT_CUDA_CHECK(cudaStreamIsCapturing(stream_, &cs));
+  // Inside a capture a plain record is only a dependency marker; External makes it an event-record node of the
+  // graph, recorded (and timed) by every replay.
+  LOWBIT_CUDA_CHECK(cs == cudaStreamCaptureStatusActive ? cudaEventRecordWithFlags(e, stream_, cudaEventRecordExternal)
+                                                        : cudaEventRecord(e, stream_));
   prof_->marks.emplace_back(stage, e);
 }
 
