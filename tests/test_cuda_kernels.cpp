@@ -14,6 +14,7 @@
 #include <random>
 
 #include "core/half.h"
+#include "cuda/gpu_ops.h"
 #include "cuda/packed.h"
 #include "cuda/sampling.h"
 #include "formats/format_table.h"
@@ -315,6 +316,113 @@ TEST(CudaKernels, SamplingDrawsTheCpuSamplersDistribution) {
   // top-k 1 picks the lowest-index maximum (17 of the three tied), whatever u is.
   const std::vector<int32_t> last = out.download();
   EXPECT_EQ(std::count(last.begin(), last.end(), 17), N);
+}
+
+// The GPU attention against a CPU twin on the same fp16 cache: every head dimension path (the compile-time 64 / 128
+// / 256 kernels and the generic one), GQA, a sliding window, key splits with the combine pass, rows of two
+// sequences at different positions. Output poisoned with NaN first.
+TEST(CudaKernels, AttentionMatchesCpuTwinEveryHeadDimWindowAndSplit) {
+  SKIP_WITHOUT_GPU();
+  const int layers = 2, layer = 1, capacity = 300, seqs = 2;
+  const std::vector<int32_t> seq = {0, 0, 1, 1}, pos = {0, 41, 7, 299};
+  const int rows = static_cast<int>(seq.size());
+  for (const int hd : {8, 64, 96, 128, 256})
+    for (const auto& [heads, kv_heads] : std::vector<std::pair<int, int>>{{4, 4}, {8, 2}})
+      for (const int window : {0, 37})
+        for (const int splits : {1, 3, 9}) {
+          const int kvd = kv_heads * hd;
+          std::mt19937 rng(static_cast<uint32_t>(hd * 1000 + heads * 10 + window + splits));
+          std::normal_distribution<float> nd;
+          std::vector<uint16_t> kc(static_cast<size_t>(seqs) * layers * capacity * kvd), vc(kc.size());
+          for (auto& v : kc) v = f32_to_f16(nd(rng));
+          for (auto& v : vc) v = f32_to_f16(nd(rng));
+          std::vector<float> q(static_cast<size_t>(rows) * heads * hd);
+          for (auto& v : q) v = nd(rng);
+          // CPU twin: softmax(q k / sqrt(hd)) v over keys [first, pos] of the row's sequence, in double.
+          std::vector<float> want(q.size());
+          double scale_out = 0;
+          for (int r = 0; r < rows; ++r)
+            for (int h = 0; h < heads; ++h) {
+              const int kvh = h / (heads / kv_heads), p = pos[static_cast<size_t>(r)];
+              const int first = window > 0 ? std::max(0, p - window + 1) : 0;
+              const size_t base = ((static_cast<size_t>(seq[static_cast<size_t>(r)]) * layers + layer) * capacity) * kvd + static_cast<size_t>(kvh) * hd;
+              std::vector<double> sc;
+              double mx = -1e300;
+              for (int j = first; j <= p; ++j) {
+                double d = 0;
+                for (int i = 0; i < hd; ++i)
+                  d += static_cast<double>(q[(static_cast<size_t>(r) * heads + h) * hd + i]) * f16_to_f32(kc[base + static_cast<size_t>(j) * kvd + i]);
+                sc.push_back(d / std::sqrt(static_cast<double>(hd)));
+                mx = std::max(mx, sc.back());
+              }
+              double l = 0;
+              for (double& v : sc) l += (v = std::exp(v - mx));
+              for (int i = 0; i < hd; ++i) {
+                double a = 0;
+                for (int j = first; j <= p; ++j) a += sc[static_cast<size_t>(j - first)] * f16_to_f32(vc[base + static_cast<size_t>(j) * kvd + i]);
+                want[(static_cast<size_t>(r) * heads + h) * hd + i] = static_cast<float>(a / l);
+                scale_out = std::max(scale_out, std::fabs(a / l));
+              }
+            }
+          cuda::DeviceBuffer<uint16_t> kd(kc), vd(vc);
+          cuda::DeviceBuffer<int32_t> sd(seq), pd(pos);
+          cuda::DeviceBuffer<float> scratch(static_cast<size_t>(rows) * heads * splits * (hd + 2));
+          const std::vector<float> got = run_poisoned(q, static_cast<int64_t>(q.size()), [&](const float* qd, float* out) {
+            cuda::attention(qd, sd.get(), pd.get(), rows, heads, kv_heads, hd, layer, layers, capacity, window,
+                            reinterpret_cast<const __half*>(kd.get()), reinterpret_cast<const __half*>(vd.get()), out,
+                            splits, scratch.get(), nullptr);
+          });
+          double worst = 0;
+          int bad = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+            worst = std::max(worst, err);
+            if (!(err <= 1e-4 * std::max(1.0, scale_out))) ++bad;   // NaN (unwritten) counts as bad
+          }
+          EXPECT_EQ(bad, 0) << "attention hd " << hd << " heads " << heads << "/" << kv_heads << " window " << window
+                            << " splits " << splits << ": worst |error| " << worst;
+        }
+}
+
+// The fused residual add + RMSNorm (+ fp16 copy) against a CPU twin: the float4 kernel (dim a multiple of 4, one to
+// four float4 per thread) and the generic one (other widths), with and without the residual.
+TEST(CudaKernels, ResidualRmsNormMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  for (const int dim : {32, 576, 4096, 8192, 16384, 4098, 20000})
+    for (const bool residual : {false, true}) {
+      const int rows = 3;
+      const float eps = 1e-5f;
+      const std::vector<float> x = random_x(rows, dim, static_cast<uint32_t>(dim)), d = random_x(rows, dim, 99),
+                               w = random_x(1, dim, 7);
+      std::vector<float> want_x = x, want_y(x.size());
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < dim; ++i) {
+          float& v = want_x[static_cast<size_t>(r) * dim + i];
+          if (residual) v += d[static_cast<size_t>(r) * dim + i];
+          ss += static_cast<double>(v) * v;
+        }
+        const double inv = 1.0 / std::sqrt(ss / dim + eps);
+        for (int i = 0; i < dim; ++i)
+          want_y[static_cast<size_t>(r) * dim + i] = static_cast<float>(w[static_cast<size_t>(i)] * (want_x[static_cast<size_t>(r) * dim + i] * inv));
+      }
+      cuda::DeviceBuffer<float> xd(x), dd(d), wd(w), yd(x.size());
+      cuda::DeviceBuffer<uint16_t> hd(x.size());
+      LOWBIT_CUDA_CHECK(cudaMemset(yd.get(), 0xFF, yd.bytes()));
+      LOWBIT_CUDA_CHECK(cudaMemset(hd.get(), 0xFF, hd.bytes()));
+      cuda::rmsnorm(xd.get(), residual ? dd.get() : nullptr, wd.get(), yd.get(), reinterpret_cast<__half*>(hd.get()), rows,
+                    dim, eps, nullptr);
+      LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got_x = xd.download(), got_y = yd.download();
+      const std::vector<uint16_t> got_h = hd.download();
+      int bad = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        bad += !(std::fabs(got_x[i] - want_x[i]) <= 1e-6f * (1.0f + std::fabs(want_x[i])));
+        bad += !(std::fabs(got_y[i] - want_y[i]) <= 1e-5f * (1.0f + std::fabs(want_y[i])));
+        bad += !(std::fabs(f16_to_f32(got_h[i]) - want_y[i]) <= 1e-3f * (1.0f + std::fabs(want_y[i])));
+      }
+      EXPECT_EQ(bad, 0) << "rmsnorm dim " << dim << (residual ? " with residual" : "");
+    }
 }
 
 TEST(CudaKernels, RefusesWhatItCannotRun) {

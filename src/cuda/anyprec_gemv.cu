@@ -64,7 +64,7 @@ struct Table {
   static constexpr int kEntries = 1 << B;
   static constexpr int kCopies = B <= 5 ? 32 : 1024 >> B;        // 4 KB per row at most
   static constexpr int kFloats = kEntries * kCopies;
-  static constexpr int kRows = B <= 4 ? 4 : 2;                   // rows per warp: x loads shared by the rows
+  static constexpr int kRowsMax = B <= 4 ? 4 : 2;                // rows per warp: x loads shared by the rows
 };
 
 // Eight consecutive activations from column c (a multiple of 8), zero past k.
@@ -95,11 +95,10 @@ __device__ __forceinline__ int code_at(const AnyPrecDevice& w, int64_t row, int6
   return code;
 }
 
-template <int B, int M, bool kFusedOutliers>
+template <int B, int M, bool kFusedOutliers, int kRows>
 __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                    float* __restrict__ y) {
   using T = Table<B>;
-  constexpr int kRows = T::kRows;
   extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
@@ -239,22 +238,23 @@ __global__ void anyprec_dequant_outliers_kernel(AnyPrecDevice w, __half* __restr
   for (int e = w.rowptr[row]; e < w.rowptr[row + 1]; ++e) out[row * w.k + w.col[e]] = w.val[e];
 }
 
-template <int B, int M>
-void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
-  const int64_t rows_per_block = kWarps * Table<B>::kRows;
+template <int B, int M, int R>
+void launch_rows(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
+  const int64_t rows_per_block = kWarps * R;
   const unsigned grid = static_cast<unsigned>((w.n + rows_per_block - 1) / rows_per_block);
-  const size_t smem = sizeof(float) * kWarps * Table<B>::kRows * Table<B>::kFloats;
-  if (fused) {
-    auto kern = anyprec_gemv_kernel<B, M, true>;
-    if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
-  } else {
-    auto kern = anyprec_gemv_kernel<B, M, false>;
-    if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
-  }
+  const size_t smem = sizeof(float) * kWarps * R * Table<B>::kFloats;
+  auto kern = fused ? anyprec_gemv_kernel<B, M, true, R> : anyprec_gemv_kernel<B, M, false, R>;
+  if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
 }
 
+template <int B, int M>
+void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
+  if constexpr (M <= kNarrowMaxBatch) {
+    if (narrow_rows(w.n, M)) return launch_rows<B, M, 1>(w, x, y, s, fused);
+  }
+  launch_rows<B, M, Table<B>::kRowsMax>(w, x, y, s, fused);
+}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core path (batch 2..8 by default): mma.sync m16n8k16 with A = the rows' fp16 LUT values (exact: the LUTs

@@ -35,4 +35,11 @@ std::string device_name() {
   return os.str();
 }
 
+int device_sm_count() {
+  int dev = 0, sms = 0;
+  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
 }  // namespace lowbit::cuda

@@ -26,6 +26,8 @@ namespace lowbit::cuda {
 bool device_available(std::string* why = nullptr);
 // "NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)" for the current device.
 std::string device_name();
+// Multiprocessors of the current device.
+int device_sm_count();
 
 // An owning, move-only device allocation of `count` elements of T (uninitialised).
 template <typename T>

@@ -96,9 +96,7 @@ uint64_t GpuLinear::bytes_read(int bits) const {
 void GpuModel::init_common() {
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<GemmContext>(stream_);
-  int dev = 0;
-  LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-  LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, dev));
+  sms_ = device_sm_count();
 }
 
 GpuModel::~GpuModel() {

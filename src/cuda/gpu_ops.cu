@@ -1,5 +1,6 @@
 #include "cuda/gpu_ops.h"
 
+#include <algorithm>
 #include <cfloat>
 
 #include "cuda/common.h"
@@ -28,8 +29,61 @@ __global__ void embed_kernel(const __half* emb, const int32_t* tokens, int dim, 
 
 // One block per row. With delta != nullptr the residual is added first (x += delta, written back), so the
 // residual add and the next norm are one pass over x. With yh != nullptr the normalised row is also written in
-// fp16 (the dense linears' cuBLAS input, converted once for every linear that reads it).
-__global__ void rmsnorm_kernel(float* x, const float* delta, const float* w, float* y, __half* yh, int dim, float eps) {
+// fp16 (the dense linears' cuBLAS input, converted once for every linear that reads it). The row is read once
+// into registers as float4 (up to kNormVec per thread, as many threads as the row needs, <= 1024), so a decode
+// step's single row costs one round of loads instead of a loop of dependent ones.
+constexpr int kNormVec = 4;
+__global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* delta, const float* w, float* y,
+                                                       __half* yh, int dim, float eps) {
+  __shared__ float part[32];
+  const int n4 = dim / 4;
+  float4* xr = reinterpret_cast<float4*>(x + static_cast<int64_t>(blockIdx.x) * dim);
+  const float4* dr = delta != nullptr ? reinterpret_cast<const float4*>(delta + static_cast<int64_t>(blockIdx.x) * dim) : nullptr;
+  float4 v[kNormVec];
+  float ss = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kNormVec; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
+    if (i < n4) {
+      v[j] = xr[i];
+      if (dr != nullptr) {
+        const float4 d = dr[i];
+        v[j].x += d.x, v[j].y += d.y, v[j].z += d.z, v[j].w += d.w;
+        xr[i] = v[j];
+      }
+      ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
+    }
+  }
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
+    t = warp_sum(t);
+    if (threadIdx.x == 0) part[0] = rsqrtf(t / static_cast<float>(dim) + eps);
+  }
+  __syncthreads();
+  const float inv = part[0];
+  float4* yr = reinterpret_cast<float4*>(y + static_cast<int64_t>(blockIdx.x) * dim);
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+#pragma unroll
+  for (int j = 0; j < kNormVec; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
+    if (i < n4) {
+      const float4 g = w4[i];
+      const float4 o = make_float4(g.x * (v[j].x * inv), g.y * (v[j].y * inv), g.z * (v[j].z * inv), g.w * (v[j].w * inv));
+      yr[i] = o;
+      if (yh != nullptr) {
+        __half2* h = reinterpret_cast<__half2*>(yh + static_cast<int64_t>(blockIdx.x) * dim) + 2 * i;
+        h[0] = __floats2half2_rn(o.x, o.y);
+        h[1] = __floats2half2_rn(o.z, o.w);
+      }
+    }
+  }
+}
+
+// The same for any width (dim not a multiple of 4, or wider than 1024 threads x kNormVec float4): strided loops.
+__global__ void rmsnorm_any_kernel(float* x, const float* delta, const float* w, float* y, __half* yh, int dim, float eps) {
   __shared__ float part[32];
   float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   const float* dr = delta != nullptr ? delta + static_cast<int64_t>(blockIdx.x) * dim : nullptr;
@@ -60,14 +114,16 @@ __global__ void rmsnorm_kernel(float* x, const float* delta, const float* w, flo
   }
 }
 
-// One block per row: q rotated in place; k rotated and, with v, stored into the fp16 cache at (seq[r], pos[r]).
+// grid (rows, slices): q rotated in place; k rotated and, with v, stored into the fp16 cache at (seq[r], pos[r]).
+// The row's work is spread over gridDim.y blocks so that a decode step's few rows still fill several SMs.
 __global__ void rope_kv_store_kernel(float* q, const float* k, const float* v, const int32_t* seq, const int32_t* pos,
                                      int heads, int kv_heads, int hd, const float* cos_t, const float* sin_t, int layer,
                                      int layers, int capacity, __half* kc, __half* vc) {
   const int r = blockIdx.x, half = hd / 2, kvd = kv_heads * hd;
+  const int first = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x), step = static_cast<int>(gridDim.y * blockDim.x);
   const float* cs = cos_t + static_cast<int64_t>(pos[r]) * half;
   const float* sn = sin_t + static_cast<int64_t>(pos[r]) * half;
-  for (int idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+  for (int idx = first; idx < heads * half; idx += step) {
     const int h = idx / half, i = idx % half;
     float* qv = q + (static_cast<int64_t>(r) * heads + h) * hd;
     const float a = qv[i], b = qv[i + half];
@@ -75,23 +131,27 @@ __global__ void rope_kv_store_kernel(float* q, const float* k, const float* v, c
     qv[i + half] = b * cs[i] + a * sn[i];
   }
   const int64_t base = ((static_cast<int64_t>(seq[r]) * layers + layer) * capacity + pos[r]) * kvd;
-  for (int idx = threadIdx.x; idx < kv_heads * half; idx += blockDim.x) {
+  for (int idx = first; idx < kv_heads * half; idx += step) {
     const int h = idx / half, i = idx % half;
     const float* kv = k + static_cast<int64_t>(r) * kvd + h * hd;
     const float a = kv[i], b = kv[i + half];
     kc[base + h * hd + i] = __float2half_rn(a * cs[i] - b * sn[i]);
     kc[base + h * hd + i + half] = __float2half_rn(b * cs[i] + a * sn[i]);
   }
-  for (int i = threadIdx.x; i < kvd; i += blockDim.x) vc[base + i] = __float2half_rn(v[static_cast<int64_t>(r) * kvd + i]);
+  for (int i = first; i < kvd; i += step) vc[base + i] = __float2half_rn(v[static_cast<int64_t>(r) * kvd + i]);
 }
 
 constexpr int kAttnWarps = 4;
 constexpr int kMaxHd = 256;
 
 // grid (rows, heads, splits), 4 warps. Each warp takes chunks of 32 keys in turn: phase 1, lane j scores key
-// c0 + j against q (full dot product over hd from the fp16 row); phase 2, lanes own dims d = lane + 32 i and add
-// p_j v_j over the chunk. Online softmax per warp, the 4 warps merged in shared memory, then either the final
-// output (splits == 1) or a partial (m, l, acc) for attention_combine_kernel.
+// c0 + j against q (full dot product over hd from the fp16 row); phase 2, the warp adds p_j v_j over the chunk.
+// Online softmax per warp, the 4 warps merged in shared memory, then either the final output (splits == 1) or a
+// partial (m, l, acc) for attention_combine_kernel.
+// HD > 0: the head dimension known at compile time (64, 128, 256): the key row is loaded as HD/8 independent
+// 16-byte loads and lane l owns the dimension pairs 2l + 64p, read as half2 with eight keys in flight; HD == 0:
+// any even head dimension, element by element.
+template <int HD>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
     const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, int layers,
     int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch) {
@@ -99,6 +159,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   __shared__ float ps[kAttnWarps][32];
   __shared__ float wm[kAttnWarps], wl[kAttnWarps];
   __shared__ float wacc[kAttnWarps][kMaxHd];
+  if constexpr (HD > 0) hd = HD;
   const int r = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kvd = kv_heads * hd, kvh = h / (heads / kv_heads);
@@ -113,7 +174,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   const int64_t base = (static_cast<int64_t>(seq[r]) * layers + layer) * capacity * kvd + static_cast<int64_t>(kvh) * hd;
   const __half* kb = kc + base;
   const __half* vb = vc + base;
-  constexpr int kDims = kMaxHd / 32;
+  constexpr int kDims = kMaxHd / 32;   // accumulators per lane: dims lane + 32 i (HD == 0) or 2 lane + 64 p + {0, 1}
   float acc[kDims];
 #pragma unroll
   for (int i = 0; i < kDims; ++i) acc[i] = 0.0f;
@@ -124,15 +185,18 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
     if (j < k1) {
       const __half* kr = kb + static_cast<int64_t>(j) * kvd;
       float d = 0.0f;
-      if (hd % 8 == 0) {
-        for (int i = 0; i < hd; i += 8) {
-          const uint4 raw = *reinterpret_cast<const uint4*>(kr + i);
-          const __half2* h2 = reinterpret_cast<const __half2*>(&raw);
+      if constexpr (HD > 0) {
+        uint4 raw[HD / 8];
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) raw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) {
+          const __half2* h2 = reinterpret_cast<const __half2*>(&raw[i]);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float2 f = __half22float2(h2[e]);
-            d = fmaf(qs[i + 2 * e], f.x, d);
-            d = fmaf(qs[i + 2 * e + 1], f.y, d);
+            d = fmaf(qs[8 * i + 2 * e], f.x, d);
+            d = fmaf(qs[8 * i + 2 * e + 1], f.y, d);
           }
         }
       } else {
@@ -151,13 +215,27 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
     const int cnt = min(32, k1 - c0);
 #pragma unroll
     for (int i = 0; i < kDims; ++i) acc[i] *= corr;
-    for (int jj = 0; jj < cnt; ++jj) {
-      const float pw = ps[warp][jj];
-      const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd;
+    if constexpr (HD > 0) {
+#pragma unroll 8
+      for (int jj = 0; jj < cnt; ++jj) {
+        const float pw = ps[warp][jj];
+        const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd + 2 * lane;
 #pragma unroll
-      for (int i = 0; i < kDims; ++i) {
-        const int d = lane + 32 * i;
-        if (d < hd) acc[i] = fmaf(pw, __half2float(vr[d]), acc[i]);
+        for (int pp = 0; pp < HD / 64; ++pp) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(vr + 64 * pp));
+          acc[2 * pp] = fmaf(pw, f.x, acc[2 * pp]);
+          acc[2 * pp + 1] = fmaf(pw, f.y, acc[2 * pp + 1]);
+        }
+      }
+    } else {
+      for (int jj = 0; jj < cnt; ++jj) {
+        const float pw = ps[warp][jj];
+        const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd;
+#pragma unroll
+        for (int i = 0; i < kDims; ++i) {
+          const int d = lane + 32 * i;
+          if (d < hd) acc[i] = fmaf(pw, __half2float(vr[d]), acc[i]);
+        }
       }
     }
     __syncwarp();
@@ -169,7 +247,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   }
 #pragma unroll
   for (int i = 0; i < kDims; ++i) {
-    const int d = lane + 32 * i;
+    const int d = HD > 0 ? 2 * lane + 64 * (i / 2) + (i % 2) : lane + 32 * i;
     if (d < hd) wacc[warp][d] = acc[i];
   }
   __syncthreads();
@@ -294,20 +372,35 @@ void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, flo
 }
 void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh, int rows, int dim, float eps,
              cudaStream_t s) {
-  rmsnorm_kernel<<<rows, 256, 0, s>>>(x, delta, w, y, yh, dim, eps);
+  const int n4 = dim / 4;
+  if (dim % 4 == 0 && n4 <= 1024 * kNormVec) {
+    // As many threads as give every thread one float4 (at most 1024; wider rows take up to kNormVec each).
+    const int t = std::min(1024, std::max(32, (n4 + 31) / 32 * 32));
+    rmsnorm_kernel<<<rows, t, 0, s>>>(x, delta, w, y, yh, dim, eps);
+  } else {
+    rmsnorm_any_kernel<<<rows, 256, 0, s>>>(x, delta, w, y, yh, dim, eps);
+  }
 }
 void rope_kv_store(float* q, const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int heads,
                    int kv_heads, int hd, const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
                    __half* kc, __half* vc, cudaStream_t s) {
-  rope_kv_store_kernel<<<rows, 256, 0, s>>>(q, k, v, seq, pos, heads, kv_heads, hd, cos_t, sin_t, layer, layers,
+  const int work = std::max({heads * hd / 2, kv_heads * hd});   // the widest of the three loops
+  const unsigned slices = static_cast<unsigned>(std::min(16, (work + 255) / 256));
+  rope_kv_store_kernel<<<dim3(rows, slices), 256, 0, s>>>(q, k, v, seq, pos, heads, kv_heads, hd, cos_t, sin_t, layer, layers,
                                             capacity, kc, vc);
 }
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
                int splits, float* scratch, cudaStream_t s) {
   LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
-  attention_kernel<<<dim3(rows, heads, splits), kAttnWarps * 32, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers,
-                                                                         capacity, window, kc, vc, out, splits, scratch);
+  const dim3 grid(rows, heads, splits);
+  const int t = kAttnWarps * 32;
+  switch (hd) {
+    case 64: attention_kernel<64><<<grid, t, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
+    case 128: attention_kernel<128><<<grid, t, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
+    case 256: attention_kernel<256><<<grid, t, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
+    default: attention_kernel<0><<<grid, t, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
+  }
   if (splits > 1) attention_combine_kernel<<<dim3(rows, heads), 128, 0, s>>>(heads, hd, splits, scratch, out);
 }
 void swiglu_inplace(float* g, const float* u, int64_t count, cudaStream_t s) {

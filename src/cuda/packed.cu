@@ -256,6 +256,11 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
   dense_f16_matmul(wh, w.n(), w.k(), x, m, y, ctx);
 }
 
+bool narrow_rows(int64_t n, int m) {
+  static const int sms = device_sm_count();
+  return m <= kNarrowMaxBatch && n < 4LL * 32 * sms;
+}
+
 void dense_f16_matmul(const __half* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, GemmContext& ctx) {
   __half* xh = ctx.act_scratch(static_cast<size_t>(m * k));
   f32_to_f16(x, xh, m * k, ctx.stream());
