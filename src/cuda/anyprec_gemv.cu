@@ -251,7 +251,7 @@ void launch_rows(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t 
 template <int B, int M>
 void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
   if constexpr (M <= kNarrowMaxBatch) {
-    if (narrow_rows(w.n, M)) return launch_rows<B, M, 1>(w, x, y, s, fused);
+    if (narrow_rows(w.n, w.k, M, B)) return launch_rows<B, M, 1>(w, x, y, s, fused);
   }
   launch_rows<B, M, Table<B>::kRowsMax>(w, x, y, s, fused);
 }

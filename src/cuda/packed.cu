@@ -256,9 +256,9 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
   dense_f16_matmul(wh, w.n(), w.k(), x, m, y, ctx);
 }
 
-bool narrow_rows(int64_t n, int m) {
+bool narrow_rows(int64_t n, int64_t k, int m, int bits) {
   static const int sms = device_sm_count();
-  return m <= kNarrowMaxBatch && n < 4LL * 32 * sms;
+  return m <= kNarrowMaxBatch && n < 4LL * 32 * sms && (k <= 4096 || bits >= 6);
 }
 
 void dense_f16_matmul(const __half* w, int64_t n, int64_t k, const float* x, int64_t m, float* y, GemmContext& ctx) {

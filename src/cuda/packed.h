@@ -85,11 +85,12 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 // 1..4 on every shape, the tensor-core ones at batch 8 on the large shapes).
 enum class GemvPath { Auto, Scalar, TensorCore };
 constexpr int kAnyPrecTcMinBatch = 6;
-// The any-precision CUDA-core GEMV gives each warp several rows (their activation loads shared); at batch <= 4 a
-// matrix with too few rows for that to fill the GPU (fewer than 4 x 32 x SMs rows: the 4096..14336-row layers)
-// runs one row per warp (measured on the H100: 8-bit 4096x4096 22.6 -> 19.9 us, 3/4-bit within 5%).
+// The any-precision CUDA-core GEMV gives each warp several rows (their activation loads shared). At batch <= 4 a
+// matrix with too few rows for that to fill the GPU (fewer than 4 x 32 x SMs rows) runs one row per warp when its
+// rows are short (k <= 4096) or its width wide (>= 6 bits): measured on the H100 (docs/PERF.md), one row per warp
+// took 8-bit 4096x4096 from 22.6 to 19.9 us but 3-bit 8192x28672 from 103 to 148 us.
 constexpr int kNarrowMaxBatch = 4;
-bool narrow_rows(int64_t n, int m);
+bool narrow_rows(int64_t n, int64_t k, int m, int bits);
 constexpr int kMixed24aTcMinBatch = 5;
 
 // y [m, n] (fp32, row-major) = x [m, k] (fp32) · W_bᵀ, 1 <= m <= kMaxGemvBatch. bits: a served width.
