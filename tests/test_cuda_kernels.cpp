@@ -122,14 +122,19 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
           std::vector<float> want(static_cast<size_t>(m * sh.n));
           cpu->forward_ref(x.data(), m, want.data(), bits);
           const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
-          for (cuda::GemvPath path : {cuda::GemvPath::Scalar, cuda::GemvPath::TensorCore})
+          // The CUDA-core path, the tensor-core path splitting x in its loop, and the tensor-core path reading
+          // x pre-split into fragment order (scratch poisoned first: every fragment it reads must be written).
+          cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
+          for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
+                   {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true}})
             for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
               if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+              if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
               const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
-                cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path);
+                cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
               });
               expect_close(got, want, scale, kGemvBudget,
-                           "anyprec " + std::string(path == cuda::GemvPath::Scalar ? "scalar " : "tensor-core ") +
+                           "anyprec " + std::string(path == cuda::GemvPath::Scalar ? "scalar " : presplit ? "tensor-core pre-split " : "tensor-core ") +
                                std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
                                std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
             }
@@ -157,14 +162,17 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
         std::vector<float> want(static_cast<size_t>(m * sh.n));
         mixed24a_gemm_packed_ref(pw, x.data(), m, nullptr, want.data());
         const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
-        for (cuda::GemvPath path : {cuda::GemvPath::Scalar, cuda::GemvPath::TensorCore})
+        cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(sh.k));
+        for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
+                 {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true}})
           for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
             if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+            if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
             const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
-              cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, path);
+              cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
             });
             expect_close(got, want, scale, kGemvBudget,
-                         "mixed24a " + std::string(path == cuda::GemvPath::Scalar ? "scalar " : "tensor-core ") +
+                         "mixed24a " + std::string(path == cuda::GemvPath::Scalar ? "scalar " : presplit ? "tensor-core pre-split " : "tensor-core ") +
                              std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" + std::to_string(m) +
                              (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
           }

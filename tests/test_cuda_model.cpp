@@ -296,6 +296,41 @@ TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
   expect_generation_near_greedy(*m, gpu, std::vector<int32_t>(ids.begin(), ids.begin() + 16), 0, "SmolLM2 mixed24a generation");
 }
 
+// SmolLM2 any-precision (the seed-3 -> 8 parent with 0.2% outliers): prefill logits (dequantize + cuBLAS) and
+// batch-1 decode steps (the bitplane GEMV) against the CPU at widths 3, 4 and 8 of the same loaded file.
+TEST(CudaModel, SmolLM2AnyPrecMatchesCpuAtWidths3To8) {
+  SKIP_WITHOUT_GPU();
+  const std::string gguf = test::smollm2_gguf();
+  LOWBIT_REQUIRE_FILE(gguf, "SmolLM2 GGUF");
+  LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
+  auto base = Model::load(gguf);
+  const std::string dir = test::temp_dir();
+  QuantizeOptions o;
+  o.method = QuantMethod::AnyPrec;
+  o.calib.samples = 4;
+  o.calib.seqlen = 128;
+  o.anyprec.outlier_fraction = 0.002;
+  quantize_to_file(*base, o, dir + "/ap.lowbit");
+  auto ap = Model::load(dir + "/ap.lowbit");
+  cuda::GpuModel gpu(*ap);
+  EXPECT_EQ(gpu.dequantized_linears(), 0);
+  const std::vector<int32_t> ids = some_ids(*ap, 200);
+  const int V = ap->config().vocab_size;
+  for (const int b : {3, 4, 8}) {
+    expect_forward_matches(*ap, gpu, ids, b, "SmolLM2 anyprec " + std::to_string(b) + "-bit");
+    KVCache cc = ap->new_cache(32);
+    cuda::GpuKVCache gc = gpu.new_cache(1, 32);
+    std::vector<float> want(static_cast<size_t>(V));
+    ap->forward(ids.data(), 16, cc, want.data(), false, b);
+    gpu.forward(ids.data(), 1, 16, gc, false, b);
+    for (int t = 16; t < 32; ++t) {
+      ap->forward(&ids[static_cast<size_t>(t)], 1, cc, want.data(), false, b);
+      const auto got = download(gpu, gpu.forward(&ids[static_cast<size_t>(t)], 1, 1, gc, false, b), static_cast<size_t>(V));
+      EXPECT_LE(compare_logits(got, want, V).first, kLogitBudget) << "SmolLM2 anyprec width " << b << " decode position " << t;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lowbit
 

@@ -267,10 +267,38 @@ void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t 
 // at a time as in the CUDA-core kernel. The LUTs of the 16 rows sit in shared memory as 32-bit words at
 // ((h·2^b + e)·8 + g)·4 + t (h: row g or g + 8), so a warp-wide lookup for one row half reads 32 different banks.
 constexpr int kTcWarps = 4;
+// Quads of 4 plane words (128 columns) in a row of `words` words: 8 per full 32-word tile, the last tile's rounded up.
+__host__ __device__ constexpr int64_t tc_quads(int64_t words) { return (words / 32) * 8 + (words % 32 + 3) / 4; }
 
-template <int B, bool kFusedOutliers>
+// The activations of every (quad, slab, lane) as the lane feeds them to mma_split: {b0 hi, b1 hi, b0 lo, b1 lo}, zero
+// past k and for batch columns >= m. One thread per entry; the GEMV then reads one 16-byte word per slab instead of
+// loading, bounds-checking and splitting four floats (the pre-split path).
+__global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out,
+                                     int64_t quads) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= quads * 8 * 32) return;
+  const int lane = static_cast<int>(id % 32), sj = static_cast<int>((id / 32) % 8);
+  const int64_t qi = id / 256, T = qi / 8, wq = qi % 8, k = w.k;
+  const int g = lane / 4, t = lane % 4;
+  const int nw = static_cast<int>(min_i64(32, w.words - 32 * T));
+  const int wt = static_cast<int>(4 * wq) + t;
+  const int u = sj / 2, ib = (sj % 2) * 4;
+  float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (g < m_total && wt < nw) {
+    const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
+#pragma unroll
+    for (int q = 0; q < 4; ++q) xv[q] = c + q < k ? x[static_cast<int64_t>(g) * k + c + q] : 0.0f;
+  }
+  uint4 v;
+  split_pair(xv[0], xv[1], v.x, v.z);
+  split_pair(xv[2], xv[3], v.y, v.w);
+  out[id] = v;
+}
+
+template <int B, bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecDevice w, const float* __restrict__ x,
-                                                                        int m_total, float* __restrict__ y) {
+                                                                        int m_total, float* __restrict__ y,
+                                                                        const uint4* __restrict__ xfrag) {
   extern __shared__ uint32_t tabs[];   // [2][2^B][8][4]
   __shared__ float part[kTcWarps][32][4];
   __shared__ float outs[16][8];
@@ -292,8 +320,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   const float* xg = x + static_cast<int64_t>(col_ok ? g : 0) * k;
   const bool vec = (k % 4) == 0;
   const int64_t plane_stride = n * W;
-  const int64_t full_tiles = W / 32, last_nw = W % 32;
-  const int64_t quads = full_tiles * 8 + (last_nw + 3) / 4;
+  const int64_t quads = tc_quads(W);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
   for (int64_t qi = warp; qi < quads; qi += kTcWarps) {
@@ -327,18 +354,24 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
       a[1] = __byte_perm(lds_u32(t1 + e1[0] * 128u), lds_u32(t1 + e1[1] * 128u), 0x5410u);   // row g + 8
       a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
       a[3] = __byte_perm(lds_u32(t1 + e1[2] * 128u), lds_u32(t1 + e1[3] * 128u), 0x5410u);
-      float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (col_ok && word_ok) {
-        const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
-        if (vec && c + 4 <= k) {
-          const float4 v = __ldg(reinterpret_cast<const float4*>(xg + c));
-          xv[0] = v.x; xv[1] = v.y; xv[2] = v.z; xv[3] = v.w;
-        } else {
+      if constexpr (kPreSplit) {
+        const uint4 xb = __ldg(xfrag + (qi * 8 + sj) * 32 + lane);
+        mma_16816(acc, a, xb.x, xb.y);   // hi halves
+        mma_16816(acc, a, xb.z, xb.w);   // lo halves
+      } else {
+        float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (col_ok && word_ok) {
+          const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
+          if (vec && c + 4 <= k) {
+            const float4 v = __ldg(reinterpret_cast<const float4*>(xg + c));
+            xv[0] = v.x; xv[1] = v.y; xv[2] = v.z; xv[3] = v.w;
+          } else {
 #pragma unroll
-          for (int q = 0; q < 4; ++q) xv[q] = c + q < k ? __ldg(xg + c + q) : 0.0f;
+            for (int q = 0; q < 4; ++q) xv[q] = c + q < k ? __ldg(xg + c + q) : 0.0f;
+          }
         }
+        mma_split(acc, a, xv[0], xv[1], xv[2], xv[3]);
       }
-      mma_split(acc, a, xv[0], xv[1], xv[2], xv[3]);
     }
   }
 
@@ -377,18 +410,25 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
 }
 
 template <int B>
-void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused) {
+void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xfrag) {
   const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
   const size_t smem = sizeof(uint32_t) * 2 * (1u << B) * 32;
-  auto kern = fused ? anyprec_gemv_tc_kernel<B, true> : anyprec_gemv_tc_kernel<B, false>;
+  const uint4* xf = static_cast<const uint4*>(xfrag);
+  if (xf != nullptr) {
+    const int64_t quads = anyprec_tc_quads(w.words), entries = quads * 8 * 32;
+    anyprec_xfrag_kernel<<<static_cast<unsigned>((entries + 255) / 256), 256, 0, s>>>(w, x, m, static_cast<uint4*>(xfrag), quads);
+  }
+  auto kern = xf != nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>)
+                            : (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>);
   if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kern<<<grid, kTcWarps * 32, smem, s>>>(w, x, m, y);
+  kern<<<grid, kTcWarps * 32, smem, s>>>(w, x, m, y, xf);
 }
 
 template <int B>
-void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, GemvPath path) {
+void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, GemvPath path,
+               void* xfrag) {
   if (m >= 1 && m <= kMaxGemvBatch && (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= kAnyPrecTcMinBatch))) {
-    launch_tc<B>(w, x, m, y, s, fused);
+    launch_tc<B>(w, x, m, y, s, fused, xfrag);
     if (!fused && w.rowptr != nullptr)
       anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
     return;
@@ -417,19 +457,23 @@ void check_width(const AnyPrecDevice& w, int bits) {
 
 }  // namespace
 
+int64_t anyprec_tc_quads(int64_t words) { return tc_quads(words); }
+
+size_t anyprec_xfrag_bytes(int64_t k) { return static_cast<size_t>(anyprec_tc_quads((k + 31) / 32)) * 8 * 32 * sizeof(uint4); }
+
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
-                  GemvPath path) {
+                  GemvPath path, void* xfrag) {
   check_width(w, bits);
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "anyprec GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   const bool fused = mode == OutlierMode::Fused;
   switch (bits) {
-    case 2: gemv_bits<2>(w, x, m, y, s, fused, path); break;
-    case 3: gemv_bits<3>(w, x, m, y, s, fused, path); break;
-    case 4: gemv_bits<4>(w, x, m, y, s, fused, path); break;
-    case 5: gemv_bits<5>(w, x, m, y, s, fused, path); break;
-    case 6: gemv_bits<6>(w, x, m, y, s, fused, path); break;
-    case 7: gemv_bits<7>(w, x, m, y, s, fused, path); break;
-    case 8: gemv_bits<8>(w, x, m, y, s, fused, path); break;
+    case 2: gemv_bits<2>(w, x, m, y, s, fused, path, xfrag); break;
+    case 3: gemv_bits<3>(w, x, m, y, s, fused, path, xfrag); break;
+    case 4: gemv_bits<4>(w, x, m, y, s, fused, path, xfrag); break;
+    case 5: gemv_bits<5>(w, x, m, y, s, fused, path, xfrag); break;
+    case 6: gemv_bits<6>(w, x, m, y, s, fused, path, xfrag); break;
+    case 7: gemv_bits<7>(w, x, m, y, s, fused, path, xfrag); break;
+    case 8: gemv_bits<8>(w, x, m, y, s, fused, path, xfrag); break;
     default: break;
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());

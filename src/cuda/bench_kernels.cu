@@ -109,6 +109,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       const int rot = rotation(static_cast<uint64_t>(n * k));   // 8 planes = 1 byte per weight
       std::vector<DevicePackedWeight> w;
       for (int i = 0; i < rot; ++i) w.push_back(DevicePackedWeight::random_anyprec(n, k, 50 + static_cast<uint64_t>(i)));
+      DeviceBuffer<uint8_t> xfrag(anyprec_xfrag_bytes(k));
       for (int b : o.bits)
         for (size_t bi = 0; bi < o.batches.size(); ++bi) {
           const int64_t m = o.batches[bi];
@@ -121,17 +122,20 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             row("anyprec " + std::to_string(b) + "-bit (dequant+cuBLAS) *", m, us, base[bi], w[0].bytes_read(b));
             continue;
           }
-          // Both GEMV paths, each labelled; * marks the one Auto (the runtime) takes: the tensor cores from
-          // kAnyPrecTcMinBatch on.
-          for (const GemvPath path : {GemvPath::Scalar, GemvPath::TensorCore}) {
+          // Every GEMV path, each labelled; * marks the one the runtime takes (packed_matmul): the CUDA cores below
+          // kAnyPrecTcMinBatch, then the tensor cores (x pre-split when kPreSplitInRuntime; the split kernel's time
+          // is included in that row).
+          for (const int variant : {0, 1, 2}) {
+            const GemvPath path = variant == 0 ? GemvPath::Scalar : GemvPath::TensorCore;
+            void* frag = variant == 2 ? xfrag.get() : nullptr;
             const double us = median_us(o.iters, [&](int i) {
               anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
-                           OutlierMode::Fused, path);
+                           OutlierMode::Fused, path, frag);
             });
-            const bool chosen = (path == GemvPath::TensorCore) == (m >= kAnyPrecTcMinBatch);
-            row("anyprec " + std::to_string(b) + "-bit" + (path == GemvPath::TensorCore ? " (tensor cores)" : " (CUDA cores)") +
-                    (chosen ? " *" : ""),
-                m, us, base[bi], w[0].bytes_read(b));
+            const bool chosen = m >= kAnyPrecTcMinBatch ? variant == (kPreSplitInRuntime ? 2 : 1) : variant == 0;
+            static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)"};
+            row("anyprec " + std::to_string(b) + "-bit" + names[variant] + (chosen ? " *" : ""), m, us, base[bi],
+                w[0].bytes_read(b));
           }
         }
     }
@@ -145,22 +149,32 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
         dense.push_back(w.back().mixed24a_dense());
       }
       const uint64_t all_bytes = w[0].bytes(), dense_bytes = all_bytes - w[0].outlier_bytes();
+      DeviceBuffer<uint8_t> xfrag(mixed24a_xfrag_bytes(k));
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int64_t m = o.batches[bi];
         if (m <= kMaxGemvBatch) {
-          for (const GemvPath path : {GemvPath::Scalar, GemvPath::TensorCore}) {
+          for (const int variant : {0, 1, 2}) {
+            const GemvPath path = variant == 0 ? GemvPath::Scalar : GemvPath::TensorCore;
+            void* frag = variant == 2 ? xfrag.get() : nullptr;
             const double p_us = median_us(o.iters, [&](int i) {
-              mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused, path);
+              mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s,
+                            OutlierMode::Fused, path, frag);
             });
-            const bool chosen = (path == GemvPath::TensorCore) == (m >= kMixed24aTcMinBatch);
-            row(std::string("2/4/16 no outliers") + (path == GemvPath::TensorCore ? " (tensor cores)" : " (CUDA cores)") +
-                    (chosen ? " *" : ""),
-                m, p_us, base[bi], dense_bytes);
+            const bool chosen = m >= kMixed24aTcMinBatch ? variant == (kPreSplitInRuntime ? 2 : 1) : variant == 0;
+            static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)"};
+            row(std::string("2/4/16 no outliers") + names[variant] + (chosen ? " *" : ""), m, p_us, base[bi], dense_bytes);
           }
           if (full[0].rowptr != nullptr) {
-            const double f_us = median_us(o.iters, [&](int i) { mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused); });
+            void* frag = kPreSplitInRuntime && m >= kMixed24aTcMinBatch ? xfrag.get() : nullptr;   // as the runtime runs it
+            const double f_us = median_us(o.iters, [&](int i) {
+              mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,
+                            GemvPath::Auto, frag);
+            });
             row("2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);
-            const double c_us = median_us(o.iters, [&](int i) { mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::SpMV); });
+            const double c_us = median_us(o.iters, [&](int i) {
+              mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::SpMV,
+                            GemvPath::Auto, frag);
+            });
             row("2/4/16 + outliers CSR SpMV", m, c_us, base[bi], all_bytes);
           }
         } else {

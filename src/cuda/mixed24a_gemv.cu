@@ -207,9 +207,40 @@ __device__ __forceinline__ uint32_t codes_minus_zero(uint32_t field_pair, __half
   return half2_bits(__hsub2(*reinterpret_cast<const __half2*>(&v), zm));
 }
 
-template <bool kFusedOutliers>
+// The activations of every (unit, group, lane) as the lane feeds them to mma_split, gathered through the group
+// permutation and split into fp16 hi + lo: {b0 hi, b1 hi, b0 lo, b1 lo}, zero for batch columns >= m. One thread per
+// entry; the GEMV then reads one 16-byte word per group (the pre-split path).
+__global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out) {
+  const int64_t U = w.k / 64, id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (id >= U * 4 * 32) return;
+  const int lane = static_cast<int>(id % 32), s = static_cast<int>((id / 32) % 4);
+  const int64_t u = id / 128;
+  const int g = lane / 4, t = lane % 4;
+  float xk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (g < m_total) {
+    const float* xg = x + static_cast<int64_t>(g) * w.k + 16 * static_cast<int64_t>(w.perm[4 * u + s]);
+    if (s < 3) {   // the k order of the 2-bit groups (see mixed24a_gemv_tc_kernel)
+      xk[0] = xg[2 * t];
+      xk[1] = xg[2 * t + 8];
+      xk[2] = xg[2 * t + 1];
+      xk[3] = xg[2 * t + 9];
+    } else {       // and of the 4-bit group
+      xk[0] = xg[t];
+      xk[1] = xg[t + 4];
+      xk[2] = xg[8 + t];
+      xk[3] = xg[12 + t];
+    }
+  }
+  uint4 v;
+  split_pair(xk[0], xk[1], v.x, v.z);
+  split_pair(xk[2], xk[3], v.y, v.w);
+  out[id] = v;
+}
+
+template <bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24ADevice w, const float* __restrict__ x,
-                                                                         int m_total, float* __restrict__ y) {
+                                                                         int m_total, float* __restrict__ y,
+                                                                         const uint4* __restrict__ xfrag) {
   __shared__ float part[kTcWarps][32][4];
   __shared__ float outs[16][8];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -248,7 +279,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
         a[1] = codes_minus_zero((w1 >> (4 * t)) & 0x00030003u, zm1);       // row g + 8
         a[2] = codes_minus_zero((w0 >> (4 * t + 2)) & 0x00030003u, zm0);   // row g,     k 2t+8, 2t+9: codes 2t+1, 2t+9
         a[3] = codes_minus_zero((w1 >> (4 * t + 2)) & 0x00030003u, zm1);
-        if (col_ok) {
+        if (!kPreSplit && col_ok) {
           const float2 lo = __ldg(reinterpret_cast<const float2*>(xg + base[s] + 2 * t));       // x[2t], x[2t+1]
           const float2 hi = __ldg(reinterpret_cast<const float2*>(xg + base[s] + 2 * t + 8));   // x[2t+8], x[2t+9]
           xk[0] = lo.x;  // k 2t   -> code 2t
@@ -261,7 +292,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
         a[1] = codes_minus_zero((qa1.w >> (4 * t)) & 0x000F000Fu, zm1);
         a[2] = codes_minus_zero((qb0 >> (4 * t)) & 0x000F000Fu, zm0);      // codes 8+t, 12+t
         a[3] = codes_minus_zero((qb1 >> (4 * t)) & 0x000F000Fu, zm1);
-        if (col_ok) {
+        if (!kPreSplit && col_ok) {
           xk[0] = __ldg(xg + base[s] + t);
           xk[1] = __ldg(xg + base[s] + t + 4);
           xk[2] = __ldg(xg + base[s] + 8 + t);
@@ -269,7 +300,13 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
         }
       }
       float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      mma_split(c, a, xk[0], xk[1], xk[2], xk[3]);
+      if constexpr (kPreSplit) {
+        const uint4 xb = __ldg(xfrag + (u * 4 + s) * 32 + lane);
+        mma_16816(c, a, xb.x, xb.y);   // hi halves
+        mma_16816(c, a, xb.z, xb.w);   // lo halves
+      } else {
+        mma_split(c, a, xk[0], xk[1], xk[2], xk[3]);
+      }
       acc[0] = fmaf(scale0, c[0], acc[0]);
       acc[1] = fmaf(scale0, c[1], acc[1]);
       acc[2] = fmaf(scale1, c[2], acc[2]);
@@ -322,14 +359,24 @@ void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, b
 
 }  // namespace
 
+size_t mixed24a_xfrag_bytes(int64_t k) { return static_cast<size_t>(k / 64) * 4 * 32 * sizeof(uint4); }
+
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
-                   GemvPath path) {
+                   GemvPath path, void* xfrag) {
   const bool fused = mode == OutlierMode::Fused;
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   if (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= kMixed24aTcMinBatch)) {
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
-    if (fused) mixed24a_gemv_tc_kernel<true><<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y);
-    else mixed24a_gemv_tc_kernel<false><<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y);
+    uint4* xf = static_cast<uint4*>(xfrag);
+    if (xf != nullptr) {
+      const int64_t entries = (w.k / 64) * 4 * 32;
+      mixed24a_xfrag_kernel<<<static_cast<unsigned>((entries + 255) / 256), 256, 0, s>>>(w, x, m, xf);
+      auto kern = fused ? mixed24a_gemv_tc_kernel<true, true> : mixed24a_gemv_tc_kernel<false, true>;
+      kern<<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y, xf);
+    } else {
+      auto kern = fused ? mixed24a_gemv_tc_kernel<true, false> : mixed24a_gemv_tc_kernel<false, false>;
+      kern<<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y, nullptr);
+    }
     if (!fused && w.rowptr != nullptr)
       mixed24a_outliers_kernel<<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
     LOWBIT_CUDA_CHECK(cudaGetLastError());

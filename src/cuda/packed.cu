@@ -246,8 +246,15 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
   int b = bits;
   if (ap && b == 0) b = static_cast<int>(31 - __builtin_clz(w.served_widths()));
   if (m <= kMaxGemvBatch) {
-    if (ap) anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode);
-    else mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode);
+    if (ap) {
+      // With kPreSplitInRuntime the tensor-core path reads pre-split activations from the context's scratch (sized
+      // before any graph capture by the uncaptured step that precedes it).
+      void* xfrag = kPreSplitInRuntime && m >= kAnyPrecTcMinBatch ? ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
+      anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, GemvPath::Auto, xfrag);
+    } else {
+      void* xfrag = kPreSplitInRuntime && m >= kMixed24aTcMinBatch ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
+      mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode, GemvPath::Auto, xfrag);
+    }
     return;
   }
   __half* wh = ctx.weight_scratch(static_cast<size_t>(w.n() * w.k()));

@@ -85,6 +85,10 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 // 1..4 on every shape, the tensor-core ones at batch 8 on the large shapes).
 enum class GemvPath { Auto, Scalar, TensorCore };
 constexpr int kAnyPrecTcMinBatch = 6;
+// Whether the runtime (packed_matmul) feeds the tensor-core GEMVs pre-split activations (the xfrag argument below).
+// Off until those kernels have run against their CPU twins on a GPU: written and compile-checked in session 5,
+// after that session's device time was spent (docs/PERF.md). The tests and `bench --kernels` run them regardless.
+constexpr bool kPreSplitInRuntime = false;
 // The any-precision CUDA-core GEMV gives each warp several rows (their activation loads shared). At batch <= 4 a
 // matrix with too few rows for that to fill the GPU (fewer than 4 x 32 x SMs rows) runs one row per warp when its
 // rows are short (k <= 4096) or its width wide (>= 6 bits): measured on the H100 (docs/PERF.md), one row per warp
@@ -94,10 +98,18 @@ bool narrow_rows(int64_t n, int64_t k, int m, int bits);
 constexpr int kMixed24aTcMinBatch = 5;
 
 // y [m, n] (fp32, row-major) = x [m, k] (fp32) · W_bᵀ, 1 <= m <= kMaxGemvBatch. bits: a served width.
+// xfrag: optional device scratch of anyprec_xfrag_bytes(k) bytes. When the tensor-core path runs and it is given, a
+// small kernel first writes the activations there in the lanes' fragment order, split into fp16 hi + lo, and the
+// GEMV reads one 16-byte word per 16-column slab (the pre-split path); without it the GEMV splits in its loop.
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s,
-                  OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto);
+                  OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
+size_t anyprec_xfrag_bytes(int64_t k);
+// Quads (4 plane words = 128 columns) of a row of `words` plane words, as the tensor-core GEMV walks them.
+int64_t anyprec_tc_quads(int64_t words);
+// xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
-                   OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto);
+                   OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
+size_t mixed24a_xfrag_bytes(int64_t k);
 // The whole matrix [n, k] in fp16, original column order, outliers included (the large-batch path's first step).
 void anyprec_dequant_f16(const AnyPrecDevice& w, int bits, __half* out, cudaStream_t s);
 void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s);
