@@ -125,16 +125,23 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
           // The CUDA-core path, the tensor-core path splitting x in its loop, and the tensor-core path reading
           // x pre-split into fragment order (scratch poisoned first: every fragment it reads must be written).
           cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
+          // And, at 3 bits and batch <= 4, the CUDA-core kernel with merged pair lookups.
           for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
-                   {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true}})
+                   {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
+                   {cuda::GemvPath::ScalarPairs, false}})
             for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
               if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+              if (path == cuda::GemvPath::ScalarPairs && (bits != 3 || m > 4)) continue;
               if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
               const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
                 cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
               });
+              const std::string kind = path == cuda::GemvPath::Scalar        ? "scalar "
+                                       : path == cuda::GemvPath::ScalarPairs ? "scalar pairs "
+                                       : presplit                            ? "tensor-core pre-split "
+                                                                             : "tensor-core ";
               expect_close(got, want, scale, kGemvBudget,
-                           "anyprec " + std::string(path == cuda::GemvPath::Scalar ? "scalar " : presplit ? "tensor-core pre-split " : "tensor-core ") +
+                           "anyprec " + kind +
                                std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
                                std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
             }
@@ -449,6 +456,12 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   };
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 5, x.get(), 1, y.get(), nullptr); }, "width 5 is not served");
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 9, y.get(), nullptr); }, "batch 9 outside 1..8");
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 4, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::ScalarPairs); },
+       "merged pair lookups serve 3 bits");
+  const PackedWeight mp = pack_mixed24a(test::random_mixed24a(16, 64, false, 5), storage);
+  const cuda::DevicePackedWeight dm(mp);
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::ScalarPairs); },
+       "merged pair lookups are an any-precision path");
   says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
   const UniformQuantized u = test::random_quantized(4, 64, 4, 32, false, false, 1);
   says([&] { cuda::DevicePackedWeight bad(pack_uniform(u, storage)); }, "has no GPU kernel yet");

@@ -38,6 +38,11 @@ __device__ __forceinline__ float lds_f32(uint32_t addr) {
   asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ float2 lds_f32x2(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
@@ -93,6 +98,24 @@ __device__ __forceinline__ int code_at(const AnyPrecDevice& w, int64_t row, int6
   for (int j = 0; j < B; ++j)
     code |= static_cast<int>((__ldg(w.plane_data + (j * w.n + row) * w.words + word) >> bit) & 1u) << (B - 1 - j);
   return code;
+}
+
+// The fused outlier correction of a warp's rows: (val - lut[code]) * x over the rows' CSR entries, the code re-read
+// from the planes.
+template <int B, int kRows, int M>
+__device__ __forceinline__ void add_fused_outliers(const AnyPrecDevice& w, const int64_t (&rows)[kRows], int lane,
+                                                   const float* __restrict__ x, float (&acc)[kRows][M]) {
+  if (w.rowptr == nullptr) return;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const __half* l = w.lut[B] + rows[r] * (1 << B);
+    for (int e = __ldg(w.rowptr + rows[r]) + lane; e < __ldg(w.rowptr + rows[r] + 1); e += 32) {
+      const int64_t c = __ldg(w.col + e);
+      const float delta = __half2float(w.val[e]) - __half2float(l[code_at<B>(w, rows[r], c)]);
+#pragma unroll
+      for (int m = 0; m < M; ++m) acc[r][m] = fmaf(delta, __ldg(x + m * w.k + c), acc[r][m]);
+    }
+  }
 }
 
 template <int B, int M, bool kFusedOutliers, int kRows>
@@ -163,22 +186,68 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
     }
   }
 
-  if constexpr (kFusedOutliers) {
-    if (w.rowptr != nullptr) {
+  if constexpr (kFusedOutliers) add_fused_outliers<B, kRows, M>(w, rows, lane, x, acc);
+  store_warp_sums<kRows, M>(acc, lane, row0, n, y);
+}
+
+// Table-lookup merging (paper sec. 5) for 3 bits at batch 1..4, one row per warp: the row's 8 centroids become a
+// table of 64 pairs (c[a], c[b]) indexed by (a << 3) | b, so one 64-bit lookup dequantizes two adjacent columns.
+// The pair index of slots 2j and 2j+1 of all four quarters is one shift-add of two transposed code words (codes
+// are 3 bits: no carry between bytes). 16 interleaved copies, entry e of copy c at float2 slot 16e + c, lane l reading
+// copy l % 16: the 16 lanes of each half-warp hit 16 different bank pairs, so a warp-wide 64-bit lookup is two
+// wavefronts for 64 weights (one per 32 weights, as the single-entry tables), with half the PRMT / IMAD / LDS.
+// 8 KB of table per row.
+constexpr int kPairCopies = 16;
+template <int M, bool kFusedOutliers>
+__global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_pairs_kernel(AnyPrecDevice w, const float* __restrict__ x,
+                                                                         float* __restrict__ y) {
+  constexpr int B = 3, kEntries = 64;
+  extern __shared__ float2 pair_smem[];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (row0 >= w.n) return;
+  const int64_t n = w.n, k = w.k, W = w.words;
+  const int64_t rows[1] = {row0};
+  float2* tab = pair_smem + static_cast<int64_t>(warp) * kEntries * kPairCopies;
+  const __half* l = w.lut[B] + row0 * 8;
+  for (int i = lane; i < kEntries * kPairCopies; i += 32) {
+    const int e = i / kPairCopies;
+    tab[i] = make_float2(__half2float(l[e >> 3]), __half2float(l[e & 7]));
+  }
+  __syncwarp();
+  constexpr uint32_t kStride = 8u * kPairCopies;   // bytes from one entry to the next
+  const uint32_t my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 8u * (lane % kPairCopies);
+  float acc[1][M];
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const __half* l = lut + rows[r] * (1 << B);
-        for (int e = __ldg(w.rowptr + rows[r]) + lane; e < __ldg(w.rowptr + rows[r] + 1); e += 32) {
-          const int64_t c = __ldg(w.col + e);
-          const float delta = __half2float(w.val[e]) - __half2float(l[code_at<B>(w, rows[r], c)]);
+  for (int m = 0; m < M; ++m) acc[0][m] = 0.0f;
+  const bool vec = (k % 4) == 0;
+  const int64_t plane_stride = n * W;
+  for (int64_t t0 = 0; t0 < W; t0 += 32) {
+    const int nw = static_cast<int>(min_i64(32, W - t0));
+    if (lane >= nw) continue;
+    uint32_t p[B];
 #pragma unroll
-          for (int m = 0; m < M; ++m) acc[r][m] = fmaf(delta, __ldg(x + m * k + c), acc[r][m]);
-        }
+    for (int j = 0; j < B; ++j) p[j] = __ldg(w.plane_data + j * plane_stride + row0 * W + t0 + lane);
+    uint32_t pidx[4];   // byte u of pidx[j]: the pair index of columns 2j, 2j+1 of quarter u
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pidx[j] = (transpose_slot<B>(p, 2 * j) << 3) | transpose_slot<B>(p, 2 * j + 1);
+    const int64_t col0 = t0 * 32;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t c = col0 + static_cast<int64_t>(u) * 8 * nw + 8 * lane;
+      float xv[M][8];
+#pragma unroll
+      for (int m = 0; m < M; ++m) load_x8(x + m * k, c, k, vec, xv[m]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 wv = lds_f32x2(my_tab + __byte_perm(pidx[j], 0u, 0x4440u + static_cast<uint32_t>(u)) * kStride);
+#pragma unroll
+        for (int m = 0; m < M; ++m) acc[0][m] = fmaf(xv[m][2 * j + 1], wv.y, fmaf(xv[m][2 * j], wv.x, acc[0][m]));
       }
     }
   }
-
-  store_warp_sums<kRows, M>(acc, lane, row0, n, y);
+  if constexpr (kFusedOutliers) add_fused_outliers<B, 1, M>(w, rows, lane, x, acc);
+  store_warp_sums<1, M>(acc, lane, row0, n, y);
 }
 
 // The separate outlier pass: one warp per row adds (val - lut[code]) * x over the row's CSR entries.
@@ -424,9 +493,32 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   kern<<<grid, kTcWarps * 32, smem, s>>>(w, x, m, y, xf);
 }
 
+template <int M>
+void launch_pairs(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
+  const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
+  const size_t smem = sizeof(float2) * kWarps * 64 * kPairCopies;   // 32 KB
+  auto kern = fused ? anyprec_gemv_pairs_kernel<M, true> : anyprec_gemv_pairs_kernel<M, false>;
+  kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
+}
+
 template <int B>
 void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, GemvPath path,
                void* xfrag) {
+  if (path == GemvPath::ScalarPairs) {
+    LOWBIT_CHECK(B == 3 && m <= 4, "anyprec GEMV: merged pair lookups serve 3 bits at batch 1..4 (asked: ", B,
+                 " bits, batch ", m, ")");
+    if constexpr (B == 3) {
+      switch (m) {
+        case 1: launch_pairs<1>(w, x, y, s, fused); break;
+        case 2: launch_pairs<2>(w, x, y, s, fused); break;
+        case 3: launch_pairs<3>(w, x, y, s, fused); break;
+        default: launch_pairs<4>(w, x, y, s, fused); break;
+      }
+      if (!fused && w.rowptr != nullptr)
+        anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
+    }
+    return;
+  }
   if (m >= 1 && m <= kMaxGemvBatch && (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= kAnyPrecTcMinBatch))) {
     launch_tc<B>(w, x, m, y, s, fused, xfrag);
     if (!fused && w.rowptr != nullptr)

@@ -125,15 +125,17 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           // Every GEMV path, each labelled; * marks the one the runtime takes (packed_matmul): the CUDA cores below
           // kAnyPrecTcMinBatch, then the tensor cores (x pre-split when kPreSplitInRuntime; the split kernel's time
           // is included in that row).
-          for (const int variant : {0, 1, 2}) {
-            const GemvPath path = variant == 0 ? GemvPath::Scalar : GemvPath::TensorCore;
+          for (const int variant : {0, 1, 2, 3}) {
+            if (variant == 3 && (b != 3 || m > 4)) continue;   // merged pair lookups: 3 bits, batch 1..4
+            const GemvPath path = variant == 0 ? GemvPath::Scalar : variant == 3 ? GemvPath::ScalarPairs : GemvPath::TensorCore;
             void* frag = variant == 2 ? xfrag.get() : nullptr;
             const double us = median_us(o.iters, [&](int i) {
               anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
                            OutlierMode::Fused, path, frag);
             });
             const bool chosen = m >= kAnyPrecTcMinBatch ? variant == (kPreSplitInRuntime ? 2 : 1) : variant == 0;
-            static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)"};
+            static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)",
+                                                " (CUDA cores, merged pair lookups)"};
             row("anyprec " + std::to_string(b) + "-bit" + names[variant] + (chosen ? " *" : ""), m, us, base[bi],
                 w[0].bytes_read(b));
           }

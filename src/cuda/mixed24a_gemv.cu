@@ -365,6 +365,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
                    GemvPath path, void* xfrag) {
   const bool fused = mode == OutlierMode::Fused;
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
+  LOWBIT_CHECK(path != GemvPath::ScalarPairs, "mixed24a GEMV: merged pair lookups are an any-precision path");
   if (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= kMixed24aTcMinBatch)) {
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
     uint4* xf = static_cast<uint4*>(xfrag);

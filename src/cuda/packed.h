@@ -83,7 +83,9 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 // GEMV kernels: CUDA-core FMAs or tensor-core mma.sync. Auto takes the tensor cores from these batch sizes on
 // (the crossover measured by `lowbit bench --kernels` on the H100, docs/PERF.md: the CUDA-core kernels win at batch
 // 1..4 on every shape, the tensor-core ones at batch 8 on the large shapes).
-enum class GemvPath { Auto, Scalar, TensorCore };
+// ScalarPairs: the CUDA-core kernel with table-lookup merging (3 bits, batch 1..4 only; not yet chosen by Auto:
+// written in session 5, not yet measured).
+enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs };
 constexpr int kAnyPrecTcMinBatch = 6;
 // Whether the runtime (packed_matmul) feeds the tensor-core GEMVs pre-split activations (the xfrag argument below).
 // Off until those kernels have run against their CPU twins on a GPU: written and compile-checked in session 5,
