@@ -118,9 +118,20 @@ __device__ __forceinline__ void add_fused_outliers(const AnyPrecDevice& w, const
   }
 }
 
-template <int B, int M, bool kFusedOutliers, int kRows>
+// Table-lookup merging (paper sec. 5), the kPairs variant, for 3 bits at batch 1..4, one row per warp: the row's 8
+// centroids become a table of 64 pairs (c[a], c[b]) indexed by (a << 3) | b, so one 64-bit lookup dequantizes two
+// adjacent columns. The pair index of slots 2j and 2j+1 of all four quarters is one shift-or of two transposed code
+// words (codes are 3 bits: no carry between bytes). 16 interleaved copies, entry e of copy c at float2 slot 16e + c,
+// lane l reading copy l % 16: the 16 lanes of each half-warp hit 16 different bank pairs, so a warp-wide 64-bit
+// lookup is two wavefronts for 64 weights (one per 32 weights, as the single-entry tables), with half the PRMT /
+// IMAD / LDS. 8 KB of table per row.
+constexpr int kPairCopies = 16;
+constexpr int kPairFloat2s = 64 * kPairCopies;   // one row's table: 64 entries x 16 copies
+
+template <int B, int M, bool kFusedOutliers, int kRows, bool kPairs = false>
 __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                    float* __restrict__ y) {
+  static_assert(!kPairs || (B == 3 && kRows == 1), "merged pair lookups: 3 bits, one row per warp");
   using T = Table<B>;
   extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -131,18 +142,30 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
 #pragma unroll
   for (int r = 0; r < kRows; ++r) rows[r] = min_i64(row0 + r, n - 1);   // a missing last row recomputes row n-1, unstored
 
-  // Per-row tables, kCopies interleaved copies; this lane reads copy lane % kCopies.
-  float* tab = smem + static_cast<int64_t>(warp) * kRows * T::kFloats;
+  // Per-row tables, kCopies interleaved copies; this lane reads copy lane % kCopies. my_tab: the byte address of this
+  // lane's copy of row r's entry 0 (+ r * kRowBytes); entry e is e * kStride bytes further.
   const __half* lut = w.lut[B];
+  constexpr uint32_t kStride = kPairs ? 8u * kPairCopies : 4u * T::kCopies;
+  constexpr uint32_t kRowBytes = kPairs ? 8u * kPairFloat2s : 4u * T::kFloats;
+  uint32_t my_tab;
+  if constexpr (kPairs) {
+    float2* tab = reinterpret_cast<float2*>(smem) + static_cast<int64_t>(warp) * kPairFloat2s;
+    const __half* l = lut + rows[0] * (1 << B);
+    for (int i = lane; i < kPairFloat2s; i += 32) {
+      const int e = i / kPairCopies;
+      tab[i] = make_float2(__half2float(l[e >> 3]), __half2float(l[e & 7]));
+    }
+    my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 8u * (lane % kPairCopies);
+  } else {
+    float* tab = smem + static_cast<int64_t>(warp) * kRows * T::kFloats;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const __half* l = lut + rows[r] * (1 << B);
-    for (int i = lane; i < T::kFloats; i += 32) tab[r * T::kFloats + i] = __half2float(l[i / T::kCopies]);
+    for (int r = 0; r < kRows; ++r) {
+      const __half* l = lut + rows[r] * (1 << B);
+      for (int i = lane; i < T::kFloats; i += 32) tab[r * T::kFloats + i] = __half2float(l[i / T::kCopies]);
+    }
+    my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 4u * (lane % T::kCopies);
   }
   __syncwarp();
-  // Byte address of this lane's copy of row r's entry 0; entry e is e * kCopies * 4 bytes further.
-  constexpr uint32_t kStride = 4u * T::kCopies;
-  const uint32_t my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 4u * (lane % T::kCopies);
 
   float acc[kRows][M];
 #pragma unroll
@@ -160,12 +183,17 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
       for (int j = 0; j < B; ++j) p[r][j] = __ldg(w.plane_data + j * plane_stride + rows[r] * W + t0 + lane);
-    // Codes of all four quarters at once, one byte per quarter: idx[r][i] byte u = code of column i of quarter u.
+    // Codes of all four quarters at once, one byte per quarter: idx[r][i] byte u = code of column i of quarter u;
+    // merged, byte u of idx[r][j] (j < 4) is the pair index of columns 2j, 2j+1 of quarter u.
     uint32_t idx[kRows][8];
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
       for (int i = 0; i < 8; ++i) idx[r][i] = transpose_slot<B>(p[r], i);
+    if constexpr (kPairs) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) idx[0][j] = (idx[0][2 * j] << 3) | idx[0][2 * j + 1];
+    }
     const int64_t col0 = t0 * 32;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -175,12 +203,21 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
       for (int m = 0; m < M; ++m) load_x8(x + m * k, c, k, vec, xv[m]);
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const uint32_t tr = my_tab + static_cast<uint32_t>(r * T::kFloats * 4);
+        const uint32_t tr = my_tab + static_cast<uint32_t>(r) * kRowBytes;
+        if constexpr (kPairs) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float wv = lds_f32(tr + __byte_perm(idx[r][i], 0u, 0x4440u + static_cast<uint32_t>(u)) * kStride);
+          for (int j = 0; j < 4; ++j) {
+            const float2 wv = lds_f32x2(tr + __byte_perm(idx[r][j], 0u, 0x4440u + static_cast<uint32_t>(u)) * kStride);
 #pragma unroll
-          for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][i], wv, acc[r][m]);
+            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][2 * j + 1], wv.y, fmaf(xv[m][2 * j], wv.x, acc[r][m]));
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const float wv = lds_f32(tr + __byte_perm(idx[r][i], 0u, 0x4440u + static_cast<uint32_t>(u)) * kStride);
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[r][m] = fmaf(xv[m][i], wv, acc[r][m]);
+          }
         }
       }
     }
@@ -188,66 +225,6 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
 
   if constexpr (kFusedOutliers) add_fused_outliers<B, kRows, M>(w, rows, lane, x, acc);
   store_warp_sums<kRows, M>(acc, lane, row0, n, y);
-}
-
-// Table-lookup merging (paper sec. 5) for 3 bits at batch 1..4, one row per warp: the row's 8 centroids become a
-// table of 64 pairs (c[a], c[b]) indexed by (a << 3) | b, so one 64-bit lookup dequantizes two adjacent columns.
-// The pair index of slots 2j and 2j+1 of all four quarters is one shift-add of two transposed code words (codes
-// are 3 bits: no carry between bytes). 16 interleaved copies, entry e of copy c at float2 slot 16e + c, lane l reading
-// copy l % 16: the 16 lanes of each half-warp hit 16 different bank pairs, so a warp-wide 64-bit lookup is two
-// wavefronts for 64 weights (one per 32 weights, as the single-entry tables), with half the PRMT / IMAD / LDS.
-// 8 KB of table per row.
-constexpr int kPairCopies = 16;
-template <int M, bool kFusedOutliers>
-__global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_pairs_kernel(AnyPrecDevice w, const float* __restrict__ x,
-                                                                         float* __restrict__ y) {
-  constexpr int B = 3, kEntries = 64;
-  extern __shared__ float2 pair_smem[];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (row0 >= w.n) return;
-  const int64_t n = w.n, k = w.k, W = w.words;
-  const int64_t rows[1] = {row0};
-  float2* tab = pair_smem + static_cast<int64_t>(warp) * kEntries * kPairCopies;
-  const __half* l = w.lut[B] + row0 * 8;
-  for (int i = lane; i < kEntries * kPairCopies; i += 32) {
-    const int e = i / kPairCopies;
-    tab[i] = make_float2(__half2float(l[e >> 3]), __half2float(l[e & 7]));
-  }
-  __syncwarp();
-  constexpr uint32_t kStride = 8u * kPairCopies;   // bytes from one entry to the next
-  const uint32_t my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 8u * (lane % kPairCopies);
-  float acc[1][M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) acc[0][m] = 0.0f;
-  const bool vec = (k % 4) == 0;
-  const int64_t plane_stride = n * W;
-  for (int64_t t0 = 0; t0 < W; t0 += 32) {
-    const int nw = static_cast<int>(min_i64(32, W - t0));
-    if (lane >= nw) continue;
-    uint32_t p[B];
-#pragma unroll
-    for (int j = 0; j < B; ++j) p[j] = __ldg(w.plane_data + j * plane_stride + row0 * W + t0 + lane);
-    uint32_t pidx[4];   // byte u of pidx[j]: the pair index of columns 2j, 2j+1 of quarter u
-#pragma unroll
-    for (int j = 0; j < 4; ++j) pidx[j] = (transpose_slot<B>(p, 2 * j) << 3) | transpose_slot<B>(p, 2 * j + 1);
-    const int64_t col0 = t0 * 32;
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const int64_t c = col0 + static_cast<int64_t>(u) * 8 * nw + 8 * lane;
-      float xv[M][8];
-#pragma unroll
-      for (int m = 0; m < M; ++m) load_x8(x + m * k, c, k, vec, xv[m]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 wv = lds_f32x2(my_tab + __byte_perm(pidx[j], 0u, 0x4440u + static_cast<uint32_t>(u)) * kStride);
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[0][m] = fmaf(xv[m][2 * j + 1], wv.y, fmaf(xv[m][2 * j], wv.x, acc[0][m]));
-      }
-    }
-  }
-  if constexpr (kFusedOutliers) add_fused_outliers<B, 1, M>(w, rows, lane, x, acc);
-  store_warp_sums<1, M>(acc, lane, row0, n, y);
 }
 
 // The separate outlier pass: one warp per row adds (val - lut[code]) * x over the row's CSR entries.
@@ -444,38 +421,16 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
     }
   }
 
-#pragma unroll
-  for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];
-  __syncthreads();
-  if (warp == 0) {
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int wi = 0; wi < kTcWarps; ++wi)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] += part[wi][lane][i];
-    outs[g][2 * t] = v[0];
-    outs[g][2 * t + 1] = v[1];
-    outs[g + 8][2 * t] = v[2];
-    outs[g + 8][2 * t + 1] = v[3];
-  }
-  __syncthreads();
-  for (int rr = 0; rr < 4; ++rr) {   // warp w stores rows 4w .. 4w+3 (and adds their outliers)
-    const int lr = warp * 4 + rr;
-    const int64_t row = row0 + lr;
-    if (row >= n) break;
-    for (int mm = 0; mm < m_total; ++mm) {
-      float extra = 0.0f;
-      if (kFusedOutliers && w.rowptr != nullptr) {
-        const __half* l = lut + row * E;
-        for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
-          const int64_t c = __ldg(w.col + e);
-          extra = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), __ldg(x + mm * k + c), extra);
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
-      }
-      if (lane == 0) y[mm * n + row] = outs[lr][mm] + extra;
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
+                                               [&](int64_t row, int mm) {
+    const __half* l = lut + row * E;
+    float extra = 0.0f;
+    for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
+      const int64_t c = __ldg(w.col + e);
+      extra = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), __ldg(x + mm * k + c), extra);
     }
-  }
+    return extra;
+  });
 }
 
 template <int B>
@@ -496,8 +451,8 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
 template <int M>
 void launch_pairs(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
   const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
-  const size_t smem = sizeof(float2) * kWarps * 64 * kPairCopies;   // 32 KB
-  auto kern = fused ? anyprec_gemv_pairs_kernel<M, true> : anyprec_gemv_pairs_kernel<M, false>;
+  const size_t smem = sizeof(float2) * kWarps * kPairFloat2s;   // 32 KB
+  auto kern = fused ? anyprec_gemv_kernel<3, M, true, 1, true> : anyprec_gemv_kernel<3, M, false, 1, true>;
   kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
 }
 

@@ -32,10 +32,25 @@ __global__ void embed_kernel(const __half* emb, const int32_t* tokens, int dim, 
 // fp16 (the dense linears' cuBLAS input, converted once for every linear that reads it). The row is read once
 // into registers as float4 (up to kNormVec per thread, as many threads as the row needs, <= 1024), so a decode
 // step's single row costs one round of loads instead of a loop of dependent ones.
+// 1 / rms of a row from each thread's partial sum of squares: summed over the block (<= 32 warps), then
+// rsqrt(sum / dim + eps), the same value returned to every thread.
+__device__ __forceinline__ float block_rms_inv(float ss, int dim, float eps) {
+  __shared__ float part[32];
+  ss = warp_sum(ss);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
+    t = warp_sum(t);
+    if (threadIdx.x == 0) part[0] = rsqrtf(t / static_cast<float>(dim) + eps);
+  }
+  __syncthreads();
+  return part[0];
+}
+
 constexpr int kNormVec = 4;
 __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* delta, const float* w, float* y,
                                                        __half* yh, int dim, float eps) {
-  __shared__ float part[32];
   const int n4 = dim / 4;
   float4* xr = reinterpret_cast<float4*>(x + static_cast<int64_t>(blockIdx.x) * dim);
   const float4* dr = delta != nullptr ? reinterpret_cast<const float4*>(delta + static_cast<int64_t>(blockIdx.x) * dim) : nullptr;
@@ -54,16 +69,7 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* de
       ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
     }
   }
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
-    t = warp_sum(t);
-    if (threadIdx.x == 0) part[0] = rsqrtf(t / static_cast<float>(dim) + eps);
-  }
-  __syncthreads();
-  const float inv = part[0];
+  const float inv = block_rms_inv(ss, dim, eps);
   float4* yr = reinterpret_cast<float4*>(y + static_cast<int64_t>(blockIdx.x) * dim);
   const float4* w4 = reinterpret_cast<const float4*>(w);
 #pragma unroll
@@ -84,7 +90,6 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* de
 
 // The same for any width (dim not a multiple of 4, or wider than 1024 threads x kNormVec float4): strided loops.
 __global__ void rmsnorm_any_kernel(float* x, const float* delta, const float* w, float* y, __half* yh, int dim, float eps) {
-  __shared__ float part[32];
   float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   const float* dr = delta != nullptr ? delta + static_cast<int64_t>(blockIdx.x) * dim : nullptr;
   float ss = 0.0f;
@@ -96,16 +101,7 @@ __global__ void rmsnorm_any_kernel(float* x, const float* delta, const float* w,
     }
     ss = fmaf(v, v, ss);
   }
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
-    v = warp_sum(v);
-    if (threadIdx.x == 0) part[0] = rsqrtf(v / static_cast<float>(dim) + eps);
-  }
-  __syncthreads();
-  const float inv = part[0];
+  const float inv = block_rms_inv(ss, dim, eps);
   float* yr = y + static_cast<int64_t>(blockIdx.x) * dim;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
     const float v = w[i] * (xr[i] * inv);   // each thread re-reads only the elements it wrote itself

@@ -314,40 +314,16 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
     }
   }
 
-  // Sum the 4 warps' fragments: lane (g, t) holds rows g / g + 8, batch columns 2t / 2t + 1.
-#pragma unroll
-  for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];
-  __syncthreads();
-  if (warp == 0) {
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int wi = 0; wi < kTcWarps; ++wi)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] += part[wi][lane][i];
-    outs[g][2 * t] = v[0];
-    outs[g][2 * t + 1] = v[1];
-    outs[g + 8][2 * t] = v[2];
-    outs[g + 8][2 * t + 1] = v[3];
-  }
-  __syncthreads();
-  // Outliers (fused) and the store: warp w takes rows 4w .. 4w + 3 of the block.
-  for (int rr = 0; rr < 4; ++rr) {
-    const int lr = warp * 4 + rr;
-    const int64_t row = row0 + lr;
-    if (row >= n) break;
-    for (int mm = 0; mm < m_total; ++mm) {
-      float extra = 0.0f;
-      if (kFusedOutliers && w.rowptr != nullptr) {
-        for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
-          const uint32_t c = __ldg(w.col + e);
-          const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
-          extra = fmaf(__half2float(w.val[e]), __ldg(x + mm * k + orig), extra);
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
-      }
-      if (lane == 0) y[mm * n + row] = outs[lr][mm] + extra;
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
+                                               [&](int64_t row, int mm) {
+    float extra = 0.0f;
+    for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
+      const uint32_t c = __ldg(w.col + e);
+      const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
+      extra = fmaf(__half2float(w.val[e]), __ldg(x + mm * k + orig), extra);
     }
-  }
+    return extra;
+  });
 }
 
 template <int M>

@@ -1,5 +1,6 @@
-// Helpers shared by the GEMV kernels: the scalar kernels' warp-sum epilogue, and for the tensor-core paths one mma.sync m16n8k16 (fp16 inputs, fp32 accumulation) and the
-// hi + lo fp16 split of fp32 activations that keeps an fp32-accurate product when A is exact in fp16.
+// Helpers shared by the GEMV kernels: the scalar kernels' warp-sum epilogue, and for the tensor-core paths one
+// mma.sync m16n8k16 (fp16 inputs, fp32 accumulation), the hi + lo fp16 split of fp32 activations that keeps an
+// fp32-accurate product when A is exact in fp16, and the fragment-sum + store epilogue.
 //
 // Fragment layout of m16n8k16 (PTX ISA), lane = 4 g + t:
 //   A (16 x 16, row): a0 = (row g, k 2t, 2t+1), a1 = (row g+8, k 2t, 2t+1), a2 = (row g, k 2t+8, 2t+9), a3 = (row g+8, ...)
@@ -52,6 +53,46 @@ __device__ __forceinline__ void store_warp_sums(const float (&acc)[kRows][M], in
       for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
       if (lane == 0 && row0 + r < n) y[m * n + row0 + r] = v;
     }
+}
+
+// The tensor-core GEMVs' epilogue. The CTA's warps each hold an m16n8 accumulator fragment of the same 16 rows
+// (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); their sum goes to outs[row][batch column]. Then warp w
+// stores rows 4w .. 4w + 3 for every batch column, adding the warp-reduced sum of partial(row, mm) over the lanes
+// when outliers are on (each lane returns its share of the row's outlier correction). Synchronises the block.
+template <int kWarps, bool kOutliers, typename Partial>
+__device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], float (&part)[kWarps][32][4],
+                                                   float (&outs)[16][8], int warp, int lane, int64_t row0, int64_t n,
+                                                   int m_total, bool has_outliers, float* __restrict__ y,
+                                                   Partial partial) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];
+  __syncthreads();
+  if (warp == 0) {
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int wi = 0; wi < kWarps; ++wi)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] += part[wi][lane][i];
+    outs[g][2 * t] = v[0];
+    outs[g][2 * t + 1] = v[1];
+    outs[g + 8][2 * t] = v[2];
+    outs[g + 8][2 * t + 1] = v[3];
+  }
+  __syncthreads();
+  for (int rr = 0; rr < 4; ++rr) {
+    const int lr = warp * 4 + rr;
+    const int64_t row = row0 + lr;
+    if (row >= n) break;
+    for (int mm = 0; mm < m_total; ++mm) {
+      float extra = 0.0f;
+      if (kOutliers && has_outliers) {
+        extra = partial(row, mm);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
+      }
+      if (lane == 0) y[mm * n + row] = outs[lr][mm] + extra;
+    }
+  }
 }
 
 }  // namespace lowbit::cuda

@@ -53,6 +53,15 @@ uint64_t DevicePackedWeight::outlier_bytes() const {
   return b;
 }
 
+template <typename View>
+void DevicePackedWeight::view_outliers(View& d) const {
+  if (params_.at("sparse") != 1) return;
+  d.nnz = params_.at("nnz");
+  d.rowptr = reinterpret_cast<const int32_t*>(part("outlier_rowptr"));
+  d.col = reinterpret_cast<decltype(d.col)>(part("outlier_col"));   // int32 (anyprec) or uint16 (mixed24a) columns
+  d.val = reinterpret_cast<const __half*>(part("outlier_val"));
+}
+
 AnyPrecDevice DevicePackedWeight::anyprec() const {
   LOWBIT_CHECK(format_ == "anyprec", "CUDA backend: an anyprec view of a ", format_, " weight");
   AnyPrecDevice d;
@@ -64,12 +73,7 @@ AnyPrecDevice DevicePackedWeight::anyprec() const {
   d.plane_data = reinterpret_cast<const uint32_t*>(part("planes"));
   for (int b = kAnyPrecMinBits; b <= d.planes; ++b)
     if ((d.widths >> b) & 1u) d.lut[b] = reinterpret_cast<const __half*>(part("lut" + std::to_string(b)));
-  if (params_.at("sparse") == 1) {
-    d.nnz = params_.at("nnz");
-    d.rowptr = reinterpret_cast<const int32_t*>(part("outlier_rowptr"));
-    d.col = reinterpret_cast<const int32_t*>(part("outlier_col"));
-    d.val = reinterpret_cast<const __half*>(part("outlier_val"));
-  }
+  view_outliers(d);
   return d;
 }
 
@@ -87,12 +91,7 @@ Mixed24ADevice DevicePackedWeight::mixed24a() const {
   d.sm2 = reinterpret_cast<const __half*>(part("sm2"));
   d.ss4 = reinterpret_cast<const __half*>(part("ss4"));
   d.sm4 = reinterpret_cast<const __half*>(part("sm4"));
-  if (params_.at("sparse") == 1) {
-    d.nnz = params_.at("nnz");
-    d.rowptr = reinterpret_cast<const int32_t*>(part("outlier_rowptr"));
-    d.col = reinterpret_cast<const uint16_t*>(part("outlier_col"));
-    d.val = reinterpret_cast<const __half*>(part("outlier_val"));
-  }
+  view_outliers(d);
   return d;
 }
 

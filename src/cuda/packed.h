@@ -73,6 +73,8 @@ class DevicePackedWeight {
  private:
   DevicePackedWeight() = default;
   const uint8_t* part(const std::string& name) const;
+  template <typename View>
+  void view_outliers(View& d) const;   // the CSR outlier parts, when the weight has them
   std::string format_;
   int64_t n_ = 0, k_ = 0;
   std::map<std::string, int64_t> params_;
