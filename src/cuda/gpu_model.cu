@@ -371,8 +371,10 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     run_linear(L.down, g_.get(), nullptr, rows, tmp_.get(), bits);
     mark(l + 1 < c_.n_layers ? "norms + residuals" : "final norm + head");
     // x += MLP out, then the next layer's attention norm (or, after the last layer, the final norm).
-    const float* next_norm = l + 1 < c_.n_layers ? layers_[static_cast<size_t>(l) + 1].attn_norm.get() : final_norm_.get();
-    rmsnorm(x_.get(), tmp_.get(), next_norm, xn_.get(), xnh_.get(), rows, dim, c_.rms_eps, s);
+    // The fp16 copy: for the next layer's dense linears, or after the last layer for the (fp16, cuBLAS) head.
+    const bool last = l + 1 == c_.n_layers;
+    const float* next_norm = last ? final_norm_.get() : layers_[static_cast<size_t>(l) + 1].attn_norm.get();
+    rmsnorm(x_.get(), tmp_.get(), next_norm, xn_.get(), last ? xnh_.get() : xh, rows, dim, c_.rms_eps, s);
   }
   if (all_logits || n == 1) {   // every row's logits, or one row per sequence (decode)
     run_linear(head_, xn_.get(), xnh_.get(), rows, logits_.get(), 0);
