@@ -14,7 +14,6 @@
 #include "model/model.h"
 #include "quantize/anyprec.h"
 #include "quantize/quantize_model.h"
-#include "runtime/eval_text.h"
 #include "runtime/perplexity.h"
 #include "packed_fixtures.h"
 #include "test_util.h"
@@ -386,7 +385,7 @@ TEST(FormatTable, DeclaresAnyPrec) {
 TEST(AnyPrecModel, Stories260KServesEveryWidthFromOneFile) {
   const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
-  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  const std::string text = test::tinystories_sample();
   LOWBIT_REQUIRE_FILE(text, "TinyStories sample");
   LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
   const std::string dir = test::temp_dir();
@@ -403,10 +402,7 @@ TEST(AnyPrecModel, Stories260KServesEveryWidthFromOneFile) {
   const auto base = Model::load(bin);
   const auto ap = Model::load(dir + "/ap.lowbit");
   EXPECT_EQ(ap->widths(), (std::vector<int>{3, 4, 5, 6, 7, 8}));
-  const EvalText et = load_eval_text(text, TextMode::Documents, "text", "<|endoftext|>");
-  std::vector<std::vector<int32_t>> docs;
-  for (const auto& d : et.docs) docs.push_back(ap->tokenizer().encode(d, true, false));
-  const auto windows = make_windows_documents(docs, 512, nullptr);
+  const auto windows = make_windows_documents(test::tinystories_docs(*ap), 512, nullptr);
   PplOptions po;
   po.ctx = 512;
   const double ppl_base = perplexity(*base, windows, po).ppl;

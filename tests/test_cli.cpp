@@ -40,7 +40,7 @@ TEST(Cli, Misuse) {
 // silently. --device cpu always runs on the CPU.
 TEST(Cli, DeviceOption) {
   LOWBIT_REQUIRE_FILE(stories(), "stories260K");
-  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  const std::string text = test::tinystories_sample();
   LOWBIT_REQUIRE_FILE(text, "tinystories sample");
   const std::string base = "ppl " + stories() + " --text " + text + " --doc-separator '<|endoftext|>' --ctx 512 --max-windows 2";
   std::string out;
@@ -78,7 +78,7 @@ TEST(Cli, InspectStories) {
 
 TEST(Cli, PplAndGenerateStories) {
   LOWBIT_REQUIRE_FILE(stories(), "stories260K");
-  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  const std::string text = test::tinystories_sample();
   LOWBIT_REQUIRE_FILE(text, "tinystories sample");
   std::string out;
   // --device cpu: the exact fp32 path the reference figures belong to (the GPU runs fp16 weights).
@@ -97,7 +97,7 @@ TEST(Cli, PplAndGenerateStories) {
 // convert llama2.c -> HF directory; the converted model gives identical logits (ppl to the last digit).
 TEST(Cli, ConvertRoundTrip) {
   LOWBIT_REQUIRE_FILE(stories(), "stories260K");
-  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  const std::string text = test::tinystories_sample();
   LOWBIT_REQUIRE_FILE(text, "tinystories sample");
   const std::string dir = test::temp_dir() + "/hf";
   std::string out;

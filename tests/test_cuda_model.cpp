@@ -14,9 +14,9 @@
 #include "cuda/gpu_runtime.h"
 #include "model/model.h"
 #include "runtime/generate.h"
+#include "runtime/perplexity.h"
 #include "quantize/calibration.h"
 #include "quantize/quantize_model.h"
-#include "runtime/eval_text.h"
 
 namespace lowbit {
 namespace {
@@ -154,6 +154,23 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
   EXPECT_EQ(gpu.graph_captures() - captures_before, 1) << "40 graph steps of one batch and cache: one capture, 39 replays";
 }
 
+// Batch-1 decode steps on the GPU (the GEMV kernels, not dequantize + cuBLAS) against the CPU's decode steps:
+// ids[0, prompt) as a prefill, then one token at a time up to position end - 1, every step's logits compared.
+void expect_decode_matches(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& ids, int prompt, int end,
+                           int bits, const std::string& what) {
+  const int V = cpu.config().vocab_size;
+  KVCache cc = cpu.new_cache(end);
+  cuda::GpuKVCache gc = gpu.new_cache(1, end);
+  std::vector<float> want(static_cast<size_t>(V));
+  cpu.forward(ids.data(), prompt, cc, want.data(), false, bits);
+  gpu.forward(ids.data(), 1, prompt, gc, false, bits);
+  for (int t = prompt; t < end; ++t) {
+    cpu.forward(&ids[static_cast<size_t>(t)], 1, cc, want.data(), false, bits);
+    const auto got = download(gpu, gpu.forward(&ids[static_cast<size_t>(t)], 1, 1, gc, false, bits), static_cast<size_t>(V));
+    EXPECT_LE(compare_logits(got, want, V).first, kLogitBudget) << what << " decode position " << t;
+  }
+}
+
 // Teacher-forced check of the GPU's greedy generation: every token it picks is, on the CPU at the same position,
 // within the logit budget of the CPU's own best token (a near-tie may go either way; anything else may not).
 void expect_generation_near_greedy(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& prompt, int bits,
@@ -183,14 +200,11 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
   SKIP_WITHOUT_GPU();
   const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
-  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  const std::string text = test::tinystories_sample();
   LOWBIT_REQUIRE_FILE(text, "TinyStories sample");
   LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
   auto base = Model::load(bin);
-  const EvalText et = load_eval_text(text, TextMode::Documents, "text", "<|endoftext|>");
-  std::vector<std::vector<int32_t>> docs;
-  for (const auto& d : et.docs) docs.push_back(base->tokenizer().encode(d, true, false));
-  const auto windows = make_windows_documents(docs, 512, nullptr);
+  const auto windows = make_windows_documents(test::tinystories_docs(*base), 512, nullptr);
   PplOptions po;
   po.ctx = 512;
   {
@@ -216,19 +230,8 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
     std::printf("[ stories260K anyprec ] width %d ppl cpu %.4f gpu %.4f\n", b, cpu_ppl, gpu_ppl);
     EXPECT_NEAR(gpu_ppl / cpu_ppl, 1.0, kPplBudget) << "width " << b;
     expect_forward_matches(*ap, gpu, windows[0], b, "stories260K anyprec " + std::to_string(b) + "-bit");
-    // Decode steps (batch 1: the bitplane GEMV itself, not dequantize + cuBLAS) against the CPU's decode steps.
     const std::vector<int32_t>& w0 = windows[0];
-    const int V = ap->config().vocab_size;
-    KVCache cc = ap->new_cache(24);
-    cuda::GpuKVCache gc = gpu.new_cache(1, 24);
-    std::vector<float> want(static_cast<size_t>(V));
-    ap->forward(w0.data(), 8, cc, want.data(), false, b);
-    gpu.forward(w0.data(), 1, 8, gc, false, b);
-    for (int t = 8; t < 24; ++t) {
-      ap->forward(&w0[static_cast<size_t>(t)], 1, cc, want.data(), false, b);
-      const auto got = download(gpu, gpu.forward(&w0[static_cast<size_t>(t)], 1, 1, gc, false, b), static_cast<size_t>(V));
-      EXPECT_LE(compare_logits(got, want, V).first, kLogitBudget) << "width " << b << " decode position " << t;
-    }
+    expect_decode_matches(*ap, gpu, w0, 8, 24, b, "stories260K anyprec width " + std::to_string(b));
     expect_generation_near_greedy(*ap, gpu, std::vector<int32_t>(w0.begin(), w0.begin() + 12), b,
                                   "stories260K anyprec " + std::to_string(b) + "-bit generation");
   }
@@ -281,18 +284,7 @@ TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
   cuda::GpuModel gpu(*m);
   EXPECT_EQ(gpu.dequantized_linears(), 0);
   expect_forward_matches(*m, gpu, ids, 0, "SmolLM2 mixed24a");   // 300 tokens: dequantize + cuBLAS
-  // Batch 1 decode steps: the mixed24a GEMV with fused outliers, against the CPU.
-  const int V = m->config().vocab_size;
-  KVCache cc = m->new_cache(40);
-  cuda::GpuKVCache gc = gpu.new_cache(1, 40);
-  std::vector<float> want(static_cast<size_t>(V));
-  m->forward(ids.data(), 20, cc, want.data(), false, 0);
-  gpu.forward(ids.data(), 1, 20, gc, false, 0);
-  for (int t = 20; t < 40; ++t) {
-    m->forward(&ids[static_cast<size_t>(t)], 1, cc, want.data(), false, 0);
-    const auto got = download(gpu, gpu.forward(&ids[static_cast<size_t>(t)], 1, 1, gc, false, 0), static_cast<size_t>(V));
-    EXPECT_LE(compare_logits(got, want, V).first, kLogitBudget) << "SmolLM2 mixed24a decode position " << t;
-  }
+  expect_decode_matches(*m, gpu, ids, 20, 40, 0, "SmolLM2 mixed24a");   // the mixed24a GEMV with fused outliers
   expect_generation_near_greedy(*m, gpu, std::vector<int32_t>(ids.begin(), ids.begin() + 16), 0, "SmolLM2 mixed24a generation");
 }
 
@@ -315,19 +307,9 @@ TEST(CudaModel, SmolLM2AnyPrecMatchesCpuAtWidths3To8) {
   cuda::GpuModel gpu(*ap);
   EXPECT_EQ(gpu.dequantized_linears(), 0);
   const std::vector<int32_t> ids = some_ids(*ap, 200);
-  const int V = ap->config().vocab_size;
   for (const int b : {3, 4, 8}) {
     expect_forward_matches(*ap, gpu, ids, b, "SmolLM2 anyprec " + std::to_string(b) + "-bit");
-    KVCache cc = ap->new_cache(32);
-    cuda::GpuKVCache gc = gpu.new_cache(1, 32);
-    std::vector<float> want(static_cast<size_t>(V));
-    ap->forward(ids.data(), 16, cc, want.data(), false, b);
-    gpu.forward(ids.data(), 1, 16, gc, false, b);
-    for (int t = 16; t < 32; ++t) {
-      ap->forward(&ids[static_cast<size_t>(t)], 1, cc, want.data(), false, b);
-      const auto got = download(gpu, gpu.forward(&ids[static_cast<size_t>(t)], 1, 1, gc, false, b), static_cast<size_t>(V));
-      EXPECT_LE(compare_logits(got, want, V).first, kLogitBudget) << "SmolLM2 anyprec width " << b << " decode position " << t;
-    }
+    expect_decode_matches(*ap, gpu, ids, 16, 32, b, "SmolLM2 anyprec width " + std::to_string(b));
   }
 }
 

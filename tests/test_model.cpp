@@ -12,7 +12,6 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/model.h"
-#include "runtime/eval_text.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
 #include "test_util.h"
@@ -219,13 +218,11 @@ TEST(Stories260K, ForwardMatchesScalarReference) {
 
 TEST(Stories260K, PerplexityOnTinyStoriesSample) {
   LOWBIT_REQUIRE_FILE(stories_bin(), "shared/models/stories260K/stories260K.bin");
-  const std::string text = shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  const std::string text = test::tinystories_sample();
   LOWBIT_REQUIRE_FILE(text, "shared/data/tinystories sample");
   auto model = Model::load(stories_bin());
-  const EvalText et = load_eval_text(text, TextMode::Documents, "text", "<|endoftext|>");
-  ASSERT_EQ(et.docs.size(), 8u);
-  std::vector<std::vector<int32_t>> docs;
-  for (const auto& d : et.docs) docs.push_back(model->tokenizer().encode(d, true, false));
+  const auto docs = test::tinystories_docs(*model);
+  ASSERT_EQ(docs.size(), 8u);
   PplOptions po;
   po.ctx = 512;
   const PplResult r = perplexity(*model, make_windows_documents(docs, po.ctx), po);

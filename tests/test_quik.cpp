@@ -295,7 +295,7 @@ TEST(QuikCorrupt, ReadersRefuseBadParts) {
 
 TEST(QuikCli, QuantizesEvaluatesAndRefusesMisuse) {
   const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
-  const std::string text = test::shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt");
+  const std::string text = test::tinystories_sample();
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
   LOWBIT_REQUIRE_FILE(text, "TinyStories sample");
   LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");

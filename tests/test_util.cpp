@@ -1,5 +1,8 @@
 #include "test_util.h"
 
+#include "model/model.h"
+#include "runtime/eval_text.h"
+
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -50,6 +53,15 @@ std::string smollm2_gguf() {
   else if (const char* home = std::getenv("HOME")) cache = std::string(home) + "/.cache/lowbit";
   std::string p = cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   return file_exists(p) ? p : std::string();
+}
+
+std::string tinystories_sample() { return shared_path("data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt"); }
+
+std::vector<std::vector<int32_t>> tinystories_docs(const Model& m) {
+  const EvalText et = load_eval_text(tinystories_sample(), TextMode::Documents, "text", "<|endoftext|>");
+  std::vector<std::vector<int32_t>> docs;
+  for (const auto& d : et.docs) docs.push_back(m.tokenizer().encode(d, true, false));
+  return docs;
 }
 
 std::string temp_dir() {

@@ -10,6 +10,10 @@
 
 #include "core/error.h"
 
+namespace lowbit {
+class Model;
+}
+
 namespace lowbit::test {
 
 std::string source_dir();                        // repository root
@@ -18,6 +22,10 @@ std::string fixture(const std::string& name);   // tests/fixtures/<name>
 std::string shared_path(const std::string& rel);
 // The SmolLM2 GGUF in the model cache ($LOWBIT_CACHE or ~/.cache/lowbit); "" when absent.
 std::string smollm2_gguf();
+// The TinyStories evaluation sample (8 stories) in ../shared; "" when absent.
+std::string tinystories_sample();
+// Its stories as documents, each tokenized by m with BOS (stories260K's reference protocol).
+std::vector<std::vector<int32_t>> tinystories_docs(const Model& m);
 std::string temp_dir();                          // a fresh directory under the system temp dir
 // Runs the lowbit CLI with args, capturing stdout+stderr; returns the exit status.
 int run_cli(const std::string& args, std::string* output);
