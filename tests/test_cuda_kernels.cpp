@@ -103,7 +103,8 @@ struct Shape {
 TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
   SKIP_WITHOUT_GPU();
   // k: one word, not a multiple of 32 / 256 / 1024, a short last tile, a 28672-wide input; n: 1 and 28672.
-  const Shape shapes[] = {{1, 32}, {5, 1100}, {33, 2348}, {64, 4096}, {3, 28672 + 37}, {28672, 96}};
+  // k = 4200: 132 words, a multiple of 4 (the register-table kernel's 16-byte loads) ending in a part group of 16.
+  const Shape shapes[] = {{1, 32}, {5, 1100}, {33, 2348}, {64, 4096}, {37, 4200}, {3, 28672 + 37}, {28672, 96}};
   uint32_t seed = 1;
   for (const Shape& sh : shapes)
     for (bool outliers : {false, true}) {
@@ -125,19 +126,22 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
           // The CUDA-core path, the tensor-core path splitting x in its loop, and the tensor-core path reading
           // x pre-split into fragment order (scratch poisoned first: every fragment it reads must be written).
           cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
-          // And, at 3 bits and batch <= 4, the CUDA-core kernel with merged pair lookups.
+          // And, at 3 bits and batch <= 4, the CUDA-core kernel with merged pair lookups; at 2..3 bits the tensor-core
+          // kernel with register tables (pre-split x in its own slab order).
           for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
                    {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
-                   {cuda::GemvPath::ScalarPairs, false}})
+                   {cuda::GemvPath::ScalarPairs, false}, {cuda::GemvPath::TensorCoreRegisterLut, true}})
             for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
               if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
               if (path == cuda::GemvPath::ScalarPairs && (bits != 3 || m > 4)) continue;
+              if (path == cuda::GemvPath::TensorCoreRegisterLut && bits > 3) continue;
               if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
               const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
                 cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
               });
               const std::string kind = path == cuda::GemvPath::Scalar        ? "scalar "
                                        : path == cuda::GemvPath::ScalarPairs ? "scalar pairs "
+                                       : path == cuda::GemvPath::TensorCoreRegisterLut ? "tensor-core register tables "
                                        : presplit                            ? "tensor-core pre-split "
                                                                              : "tensor-core ";
               expect_close(got, want, scale, kGemvBudget,
@@ -458,10 +462,20 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 9, y.get(), nullptr); }, "batch 9 outside 1..8");
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 4, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::ScalarPairs); },
        "merged pair lookups serve 3 bits");
+  cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(64));
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 4, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                cuda::GemvPath::TensorCoreRegisterLut, xfrag.get()); },
+       "register tables serve 2..3 bits");
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                cuda::GemvPath::TensorCoreRegisterLut); },
+       "no xfrag scratch");
   const PackedWeight mp = pack_mixed24a(test::random_mixed24a(16, 64, false, 5), storage);
   const cuda::DevicePackedWeight dm(mp);
   says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::ScalarPairs); },
        "merged pair lookups are an any-precision path");
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                 cuda::GemvPath::TensorCoreRegisterLut); },
+       "register tables are an any-precision path");
   says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
   const UniformQuantized u = test::random_quantized(4, 64, 4, 32, false, false, 1);
   says([&] { cuda::DevicePackedWeight bad(pack_uniform(u, storage)); }, "has no GPU kernel yet");

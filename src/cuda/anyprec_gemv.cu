@@ -52,14 +52,15 @@ __device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
 // Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
 // plane 0 the most significant bit. Plane j's bit is moved from position i to position B-1-j of each byte by one
 // funnel shift and merged by one LOP3 ((t & mask) | v): 2B operations for four codes.
-template <int B>
+// kMask = 0x11111111: the same per nibble (slot i in 0..3, eight codes of B <= 3 bits, one per nibble).
+template <int B, uint32_t kMask = 0x01010101u>
 __device__ __forceinline__ uint32_t transpose_slot(const uint32_t (&p)[B], int i) {
   uint32_t v = 0;
 #pragma unroll
   for (int j = 0; j < B; ++j) {
     const int sh = i - (B - 1 - j);
     const uint32_t t = sh >= 0 ? p[j] >> sh : p[j] << -sh;
-    v |= t & (0x01010101u << (B - 1 - j));
+    v |= t & (kMask << (B - 1 - j));
   }
   return v;
 }
@@ -313,32 +314,42 @@ void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t 
 // at a time as in the CUDA-core kernel. The LUTs of the 16 rows sit in shared memory as 32-bit words at
 // ((h·2^b + e)·8 + g)·4 + t (h: row g or g + 8), so a warp-wide lookup for one row half reads 32 different banks.
 constexpr int kTcWarps = 4;
-// Quads of 4 plane words (128 columns) in a row of `words` words: 8 per full 32-word tile, the last tile's rounded up.
-__host__ __device__ constexpr int64_t tc_quads(int64_t words) { return (words / 32) * 8 + (words % 32 + 3) / 4; }
+// Quads of 4 plane words (128 columns) in a row of `words` words, the last one partial.
+__host__ __device__ constexpr int64_t tc_quads(int64_t words) { return (words + 3) / 4; }
 
 // The activations of every (quad, slab, lane) as the lane feeds them to mma_split: {b0 hi, b1 hi, b0 lo, b1 lo}, zero
-// past k and for batch columns >= m. One thread per entry; the GEMV then reads one 16-byte word per slab instead of
-// loading, bounds-checking and splitting four floats (the pre-split path).
+// past k; written only for the lanes of batch columns < m (g < m), the only ones the GEMVs read. One thread per
+// entry; the GEMV then reads one 16-byte word per slab instead of loading, bounds-checking and splitting four floats
+// (the pre-split path). Slab order: kNibble = false, slab sj takes word bits 4 sj + q (the LDS-table kernel);
+// kNibble = true, slab sj = 2 s + h takes bits 16 h + 4 q + s (the register-table kernel), q = 0..3 the k slot
+// (2t, 2t+1, 2t+8, 2t+9).
+// Quad qi, lane t: word 4 kSpan (qi / kSpan) + kSpan t + qi % kSpan of the row (kSpan = 1: word 4 qi + t; kSpan = 4:
+// each lane reads 4 consecutive words, a group of 16 words being 4 quads).
+template <bool kNibble, int kSpan>
 __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out,
                                      int64_t quads) {
+  const int lanes = 4 * m_total;   // lane = 4 g + t, g < m
   const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (id >= quads * 8 * 32) return;
-  const int lane = static_cast<int>(id % 32), sj = static_cast<int>((id / 32) % 8);
-  const int64_t qi = id / 256, T = qi / 8, wq = qi % 8, k = w.k;
+  if (id >= quads * 8 * lanes) return;
+  const int lane = static_cast<int>(id % lanes), sj = static_cast<int>((id / lanes) % 8);
+  const int64_t qi = id / (8 * lanes), k = w.k;
   const int g = lane / 4, t = lane % 4;
+  const int64_t word = 4 * kSpan * (qi / kSpan) + kSpan * t + qi % kSpan, T = word / 32;
   const int nw = static_cast<int>(min_i64(32, w.words - 32 * T));
-  const int wt = static_cast<int>(4 * wq) + t;
-  const int u = sj / 2, ib = (sj % 2) * 4;
+  const int wt = static_cast<int>(word % 32);
   float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (g < m_total && wt < nw) {
-    const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
+  if (word < w.words) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) xv[q] = c + q < k ? x[static_cast<int64_t>(g) * k + c + q] : 0.0f;
+    for (int q = 0; q < 4; ++q) {
+      const int bit = kNibble ? 16 * (sj % 2) + 4 * q + sj / 2 : 4 * sj + q;
+      const int64_t c = 1024 * T + static_cast<int64_t>(bit / 8) * 8 * nw + 8 * wt + bit % 8;
+      xv[q] = c < k ? x[static_cast<int64_t>(g) * k + c] : 0.0f;
+    }
   }
   uint4 v;
   split_pair(xv[0], xv[1], v.x, v.z);
   split_pair(xv[2], xv[3], v.y, v.w);
-  out[id] = v;
+  out[(qi * 8 + sj) * 32 + lane] = v;
 }
 
 template <int B, bool kFusedOutliers, bool kPreSplit>
@@ -401,7 +412,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
       a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
       a[3] = __byte_perm(lds_u32(t1 + e1[2] * 128u), lds_u32(t1 + e1[3] * 128u), 0x5410u);
       if constexpr (kPreSplit) {
-        const uint4 xb = __ldg(xfrag + (qi * 8 + sj) * 32 + lane);
+        const uint4 xb = col_ok ? __ldg(xfrag + (qi * 8 + sj) * 32 + lane) : make_uint4(0u, 0u, 0u, 0u);
         mma_16816(acc, a, xb.x, xb.y);   // hi halves
         mma_16816(acc, a, xb.z, xb.w);   // lo halves
       } else {
@@ -433,15 +444,174 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   });
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Register-table tensor-core path, 2 and 3 bits (GemvPath::TensorCoreRegisterLut; x pre-split). The shared-memory
+// lookups of the kernel above cost one LDS per weight: 32 weights per clock per SM, about the 85%-of-bandwidth time
+// of a 3-bit GEMV by themselves. Here a row's 2^b fp16 centroids sit in four registers of the lane (low bytes of
+// entries 0-3 and 4-7, high bytes of the same) and PRMT looks up four codes at once: a selector whose four nibbles
+// are 3-bit codes picks their four low bytes in one PRMT and their high bytes in a second; two more interleave them
+// into the two half2 A registers (k slots 2t, 2t+1 and 2t+8, 2t+9). One ALU op per weight, no shared memory. Codes
+// are built eight at a time, one per nibble (transpose_slot with the nibble mask: bit s of each nibble), and slab
+// (s, h) of a word is its bits 16h + 4q + s, so the selector of slab (s, h) is codes word s shifted by 16h.
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));   // generic mode: codes' nibble msb is 0
+  return d;
+}
+
+// The lane's table of one row: lo[0] / hi[0] the low / high bytes of entries 0-3, lo[1] / hi[1] of entries 4-7.
 template <int B>
-void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xfrag) {
-  const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
-  const size_t smem = sizeof(uint32_t) * 2 * (1u << B) * 32;
-  const uint4* xf = static_cast<const uint4*>(xfrag);
-  if (xf != nullptr) {
-    const int64_t quads = anyprec_tc_quads(w.words), entries = quads * 8 * 32;
-    anyprec_xfrag_kernel<<<static_cast<unsigned>((entries + 255) / 256), 256, 0, s>>>(w, x, m, static_cast<uint4*>(xfrag), quads);
+__device__ __forceinline__ void load_register_table(const __half* __restrict__ l, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
+  if constexpr (B == 3) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(l));
+    lo[0] = prmt(u.x, u.y, 0x6420u); hi[0] = prmt(u.x, u.y, 0x7531u);
+    lo[1] = prmt(u.z, u.w, 0x6420u); hi[1] = prmt(u.z, u.w, 0x7531u);
+  } else {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(l));
+    lo[0] = prmt(u.x, u.y, 0x6420u); hi[0] = prmt(u.x, u.y, 0x7531u);
+    lo[1] = 0u; hi[1] = 0u;
   }
+}
+
+// The two half2 A registers of one row for the four codes in the low 16 bits of sel (one per nibble).
+__device__ __forceinline__ void register_lookup(const uint32_t (&lo)[2], const uint32_t (&hi)[2], uint32_t sel,
+                                                uint32_t& a_low_k, uint32_t& a_high_k) {
+  const uint32_t L = prmt(lo[0], lo[1], sel), H = prmt(hi[0], hi[1], sel);
+  a_low_k = prmt(L, H, 0x5140u);    // codes 0, 1: fp16 (lo, hi) bytes interleaved
+  a_high_k = prmt(L, H, 0x7362u);   // codes 2, 3
+}
+
+// kSpan = 4 (rows of a multiple of 4 words): lane t reads words 16 gi + 4t .. +3 of each plane as one 16-byte load,
+// 64 contiguous bytes per row and plane per warp; kSpan = 1: word 4 qi + t (16 bytes per row and plane).
+template <int B, bool kFusedOutliers, int kSpan>
+__global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
+                                                                            int m_total, float* __restrict__ y,
+                                                                            const uint4* __restrict__ xfrag) {
+  static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
+  static_assert(kSpan == 1 || kSpan == 4, "one or four words per lane and load");
+  __shared__ float part[kTcWarps][32][4];
+  __shared__ float outs[16][8];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n = w.n, k = w.k, W = w.words, row0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t r0 = min_i64(row0 + g, n - 1), r1 = min_i64(row0 + g + 8, n - 1);
+  constexpr int E = 1 << B;
+  const __half* lut = w.lut[B];
+  uint32_t lo0[2], hi0[2], lo1[2], hi1[2];
+  load_register_table<B>(lut + r0 * E, lo0, hi0);
+  load_register_table<B>(lut + r1 * E, lo1, hi1);
+  constexpr int kGroupWords = 4 * kSpan;
+  const int64_t groups = (W + kGroupWords - 1) / kGroupWords;
+  const uint32_t* pl0[B];
+  const uint32_t* pl1[B];
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    pl0[j] = w.plane_data + (j * n + r0) * W + kSpan * t;
+    pl1[j] = w.plane_data + (j * n + r1) * W + kSpan * t;
+  }
+  auto load_planes = [&](int64_t gi, uint32_t (&p0)[B][kSpan], uint32_t (&p1)[B][kSpan]) {
+    const bool ok = kGroupWords * gi + kSpan * t < W;   // kSpan = 4: W % 4 == 0, a lane's 4 words are all in or all out
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      if constexpr (kSpan == 4) {
+        const uint4 u0 = ok ? __ldg(reinterpret_cast<const uint4*>(pl0[j] + 16 * gi)) : make_uint4(0u, 0u, 0u, 0u);
+        const uint4 u1 = ok ? __ldg(reinterpret_cast<const uint4*>(pl1[j] + 16 * gi)) : make_uint4(0u, 0u, 0u, 0u);
+        p0[j][0] = u0.x; p0[j][1] = u0.y; p0[j][2] = u0.z; p0[j][3] = u0.w;
+        p1[j][0] = u1.x; p1[j][1] = u1.y; p1[j][2] = u1.z; p1[j][3] = u1.w;
+      } else {
+        p0[j][0] = ok ? __ldg(pl0[j] + 4 * gi) : 0u;
+        p1[j][0] = ok ? __ldg(pl1[j] + 4 * gi) : 0u;
+      }
+    }
+  };
+  // Lanes of batch columns >= m read column 0's fragments (a broadcast, no extra traffic): their outputs are not stored.
+  // The x fragments of the next quad are loaded while this one is computed; four accumulator sets (slab half h x
+  // hi / lo) keep four mma chains independent (one chain waited on each mma's latency, 16 deep per quad).
+  const uint4* xq = xfrag + (g < m_total ? lane : t);
+  const int64_t last_quad = kSpan * groups - 1;
+  auto load_x = [&](int64_t qi, uint4 (&xb)[8]) {
+    qi = min_i64(qi, last_quad);
+#pragma unroll
+    for (int sj = 0; sj < 8; ++sj) xb[sj] = __ldg(xq + (qi * 8 + sj) * 32);
+  };
+  float acc4[4][4] = {};
+  uint32_t p0[B][kSpan], p1[B][kSpan];
+  load_planes(warp, p0, p1);
+  uint4 xb[8];
+  load_x(kSpan * warp, xb);
+  for (int64_t gi = warp; gi < groups; gi += kTcWarps) {
+    uint32_t n0[B][kSpan], n1[B][kSpan];   // the next group's planes, in flight while this one is computed
+    load_planes(gi + kTcWarps, n0, n1);
+#pragma unroll
+    for (int e = 0; e < kSpan; ++e) {
+      // This quad's x fragments are in xb (anyprec_xfrag_kernel<true, kSpan> order); fetch the next quad's.
+      uint4 xn[8];
+      load_x(e + 1 < kSpan ? kSpan * gi + e + 1 : kSpan * (gi + kTcWarps), xn);
+      uint32_t w0[B], w1[B];
+#pragma unroll
+      for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint32_t v0 = transpose_slot<B, 0x11111111u>(w0, s), v1 = transpose_slot<B, 0x11111111u>(w1, s);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a[4];
+          register_lookup(lo0, hi0, h ? v0 >> 16 : v0, a[0], a[2]);   // row g
+          register_lookup(lo1, hi1, h ? v1 >> 16 : v1, a[1], a[3]);   // row g + 8
+          const uint4 b = xb[2 * s + h];
+          mma_16816(acc4[2 * h], a, b.x, b.y);       // hi halves
+          mma_16816(acc4[2 * h + 1], a, b.z, b.w);   // lo halves
+        }
+      }
+#pragma unroll
+      for (int sj = 0; sj < 8; ++sj) xb[sj] = xn[sj];
+    }
+#pragma unroll
+    for (int j = 0; j < B; ++j)
+#pragma unroll
+      for (int e = 0; e < kSpan; ++e) { p0[j][e] = n0[j][e]; p1[j][e] = n1[j][e]; }
+  }
+  float acc[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
+
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
+                                               [&](int64_t row, int mm) {
+    const __half* l = lut + row * E;
+    float extra = 0.0f;
+    for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
+      const int64_t c = __ldg(w.col + e);
+      extra = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), __ldg(x + mm * k + c), extra);
+    }
+    return extra;
+  });
+}
+
+template <int B>
+void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xfrag,
+               bool register_lut) {
+  const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
+  uint4* xf = static_cast<uint4*>(xfrag);
+  // 16-byte plane loads (kSpan = 4) when rows are a multiple of 4 words: measured on the H100 against one word per
+  // lane (kSpan = 1) and 8-byte loads, 3 bits batch 1: 59.2 vs 73.0 / 78.0 us at 28672x8192, 12.3 vs 14.6 / 13.5 at
+  // 4096x4096 (8192x28672: 74.4 vs 69.8 / 99.0).
+  const int span = register_lut && w.words % 4 == 0 ? 4 : 1;
+  if (xf != nullptr) {
+    const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 4 * m;
+    const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
+    if (!register_lut) anyprec_xfrag_kernel<false, 1><<<xgrid, 256, 0, s>>>(w, x, m, xf, quads);
+    else if (span == 4) anyprec_xfrag_kernel<true, 4><<<xgrid, 256, 0, s>>>(w, x, m, xf, quads);
+    else anyprec_xfrag_kernel<true, 1><<<xgrid, 256, 0, s>>>(w, x, m, xf, quads);
+  }
+  if constexpr (B <= 3) {
+    if (register_lut) {
+      auto kern = span == 4 ? (fused ? anyprec_gemv_reglut_kernel<B, true, 4> : anyprec_gemv_reglut_kernel<B, false, 4>)
+                            : (fused ? anyprec_gemv_reglut_kernel<B, true, 1> : anyprec_gemv_reglut_kernel<B, false, 1>);
+      kern<<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y, xf);
+      return;
+    }
+  }
+  const size_t smem = sizeof(uint32_t) * 2 * (1u << B) * 32;
   auto kern = xf != nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>)
                             : (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>);
   if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
@@ -474,8 +644,12 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
     return;
   }
-  if (m >= 1 && m <= kMaxGemvBatch && (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= kAnyPrecTcMinBatch))) {
-    launch_tc<B>(w, x, m, y, s, fused, xfrag);
+  if (path == GemvPath::TensorCoreRegisterLut)
+    LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
+                 B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
+  if (path == GemvPath::Auto) path = anyprec_auto_path(w.n, w.k, m, B, xfrag != nullptr);
+  if (path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut) {
+    launch_tc<B>(w, x, m, y, s, fused, xfrag, path == GemvPath::TensorCoreRegisterLut);
     if (!fused && w.rowptr != nullptr)
       anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
     return;
@@ -504,9 +678,9 @@ void check_width(const AnyPrecDevice& w, int bits) {
 
 }  // namespace
 
-int64_t anyprec_tc_quads(int64_t words) { return tc_quads(words); }
 
-size_t anyprec_xfrag_bytes(int64_t k) { return static_cast<size_t>(anyprec_tc_quads((k + 31) / 32)) * 8 * 32 * sizeof(uint4); }
+// Quads of the widest layout: 4 per group of 16 words (>= tc_quads).
+size_t anyprec_xfrag_bytes(int64_t k) { return static_cast<size_t>(4 * (((k + 31) / 32 + 15) / 16)) * 8 * 32 * sizeof(uint4); }
 
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
                   GemvPath path, void* xfrag) {

@@ -122,22 +122,24 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             row("anyprec " + std::to_string(b) + "-bit (dequant+cuBLAS) *", m, us, base[bi], w[0].bytes_read(b));
             continue;
           }
-          // Every GEMV path, each labelled; * marks the one the runtime takes (packed_matmul): the CUDA cores below
-          // kAnyPrecTcMinBatch, then the tensor cores (x pre-split when kPreSplitInRuntime; the split kernel's time
-          // is included in that row).
-          for (const int variant : {0, 1, 2, 3}) {
-            if (variant == 3 && (b != 3 || m > 4)) continue;   // merged pair lookups: 3 bits, batch 1..4
-            const GemvPath path = variant == 0 ? GemvPath::Scalar : variant == 3 ? GemvPath::ScalarPairs : GemvPath::TensorCore;
-            void* frag = variant == 2 ? xfrag.get() : nullptr;
+          // Every GEMV path, each labelled; * marks the one the runtime takes (packed_matmul: anyprec_auto_path with
+          // x pre-split when kPreSplitInRuntime; the split kernel's time is included in the pre-split rows).
+          struct Variant { GemvPath path; bool presplit; const char* name; };
+          static const Variant variants[] = {{GemvPath::Scalar, false, " (CUDA cores)"},
+                                             {GemvPath::TensorCore, false, " (tensor cores)"},
+                                             {GemvPath::TensorCore, true, " (tensor cores, x pre-split)"},
+                                             {GemvPath::TensorCoreRegisterLut, true, " (tensor cores, register tables)"},
+                                             {GemvPath::ScalarPairs, false, " (CUDA cores, merged pair lookups)"}};
+          const GemvPath runtime = anyprec_auto_path(n, k, static_cast<int>(m), b, kPreSplitInRuntime);
+          for (const Variant& v : variants) {
+            if (v.path == GemvPath::ScalarPairs && (b != 3 || m > 4)) continue;   // merged pair lookups: 3 bits, batch 1..4
+            if (v.path == GemvPath::TensorCoreRegisterLut && b > 3) continue;
             const double us = median_us(o.iters, [&](int i) {
               anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
-                           OutlierMode::Fused, path, frag);
+                           OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);
             });
-            const bool chosen = m >= kAnyPrecTcMinBatch ? variant == (kPreSplitInRuntime ? 2 : 1) : variant == 0;
-            static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)",
-                                                " (CUDA cores, merged pair lookups)"};
-            row("anyprec " + std::to_string(b) + "-bit" + names[variant] + (chosen ? " *" : ""), m, us, base[bi],
-                w[0].bytes_read(b));
+            const bool chosen = v.path == runtime && (v.path == GemvPath::Scalar || v.presplit == kPreSplitInRuntime);
+            row("anyprec " + std::to_string(b) + "-bit" + v.name + (chosen ? " *" : ""), m, us, base[bi], w[0].bytes_read(b));
           }
         }
     }
@@ -162,12 +164,14 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s,
                             OutlierMode::Fused, path, frag);
             });
-            const bool chosen = m >= kMixed24aTcMinBatch ? variant == (kPreSplitInRuntime ? 2 : 1) : variant == 0;
+            const GemvPath runtime = mixed24a_auto_path(n, k, static_cast<int>(m), kPreSplitInRuntime);
+            const bool chosen = runtime == GemvPath::Scalar ? variant == 0 : variant == (kPreSplitInRuntime ? 2 : 1);
             static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)"};
             row(std::string("2/4/16 no outliers") + names[variant] + (chosen ? " *" : ""), m, p_us, base[bi], dense_bytes);
           }
           if (full[0].rowptr != nullptr) {
-            void* frag = kPreSplitInRuntime && m >= kMixed24aTcMinBatch ? xfrag.get() : nullptr;   // as the runtime runs it
+            const bool tc = mixed24a_auto_path(n, k, static_cast<int>(m), kPreSplitInRuntime) == GemvPath::TensorCore;
+            void* frag = kPreSplitInRuntime && tc ? xfrag.get() : nullptr;   // as the runtime runs it
             const double f_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,
                             GemvPath::Auto, frag);

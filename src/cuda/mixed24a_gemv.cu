@@ -342,7 +342,9 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   const bool fused = mode == OutlierMode::Fused;
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   LOWBIT_CHECK(path != GemvPath::ScalarPairs, "mixed24a GEMV: merged pair lookups are an any-precision path");
-  if (path == GemvPath::TensorCore || (path == GemvPath::Auto && m >= kMixed24aTcMinBatch)) {
+  LOWBIT_CHECK(path != GemvPath::TensorCoreRegisterLut, "mixed24a GEMV: register tables are an any-precision path");
+  if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
+  if (path == GemvPath::TensorCore) {
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
     uint4* xf = static_cast<uint4*>(xfrag);
     if (xf != nullptr) {

@@ -245,14 +245,17 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
   int b = bits;
   if (ap && b == 0) b = static_cast<int>(31 - __builtin_clz(w.served_widths()));
   if (m <= kMaxGemvBatch) {
+    // The tensor-core paths read pre-split activations from the context's scratch (sized before any graph capture
+    // by the uncaptured step that precedes it).
     if (ap) {
-      // With kPreSplitInRuntime the tensor-core path reads pre-split activations from the context's scratch (sized
-      // before any graph capture by the uncaptured step that precedes it).
-      void* xfrag = kPreSplitInRuntime && m >= kAnyPrecTcMinBatch ? ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
-      anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, GemvPath::Auto, xfrag);
+      const GemvPath path = anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), b, kPreSplitInRuntime);
+      const bool tc = path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut;
+      void* xfrag = kPreSplitInRuntime && tc ? ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
+      anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
-      void* xfrag = kPreSplitInRuntime && m >= kMixed24aTcMinBatch ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
-      mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode, GemvPath::Auto, xfrag);
+      const GemvPath path = mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime);
+      void* xfrag = kPreSplitInRuntime && path == GemvPath::TensorCore ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
+      mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     }
     return;
   }
@@ -260,6 +263,26 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
   if (ap) anyprec_dequant_f16(w.anyprec(), b, wh, ctx.stream());
   else mixed24a_dequant_f16(w.mixed24a(), wh, ctx.stream());
   dense_f16_matmul(wh, w.n(), w.k(), x, m, y, ctx);
+}
+
+// Crossovers from `lowbit bench --kernels` on the H100 (docs/PERF.md, session 6). Any-precision, x pre-split: the
+// shared-memory tensor-core kernel beats the CUDA-core one from batch 3 on at <= 5 bits (batch 4: 22.1 vs 28.3 us at
+// 4096x4096, 105 vs 147 at 28672x8192), from batch 5 at >= 6 bits (8-bit batch 4: CUDA cores win 3 of 6 shapes);
+// without the pre-split, from batch 6. At 2..3 bits the register-table kernel wins at every batch 1..8 on every
+// shape (3 bits, batch 1: 12.3 vs 13.1 us at 4096x4096, 59.2 vs 78.7 at 28672x8192; batch 8: 76.4 vs 110.9).
+GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
+  (void)n; (void)k;
+  if (presplit && bits <= 3 && m >= kRegisterLutMinBatch) return GemvPath::TensorCoreRegisterLut;
+  const int tc_from = !presplit ? 6 : bits <= 5 ? 3 : 5;
+  return m >= tc_from ? GemvPath::TensorCore : GemvPath::Scalar;
+}
+
+// 2/4/16, x pre-split: the tensor cores win from batch 4 on matrices larger than 4096x4096 (11008x4096 batch 4: 35.9 vs
+// 41.9 us; 28672x8192: 130 vs 186); at 4096x4096 the CUDA cores stay ahead up to batch 8 (30.2 vs 31.5 us).
+// Without the pre-split, from batch 5.
+GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
+  if (!presplit) return m >= 5 ? GemvPath::TensorCore : GemvPath::Scalar;
+  return m >= 4 && n * k > 4096LL * 4096 ? GemvPath::TensorCore : GemvPath::Scalar;
 }
 
 bool narrow_rows(int64_t n, int64_t k, int m, int bits) {

@@ -82,24 +82,28 @@ class DevicePackedWeight {
 };
 
 enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or a CSR SpMV launched after it
-// GEMV kernels: CUDA-core FMAs or tensor-core mma.sync. Auto takes the tensor cores from these batch sizes on
-// (the crossover measured by `lowbit bench --kernels` on the H100, docs/PERF.md: the CUDA-core kernels win at batch
-// 1..4 on every shape, the tensor-core ones at batch 8 on the large shapes).
-// ScalarPairs: the CUDA-core kernel with table-lookup merging (3 bits, batch 1..4 only; not yet chosen by Auto:
-// written in session 5, not yet measured).
-enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs };
-constexpr int kAnyPrecTcMinBatch = 6;
-// Whether the runtime (packed_matmul) feeds the tensor-core GEMVs pre-split activations (the xfrag argument below).
-// Off until those kernels have run against their CPU twins on a GPU: written and compile-checked in session 5,
-// after that session's device time was spent (docs/PERF.md). The tests and `bench --kernels` run them regardless.
-constexpr bool kPreSplitInRuntime = false;
+// GEMV kernels: CUDA-core FMAs or tensor-core mma.sync.
+//   Scalar                 CUDA cores, centroids from shared-memory tables (any width, any batch 1..8);
+//   TensorCore             mma.sync, A from shared-memory tables; x split in the loop, or pre-split (xfrag given);
+//   TensorCoreRegisterLut  mma.sync, A looked up from registers by PRMT (any-precision 2..3 bits; xfrag required);
+//   ScalarPairs            the CUDA-core kernel with table-lookup merging (3 bits, batch 1..4): measured slower
+//                          than Scalar on every shape (docs/PERF.md), never chosen by Auto;
+//   Auto                   anyprec_auto_path / mixed24a_auto_path: the fastest measured by `lowbit bench --kernels`
+//                          on the H100 for the shape, width and batch (docs/PERF.md).
+enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut };
+// presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
+GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
+constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..3 bits, pre-split x)
+GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit);
+// Whether the runtime (packed_matmul) feeds the tensor-core GEMVs pre-split activations (the xfrag argument below):
+// faster than splitting in the loop on every shape and batch measured (docs/PERF.md, session 6).
+constexpr bool kPreSplitInRuntime = true;
 // The any-precision CUDA-core GEMV gives each warp several rows (their activation loads shared). At batch <= 4 a
 // matrix with too few rows for that to fill the GPU (fewer than 4 x 32 x SMs rows) runs one row per warp when its
 // rows are short (k <= 4096) or its width wide (>= 6 bits): measured on the H100 (docs/PERF.md), one row per warp
 // took 8-bit 4096x4096 from 22.6 to 19.9 us but 3-bit 8192x28672 from 103 to 148 us.
 constexpr int kNarrowMaxBatch = 4;
 bool narrow_rows(int64_t n, int64_t k, int m, int bits);
-constexpr int kMixed24aTcMinBatch = 5;
 
 // y [m, n] (fp32, row-major) = x [m, k] (fp32) · W_bᵀ, 1 <= m <= kMaxGemvBatch. bits: a served width.
 // xfrag: optional device scratch of anyprec_xfrag_bytes(k) bytes. When the tensor-core path runs and it is given, a
@@ -109,7 +113,6 @@ void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float
                   OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
 size_t anyprec_xfrag_bytes(int64_t k);
 // Quads (4 plane words = 128 columns) of a row of `words` plane words, as the tensor-core GEMV walks them.
-int64_t anyprec_tc_quads(int64_t words);
 // xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
                    OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
