@@ -154,6 +154,48 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
     }
 }
 
+// q/k/v (or gate/up) stacked into one weight: its GEMV is, row for row, bit-identical to the GEMVs of its parts
+// (every kernel computes a row from that row's planes, LUT and outliers alone), with outliers, at both kernel
+// layouts (k = 1100: 35 words, one word per lane; k = 4096: 16-byte loads), every path Auto picks for batch 1 / 8.
+TEST(CudaKernels, StackedAnyPrecRowsEqualTheirParts) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t k : {1100, 4096}) {
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    std::vector<cuda::DevicePackedWeight> parts;
+    const int64_t ns[] = {5, 33, 16};
+    for (int i = 0; i < 3; ++i) parts.emplace_back(pack_anyprec(anyprec_weight(ns[i], k, true, 900 + static_cast<uint32_t>(i)), storage));
+    const auto stacked = cuda::DevicePackedWeight::concat_rows({&parts[0], &parts[1], &parts[2]});
+    ASSERT_NE(stacked, nullptr);
+    ASSERT_EQ(stacked->n(), 54);
+    for (int bits : {3, 4, 8})
+      for (int m : {1, 8}) {
+        const std::vector<float> x = random_x(m, k, 77);
+        cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(k));
+        const auto path = cuda::anyprec_auto_path(54, k, m, bits, true);
+        const auto got = run_poisoned(x, m * 54, [&](const float* xd, float* yd) {
+          cuda::anyprec_gemv(stacked->anyprec(), bits, xd, m, yd, nullptr, cuda::OutlierMode::Fused, path, xfrag.get());
+        });
+        int64_t row0 = 0;
+        for (int i = 0; i < 3; ++i) {
+          const auto part = run_poisoned(x, m * ns[i], [&](const float* xd, float* yd) {
+            cuda::anyprec_gemv(parts[static_cast<size_t>(i)].anyprec(), bits, xd, m, yd, nullptr, cuda::OutlierMode::Fused,
+                               cuda::anyprec_auto_path(ns[i], k, m, bits, true), xfrag.get());
+          });
+          for (int mm = 0; mm < m; ++mm)
+            for (int64_t r = 0; r < ns[i]; ++r)
+              ASSERT_EQ(got[static_cast<size_t>(mm * 54 + row0 + r)], part[static_cast<size_t>(mm * ns[i] + r)])
+                  << "k " << k << " b" << bits << " m" << m << " part " << i << " row " << r;
+          row0 += ns[i];
+        }
+      }
+  }
+  // Weights that cannot be stacked: another input width.
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  const cuda::DevicePackedWeight a(pack_anyprec(anyprec_weight(4, 64, false, 1), storage));
+  const cuda::DevicePackedWeight b(pack_anyprec(anyprec_weight(4, 96, false, 2), storage));
+  EXPECT_EQ(cuda::DevicePackedWeight::concat_rows({&a, &b}), nullptr);
+}
+
 // Both GEMV paths (CUDA-core FMAs; tensor-core mma with x split into two fp16 halves) hold the fp32 budget.
 TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();

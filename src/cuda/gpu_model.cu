@@ -171,6 +171,7 @@ GpuModel::GpuModel(const Model& cpu) : c_(cpu.config()) {
   head_.n = V;
   head_.k = dim;
   head_.dense = c_.tie_embeddings ? emb_ : f16("lm_head.weight", V * dim);
+  fuse_linears();
   note_dense_layers();
   const size_t rope_n = static_cast<size_t>(c_.max_seq_len) * (c_.head_dim / 2);
   rope_cos_ = DeviceBuffer<float>(cpu.rope_cos(), rope_n);
@@ -213,6 +214,7 @@ GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c)
     linear(L.down, dim, hid);
   }
   widths_ = kind == RandomKind::AnyPrec ? 0x1FCu : 0u;
+  fuse_linears();
   note_dense_layers();
   final_norm_ = ones(dim);
   head_.n = V;
@@ -231,10 +233,80 @@ GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c)
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());   // the packed weights were filled on the legacy stream
 }
 
+std::vector<const GpuLinear*> GpuModel::linears(const Layer& L) {
+  std::vector<const GpuLinear*> out;
+  for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.qkv, &L.o, &L.gate, &L.up, &L.gate_up, &L.down})
+    if (l->n > 0 && (l->packed || l->dense != nullptr)) out.push_back(l);   // stacked parts hold no weights
+  return out;
+}
+
+void GpuModel::fuse_linears() {
+  auto release_dense = [&](const __half* p) {
+    dense_.erase(std::remove_if(dense_.begin(), dense_.end(), [&](const DeviceBuffer<__half>& d) { return d.get() == p; }),
+                 dense_.end());
+  };
+  auto fuse = [&](GpuLinear& out, std::initializer_list<GpuLinear*> parts) {
+    int64_t N = 0;
+    bool dense = true, packed = true, bias = false;
+    for (const GpuLinear* p : parts) {
+      N += p->n;
+      dense = dense && p->dense != nullptr && !p->packed;
+      packed = packed && p->packed != nullptr;
+      bias = bias || p->bias.size() > 0;
+    }
+    const int64_t k = (*parts.begin())->k;
+    if (dense) {
+      DeviceBuffer<__half> w(static_cast<size_t>(N * k));
+      int64_t row = 0;
+      for (GpuLinear* p : parts) {
+        LOWBIT_CUDA_CHECK(cudaMemcpy(w.get() + row * k, p->dense, static_cast<size_t>(p->n * k) * sizeof(__half),
+                                     cudaMemcpyDeviceToDevice));
+        row += p->n;
+      }
+      out.dense = w.get();
+      dense_.push_back(std::move(w));
+      for (GpuLinear* p : parts) {
+        release_dense(p->dense);
+        p->dense = nullptr;
+      }
+    } else if (packed) {
+      std::vector<const DevicePackedWeight*> ws;
+      for (const GpuLinear* p : parts) ws.push_back(p->packed.get());
+      out.packed = DevicePackedWeight::concat_rows(ws);
+      if (!out.packed) return;
+      for (GpuLinear* p : parts) p->packed.reset();
+    } else {
+      return;
+    }
+    if (bias) {   // missing biases are zeros
+      out.bias = DeviceBuffer<float>(static_cast<size_t>(N));
+      LOWBIT_CUDA_CHECK(cudaMemset(out.bias.get(), 0, out.bias.bytes()));
+      int64_t row = 0;
+      for (GpuLinear* p : parts) {
+        if (p->bias.size() > 0)
+          LOWBIT_CUDA_CHECK(cudaMemcpy(out.bias.get() + row, p->bias.get(), p->bias.bytes(), cudaMemcpyDeviceToDevice));
+        p->bias = DeviceBuffer<float>();
+        row += p->n;
+      }
+    }
+    out.n = N;
+    out.k = k;
+  };
+  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());   // the parts were written on other streams
+  for (Layer& L : layers_) {
+    fuse(L.qkv, {&L.q, &L.k, &L.v});
+    fuse(L.gate_up, {&L.gate, &L.up});
+  }
+}
+
 void GpuModel::note_dense_layers() {
   dense_layers_ = false;
-  for (const Layer& L : layers_)
-    for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.gate, &L.up}) dense_layers_ = dense_layers_ || !l->packed;
+  for (const Layer& L : layers_) {
+    const bool fused_qkv = L.qkv.n > 0, fused_gu = L.gate_up.n > 0;
+    for (const GpuLinear* l : {fused_qkv ? &L.qkv : &L.q, fused_qkv ? &L.qkv : &L.k, fused_qkv ? &L.qkv : &L.v,
+                               fused_gu ? &L.gate_up : &L.gate, fused_gu ? &L.gate_up : &L.up})
+      dense_layers_ = dense_layers_ || !l->packed;
+  }
 }
 
 std::vector<int> GpuModel::widths() const {
@@ -255,8 +327,7 @@ uint64_t GpuModel::weight_bytes() const {
   for (const auto& d : dense_) b += d.bytes();
   for (const Layer& L : layers_) {
     b += L.attn_norm.bytes() + L.ffn_norm.bytes();
-    for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down})
-      b += (l->packed ? l->packed->bytes() : 0) + l->bias.bytes();
+    for (const GpuLinear* l : linears(L)) b += (l->packed ? l->packed->bytes() : 0) + l->bias.bytes();
   }
   return b;
 }
@@ -264,7 +335,7 @@ uint64_t GpuModel::weight_bytes() const {
 uint64_t GpuModel::weight_bytes_per_token(int bits) const {
   uint64_t b = head_.bytes_read(0);
   for (const Layer& L : layers_)
-    for (const GpuLinear* l : {&L.q, &L.k, &L.v, &L.o, &L.gate, &L.up, &L.down}) b += l->bytes_read(bits);
+    for (const GpuLinear* l : linears(L)) b += l->bytes_read(bits);
   return b;
 }
 
@@ -304,6 +375,10 @@ void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
   g_ = DeviceBuffer<float>(R * c_.hidden_dim);
   u_ = DeviceBuffer<float>(R * c_.hidden_dim);
   tmp_ = DeviceBuffer<float>(R * c_.dim);
+  const bool fused_qkv = std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.qkv.n > 0; });
+  const bool fused_gu = std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.gate_up.n > 0; });
+  qkv_ = DeviceBuffer<float>(fused_qkv ? R * (c_.q_dim() + 2 * c_.kv_dim()) : 0);
+  gu_ = DeviceBuffer<float>(fused_gu ? R * 2 * c_.hidden_dim : 0);
   logits_ = DeviceBuffer<float>(static_cast<size_t>(ws_logit_rows_) * c_.vocab_size);
   nll_ = DeviceBuffer<float>(R);
   hit_ = DeviceBuffer<int32_t>(R);
@@ -349,11 +424,22 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   for (int l = 0; l < c_.n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     mark("q/k/v linears");
-    run_linear(L.q, xn_.get(), xh, rows, q_.get(), bits);
-    run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits);
-    run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits);
+    const int64_t qd = static_cast<int64_t>(H) * hd, kvd = static_cast<int64_t>(KVH) * hd;
+    const float *qin = q_.get(), *kin = kk_.get(), *vin = vv_.get();
+    int64_t q_ld = qd, kv_ld = kvd;
+    if (L.qkv.n > 0) {   // one GEMV; q, k, v are column ranges of its rows
+      run_linear(L.qkv, xn_.get(), xh, rows, qkv_.get(), bits);
+      qin = qkv_.get();
+      kin = qin + qd;
+      vin = kin + kvd;
+      q_ld = kv_ld = L.qkv.n;
+    } else {
+      run_linear(L.q, xn_.get(), xh, rows, q_.get(), bits);
+      run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits);
+      run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits);
+    }
     mark("RoPE + KV store");
-    rope_kv_store(q_.get(), kk_.get(), vv_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, rope_cos_.get(),
+    rope_kv_store(qin, q_ld, kin, vin, kv_ld, q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, rope_cos_.get(),
                   rope_sin_.get(), l, c_.n_layers, cache.capacity, cache.k.get(), cache.v.get(), s);
     mark("attention");
     attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, c_.n_layers, cache.capacity,
@@ -363,10 +449,17 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     mark("norms + residuals");
     rmsnorm(x_.get(), tmp_.get(), L.ffn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s);   // x += attention out
     mark("gate/up linears");
-    run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits);
-    run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits);
-    mark("SwiGLU");
-    swiglu_inplace(g_.get(), u_.get(), static_cast<int64_t>(rows) * c_.hidden_dim, s);
+    const int64_t hid = c_.hidden_dim;
+    if (L.gate_up.n > 0) {
+      run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits);
+      mark("SwiGLU");
+      swiglu_rows(gu_.get(), gu_.get() + hid, 2 * hid, g_.get(), rows, hid, s);
+    } else {
+      run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits);
+      run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits);
+      mark("SwiGLU");
+      swiglu_rows(g_.get(), u_.get(), hid, g_.get(), rows, hid, s);
+    }
     mark("down linear");
     run_linear(L.down, g_.get(), nullptr, rows, tmp_.get(), bits);
     mark(l + 1 < c_.n_layers ? "norms + residuals" : "final norm + head");

@@ -94,10 +94,18 @@ class GpuModel {
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
   void forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits);
 
+  // q/k/v and gate/up stacked into one linear each (qkv, gate_up; n == 0 when not) where their weights allow it:
+  // all fp16, or all any-precision with the same parent (2/4/16 weights each permute their inputs their own way and
+  // stay separate). One GEMV over the stacked rows instead of three or two: fewer launches, and larger matrices run
+  // closer to the copy bandwidth. The parts then hold no weights.
   struct Layer {
     DeviceBuffer<float> attn_norm, ffn_norm;
     GpuLinear q, k, v, o, gate, up, down;
+    GpuLinear qkv, gate_up;
   };
+  void fuse_linears();
+  // The linears that hold the layer's weights (the stacked ones in place of their parts).
+  static std::vector<const GpuLinear*> linears(const Layer& L);
   ModelConfig c_;
   cudaStream_t stream_ = nullptr;
   int sms_ = 1;   // multiprocessors of the device (attention's key splitting)
@@ -114,6 +122,7 @@ class GpuModel {
   int ws_rows_ = 0, ws_logit_rows_ = 0;
   DeviceBuffer<__half> xnh_;   // xn_ in fp16 (dense linears' input)
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
+  DeviceBuffer<float> qkv_, gu_;   // outputs of the stacked linears [rows, qd + 2 kvd] / [rows, 2 hidden]
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
   DeviceBuffer<float> u_dev_;
   struct StageTimer;

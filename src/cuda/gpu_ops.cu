@@ -110,31 +110,34 @@ __global__ void rmsnorm_any_kernel(float* x, const float* delta, const float* w,
   }
 }
 
-// grid (rows, slices): q rotated in place; k rotated and, with v, stored into the fp16 cache at (seq[r], pos[r]).
+// grid (rows, slices): q rotated into q_out (row stride heads * hd; may be q itself); k rotated and, with v, stored
+// into the fp16 cache at (seq[r], pos[r]). q, k, v rows are q_ld / kv_ld floats apart (one fused q/k/v output row).
 // The row's work is spread over gridDim.y blocks so that a decode step's few rows still fill several SMs.
-__global__ void rope_kv_store_kernel(float* q, const float* k, const float* v, const int32_t* seq, const int32_t* pos,
-                                     int heads, int kv_heads, int hd, const float* cos_t, const float* sin_t, int layer,
-                                     int layers, int capacity, __half* kc, __half* vc) {
+__global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* k, const float* v, int64_t kv_ld,
+                                     float* q_out, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd,
+                                     const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
+                                     __half* kc, __half* vc) {
   const int r = blockIdx.x, half = hd / 2, kvd = kv_heads * hd;
   const int first = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x), step = static_cast<int>(gridDim.y * blockDim.x);
   const float* cs = cos_t + static_cast<int64_t>(pos[r]) * half;
   const float* sn = sin_t + static_cast<int64_t>(pos[r]) * half;
   for (int idx = first; idx < heads * half; idx += step) {
     const int h = idx / half, i = idx % half;
-    float* qv = q + (static_cast<int64_t>(r) * heads + h) * hd;
+    const float* qv = q + r * q_ld + h * hd;
+    float* qo = q_out + (static_cast<int64_t>(r) * heads + h) * hd;
     const float a = qv[i], b = qv[i + half];
-    qv[i] = a * cs[i] - b * sn[i];
-    qv[i + half] = b * cs[i] + a * sn[i];
+    qo[i] = a * cs[i] - b * sn[i];
+    qo[i + half] = b * cs[i] + a * sn[i];
   }
   const int64_t base = ((static_cast<int64_t>(seq[r]) * layers + layer) * capacity + pos[r]) * kvd;
   for (int idx = first; idx < kv_heads * half; idx += step) {
     const int h = idx / half, i = idx % half;
-    const float* kv = k + static_cast<int64_t>(r) * kvd + h * hd;
+    const float* kv = k + r * kv_ld + h * hd;
     const float a = kv[i], b = kv[i + half];
     kc[base + h * hd + i] = __float2half_rn(a * cs[i] - b * sn[i]);
     kc[base + h * hd + i + half] = __float2half_rn(b * cs[i] + a * sn[i]);
   }
-  for (int i = first; i < kvd; i += step) vc[base + i] = __float2half_rn(v[static_cast<int64_t>(r) * kvd + i]);
+  for (int i = first; i < kvd; i += step) vc[base + i] = __float2half_rn(v[r * kv_ld + i]);
 }
 
 constexpr int kAttnWarps = 4;
@@ -288,11 +291,12 @@ __global__ void attention_combine_kernel(int heads, int hd, int splits, const fl
   }
 }
 
-__global__ void swiglu_kernel(float* g, const float* u, int64_t n) {
+__global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, float* out, int64_t width, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
-    const float a = g[i];
-    g[i] = a / (1.0f + expf(-a)) * u[i];
+    const int64_t r = i / width, c = i % width;
+    const float a = g[r * ld + c];
+    out[i] = a / (1.0f + expf(-a)) * u[r * ld + c];
   }
 }
 
@@ -377,13 +381,13 @@ void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh,
     rmsnorm_any_kernel<<<rows, 256, 0, s>>>(x, delta, w, y, yh, dim, eps);
   }
 }
-void rope_kv_store(float* q, const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int heads,
-                   int kv_heads, int hd, const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
-                   __half* kc, __half* vc, cudaStream_t s) {
+void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v, int64_t kv_ld, float* q_out,
+                   const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd, const float* cos_t,
+                   const float* sin_t, int layer, int layers, int capacity, __half* kc, __half* vc, cudaStream_t s) {
   const int work = std::max({heads * hd / 2, kv_heads * hd});   // the widest of the three loops
   const unsigned slices = static_cast<unsigned>(std::min(16, (work + 255) / 256));
-  rope_kv_store_kernel<<<dim3(rows, slices), 256, 0, s>>>(q, k, v, seq, pos, heads, kv_heads, hd, cos_t, sin_t, layer, layers,
-                                            capacity, kc, vc);
+  rope_kv_store_kernel<<<dim3(rows, slices), 256, 0, s>>>(q, q_ld, k, v, kv_ld, q_out, seq, pos, heads, kv_heads, hd,
+                                                          cos_t, sin_t, layer, layers, capacity, kc, vc);
 }
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
@@ -399,8 +403,9 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
   }
   if (splits > 1) attention_combine_kernel<<<dim3(rows, heads), 128, 0, s>>>(heads, hd, splits, scratch, out);
 }
-void swiglu_inplace(float* g, const float* u, int64_t count, cudaStream_t s) {
-  swiglu_kernel<<<blocks_for(count, 256), 256, 0, s>>>(g, u, count);
+void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s) {
+  const int64_t n = rows * width;
+  swiglu_kernel<<<blocks_for(n, 256), 256, 0, s>>>(g, u, ld, out, width, n);
 }
 void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s) {
   bias_kernel<<<blocks_for(static_cast<int64_t>(rows) * n, 256), 256, 0, s>>>(y, bias, rows, n);

@@ -15,12 +15,14 @@ void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, flo
 // sum of squares accumulated per thread then reduced); also yh = fp16(y) when yh != nullptr.
 void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh, int rows, int dim, float eps,
              cudaStream_t s);
-// Rotates q [rows, heads * hd] in place and k [rows, kv_heads * hd] (Hugging Face half-split pairs) at per-row
-// positions pos[r] with tables cos/sin [max_pos, hd/2], and stores the rotated k and v as fp16 into the KV cache,
-// layout [seqs][layers][capacity][kv_dim]: row r goes to sequence seq[r], position pos[r] of `layer`.
-void rope_kv_store(float* q, const float* k, const float* v, const int32_t* seq, const int32_t* pos, int rows, int heads,
-                   int kv_heads, int hd, const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
-                   __half* kc, __half* vc, cudaStream_t s);
+// Rotates q [rows, heads * hd] into q_out (compact rows; q_out == q with q_ld == heads * hd rotates in place) and
+// k [rows, kv_heads * hd] (Hugging Face half-split pairs) at per-row positions pos[r] with tables cos/sin
+// [max_pos, hd/2], and stores the rotated k and v as fp16 into the KV cache, layout [seqs][layers][capacity][kv_dim]:
+// row r goes to sequence seq[r], position pos[r] of `layer`. Rows of q are q_ld floats apart, rows of k and v kv_ld
+// (all three views of one fused q/k/v output: q_ld = kv_ld = its width).
+void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v, int64_t kv_ld, float* q_out,
+                   const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd, const float* cos_t,
+                   const float* sin_t, int layer, int layers, int capacity, __half* kc, __half* vc, cudaStream_t s);
 // Causal GQA attention of q [rows, heads * hd] (row r: sequence seq[r] at position pos[r], keys 0..pos[r], or the
 // last `window` of them when window > 0) against the cache; out [rows, heads * hd]. Keys are split over `splits`
 // blocks per (row, head) when splits > 1 (flash-decoding), partial results combined by a second kernel in
@@ -28,7 +30,9 @@ void rope_kv_store(float* q, const float* k, const float* v, const int32_t* seq,
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
                int splits, float* scratch, cudaStream_t s);
-void swiglu_inplace(float* g, const float* u, int64_t count, cudaStream_t s);       // g = silu(g) * u
+// out [rows, width] = silu(g) * u, g and u rows ld floats apart (the two halves of a fused gate/up output: ld =
+// 2 width; out may be g when ld == width).
+void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s);
 void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s);   // y[r] += bias
 // Per row r < rows: nll[r] = logsumexp(logits[r]) - logits[r][target[r]], hit[r] = argmax == target (ties: lowest).
 void nll_rows(const float* logits, const int32_t* target, int rows, int vocab, float* nll, int* hit, cudaStream_t s);

@@ -153,6 +153,60 @@ DevicePackedWeight DevicePackedWeight::random_anyprec(int64_t n, int64_t k, uint
   return w;
 }
 
+std::unique_ptr<DevicePackedWeight> DevicePackedWeight::concat_rows(const std::vector<const DevicePackedWeight*>& ws) {
+  if (ws.empty() || ws[0]->format_ != "anyprec") return nullptr;
+  const DevicePackedWeight& f = *ws[0];
+  int64_t N = 0;
+  for (const DevicePackedWeight* w : ws) {
+    if (w->format_ != "anyprec" || w->k_ != f.k_) return nullptr;
+    for (const char* p : {"planes", "widths", "sparse"})
+      if (w->params_.at(p) != f.params_.at(p)) return nullptr;
+    for (const auto& [name, buf] : w->parts_)
+      if (name != "planes" && name.rfind("lut", 0) != 0 && name.rfind("outlier_", 0) != 0) return nullptr;   // unknown part
+    N += w->n_;
+  }
+  std::unique_ptr<DevicePackedWeight> out(new DevicePackedWeight());
+  out->format_ = "anyprec";
+  out->n_ = N;
+  out->k_ = f.k_;
+  out->params_ = f.params_;
+  const int64_t P = f.params_.at("planes"), row_bytes = anyprec_words_per_row(f.k_) * 4;
+  auto copy = [](uint8_t* dst, const uint8_t* src, int64_t bytes) {
+    if (bytes > 0) LOWBIT_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+  };
+  DeviceBuffer<uint8_t> planes(static_cast<size_t>(P * N * row_bytes));
+  for (int64_t p = 0, done = 0; p < P; ++p, done = 0)
+    for (const DevicePackedWeight* w : ws) {
+      copy(planes.get() + (p * N + done) * row_bytes, w->part("planes") + p * w->n_ * row_bytes, w->n_ * row_bytes);
+      done += w->n_;
+    }
+  out->parts_.emplace("planes", std::move(planes));
+  for (const auto& [name, buf] : f.parts_) {   // per-row LUTs and the outliers' columns / values: concatenated
+    if (name == "planes" || name == "outlier_rowptr") continue;
+    size_t total = 0;
+    for (const DevicePackedWeight* w : ws) total += w->parts_.at(name).bytes();
+    DeviceBuffer<uint8_t> cat(total);
+    size_t at = 0;
+    for (const DevicePackedWeight* w : ws) {
+      copy(cat.get() + at, w->part(name), static_cast<int64_t>(w->parts_.at(name).bytes()));
+      at += w->parts_.at(name).bytes();
+    }
+    out->parts_.emplace(name, std::move(cat));
+  }
+  if (f.params_.at("sparse") == 1) {   // row pointers shifted by the entries of the weights before
+    std::vector<int32_t> rowptr(1, 0);
+    for (const DevicePackedWeight* w : ws) {
+      std::vector<int32_t> r(static_cast<size_t>(w->n_ + 1));
+      LOWBIT_CUDA_CHECK(cudaMemcpy(r.data(), w->part("outlier_rowptr"), r.size() * 4, cudaMemcpyDeviceToHost));
+      const int32_t base = rowptr.back();
+      for (size_t i = 1; i < r.size(); ++i) rowptr.push_back(base + r[i]);
+    }
+    out->params_["nnz"] = rowptr.back();
+    out->parts_.emplace("outlier_rowptr", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(rowptr.data()), rowptr.size() * 4));
+  }
+  return out;
+}
+
 DevicePackedWeight DevicePackedWeight::random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed) {
   LOWBIT_CHECK(k % 64 == 0, "random mixed24a weight: k = ", k, " is not a multiple of 64");
   const int64_t U = k / 64, G = k / 16, RG = (n + 15) / 16;

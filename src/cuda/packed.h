@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "cuda/common.h"
 #include "model/weight_set.h"
@@ -58,6 +60,10 @@ class DevicePackedWeight {
   // a random group permutation and `outlier_frac` fp16 outliers per row (k a multiple of 64).
   static DevicePackedWeight random_anyprec(int64_t n, int64_t k, uint64_t seed);
   static DevicePackedWeight random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed);
+  // The rows of several anyprec weights stacked into one (q/k/v or gate/up as one GEMV, outputs side by side): the
+  // same input width, parent, served widths and outlier presence required, else null. Planes [P, sum n, W], LUTs and
+  // the CSR outliers concatenated in order.
+  static std::unique_ptr<DevicePackedWeight> concat_rows(const std::vector<const DevicePackedWeight*>& ws);
   // The same weight without its outliers (a view sharing the parts): for timing the dense kernel alone.
   Mixed24ADevice mixed24a_dense() const;
   const std::string& format() const { return format_; }
