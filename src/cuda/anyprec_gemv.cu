@@ -412,7 +412,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
       a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
       a[3] = __byte_perm(lds_u32(t1 + e1[2] * 128u), lds_u32(t1 + e1[3] * 128u), 0x5410u);
       if constexpr (kPreSplit) {
-        const uint4 xb = col_ok ? __ldg(xfrag + (qi * 8 + sj) * 32 + lane) : make_uint4(0u, 0u, 0u, 0u);
+        // Lanes of batch columns >= m read column 0's fragment (written; a broadcast): their outputs are not stored.
+        const uint4 xb = __ldg(xfrag + (qi * 8 + sj) * 32 + (col_ok ? lane : t));
         mma_16816(acc, a, xb.x, xb.y);   // hi halves
         mma_16816(acc, a, xb.z, xb.w);   // lo halves
       } else {
