@@ -217,15 +217,20 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
         const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
         cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(sh.k));
         for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
-                 {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true}})
+                 {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
+                 {cuda::GemvPath::ScalarSharedX, false}})
           for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
             if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+            if (path == cuda::GemvPath::ScalarSharedX && 4 * m * sh.k > cuda::kMixed24aSharedXMaxBytes) continue;
             if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
             const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
               cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
             });
             expect_close(got, want, scale, kGemvBudget,
-                         "mixed24a " + std::string(path == cuda::GemvPath::Scalar ? "scalar " : presplit ? "tensor-core pre-split " : "tensor-core ") +
+                         "mixed24a " + std::string(path == cuda::GemvPath::Scalar          ? "scalar "
+                                                   : path == cuda::GemvPath::ScalarSharedX ? "scalar shared-x "
+                                                   : presplit                              ? "tensor-core pre-split "
+                                                                                           : "tensor-core ") +
                              std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" + std::to_string(m) +
                              (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
           }
@@ -518,6 +523,14 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::TensorCoreRegisterLut); },
        "register tables are an any-precision path");
+  const cuda::DevicePackedWeight wide(pack_mixed24a(test::random_mixed24a(16, 28672, false, 6), storage));
+  cuda::DeviceBuffer<float> xl(8 * 28672), yl(8 * 16);
+  says([&] { cuda::mixed24a_gemv(wide.mixed24a(), xl.get(), 8, yl.get(), nullptr, cuda::OutlierMode::Fused,
+                                 cuda::GemvPath::ScalarSharedX); },
+       "does not fit the shared-memory staging");
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                cuda::GemvPath::ScalarSharedX); },
+       "shared-memory x staging is a 2/4/16 path");
   says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
   const UniformQuantized u = test::random_quantized(4, 64, 4, 32, false, false, 1);
   says([&] { cuda::DevicePackedWeight bad(pack_uniform(u, storage)); }, "has no GPU kernel yet");

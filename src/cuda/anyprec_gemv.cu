@@ -645,6 +645,7 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
     return;
   }
+  LOWBIT_CHECK(path != GemvPath::ScalarSharedX, "anyprec GEMV: shared-memory x staging is a 2/4/16 path");
   if (path == GemvPath::TensorCoreRegisterLut)
     LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
                  B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");

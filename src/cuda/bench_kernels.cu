@@ -157,8 +157,9 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int64_t m = o.batches[bi];
         if (m <= kMaxGemvBatch) {
-          for (const int variant : {0, 1, 2}) {
-            const GemvPath path = variant == 0 ? GemvPath::Scalar : GemvPath::TensorCore;
+          for (const int variant : {0, 1, 2, 3}) {
+            if (variant == 3 && 4 * m * k > kMixed24aSharedXMaxBytes) continue;   // x staged in shared memory: fits?
+            const GemvPath path = variant == 0 ? GemvPath::Scalar : variant == 3 ? GemvPath::ScalarSharedX : GemvPath::TensorCore;
             void* frag = variant == 2 ? xfrag.get() : nullptr;
             const double p_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s,
@@ -166,7 +167,8 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             });
             const GemvPath runtime = mixed24a_auto_path(n, k, static_cast<int>(m), kPreSplitInRuntime);
             const bool chosen = runtime == GemvPath::Scalar ? variant == 0 : variant == (kPreSplitInRuntime ? 2 : 1);
-            static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)"};
+            static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)",
+                                                " (CUDA cores, x staged in shared memory)"};
             row(std::string("2/4/16 no outliers") + names[variant] + (chosen ? " *" : ""), m, p_us, base[bi], dense_bytes);
           }
           if (full[0].rowptr != nullptr) {

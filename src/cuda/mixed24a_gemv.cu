@@ -27,11 +27,21 @@ __device__ __forceinline__ float code_minus_zero(uint32_t field, float zm) {
   return __int_as_float(0x4B000000u | field) - zm;
 }
 
-template <int M, bool kFusedOutliers>
-__global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevice w, const float* __restrict__ x,
+// kSmemX (GemvPath::ScalarSharedX, the paper's form): the block first copies x [M, k] into shared memory and the
+// permuted gathers read it from there; otherwise they go through L1 (__ldg).
+template <int M, bool kFusedOutliers, bool kSmemX = false>
+__global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevice w, const float* __restrict__ x_global,
                                                                     float* __restrict__ y) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16 + warp * kRows;
+  const float* __restrict__ x = x_global;
+  if constexpr (kSmemX) {
+    extern __shared__ float4 xs4[];
+    const int64_t vecs = M * w.k / 4;   // k is a multiple of 64
+    for (int64_t i = threadIdx.x; i < vecs; i += blockDim.x) xs4[i] = __ldg(reinterpret_cast<const float4*>(x_global) + i);
+    __syncthreads();
+    x = reinterpret_cast<const float*>(xs4);
+  }
   if (row0 >= w.n) return;
   const int64_t n = w.n, k = w.k, U = k / 64, rg = row0 / 16;
   int64_t rows[kRows];
@@ -77,8 +87,9 @@ __global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevi
         float xv[M][8];
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const float4 a = __ldg(reinterpret_cast<const float4*>(x + m * k + base[s] + 8 * h));
-          const float4 b = __ldg(reinterpret_cast<const float4*>(x + m * k + base[s] + 8 * h + 4));
+          const float4* xp = reinterpret_cast<const float4*>(x + m * k + base[s] + 8 * h);
+          const float4 a = kSmemX ? xp[0] : __ldg(xp);
+          const float4 b = kSmemX ? xp[1] : __ldg(xp + 1);
           xv[m][0] = a.x; xv[m][1] = a.y; xv[m][2] = a.z; xv[m][3] = a.w;
           xv[m][4] = b.x; xv[m][5] = b.y; xv[m][6] = b.z; xv[m][7] = b.w;
         }
@@ -115,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevi
           const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
           const float v = __half2float(w.val[e]);
 #pragma unroll
-          for (int m = 0; m < M; ++m) acc[r][m] = fmaf(v, __ldg(x + m * k + orig), acc[r][m]);
+          for (int m = 0; m < M; ++m) acc[r][m] = fmaf(v, __ldg(x_global + m * k + orig), acc[r][m]);
         }
     }
   }
@@ -327,8 +338,15 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
 }
 
 template <int M>
-void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
+void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, bool fused, bool smem_x) {
   const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
+  if (smem_x) {
+    const size_t smem = sizeof(float) * M * static_cast<size_t>(w.k);
+    auto kern = fused ? mixed24a_gemv_kernel<M, true, true> : mixed24a_gemv_kernel<M, false, true>;
+    if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
+    return;
+  }
   if (fused) mixed24a_gemv_kernel<M, true><<<grid, kWarps * 32, 0, s>>>(w, x, y);
   else mixed24a_gemv_kernel<M, false><<<grid, kWarps * 32, 0, s>>>(w, x, y);
 }
@@ -343,6 +361,10 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   LOWBIT_CHECK(path != GemvPath::ScalarPairs, "mixed24a GEMV: merged pair lookups are an any-precision path");
   LOWBIT_CHECK(path != GemvPath::TensorCoreRegisterLut, "mixed24a GEMV: register tables are an any-precision path");
+  const bool smem_x = path == GemvPath::ScalarSharedX;
+  if (smem_x)
+    LOWBIT_CHECK(static_cast<int64_t>(sizeof(float)) * m * w.k <= kMixed24aSharedXMaxBytes, "mixed24a GEMV: x of batch ", m,
+                 " x ", w.k, " does not fit the shared-memory staging (", kMixed24aSharedXMaxBytes, " bytes)");
   if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
   if (path == GemvPath::TensorCore) {
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
@@ -362,14 +384,14 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     return;
   }
   switch (m) {
-    case 1: launch<1>(w, x, y, s, fused); break;
-    case 2: launch<2>(w, x, y, s, fused); break;
-    case 3: launch<3>(w, x, y, s, fused); break;
-    case 4: launch<4>(w, x, y, s, fused); break;
-    case 5: launch<5>(w, x, y, s, fused); break;
-    case 6: launch<6>(w, x, y, s, fused); break;
-    case 7: launch<7>(w, x, y, s, fused); break;
-    case 8: launch<8>(w, x, y, s, fused); break;
+    case 1: launch<1>(w, x, y, s, fused, smem_x); break;
+    case 2: launch<2>(w, x, y, s, fused, smem_x); break;
+    case 3: launch<3>(w, x, y, s, fused, smem_x); break;
+    case 4: launch<4>(w, x, y, s, fused, smem_x); break;
+    case 5: launch<5>(w, x, y, s, fused, smem_x); break;
+    case 6: launch<6>(w, x, y, s, fused, smem_x); break;
+    case 7: launch<7>(w, x, y, s, fused, smem_x); break;
+    case 8: launch<8>(w, x, y, s, fused, smem_x); break;
     default: fail("mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   }
   if (!fused && w.rowptr != nullptr)

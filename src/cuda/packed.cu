@@ -325,9 +325,11 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
 // without the pre-split, from batch 6. At 2..3 bits the register-table kernel wins at every batch 1..8 on every
 // shape (3 bits, batch 1: 12.3 vs 13.1 us at 4096x4096, 59.2 vs 78.7 at 28672x8192; batch 8: 76.4 vs 110.9).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
-  (void)n; (void)k;
+  (void)n;
   if (presplit && bits <= 3 && m >= kRegisterLutMinBatch) return GemvPath::TensorCoreRegisterLut;
-  const int tc_from = !presplit ? 6 : bits <= 5 ? 3 : 5;
+  // >= 6 bits on long rows (k > 16384): the CUDA-core kernel falls behind from batch 3 (8-bit 8192x28672: 417 vs 298
+  // us at batch 3, 437 vs 298 at batch 4).
+  const int tc_from = !presplit ? 6 : bits <= 5 ? 3 : k > 16384 ? 3 : 5;
   return m >= tc_from ? GemvPath::TensorCore : GemvPath::Scalar;
 }
 

@@ -92,11 +92,14 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   Scalar                 CUDA cores, centroids from shared-memory tables (any width, any batch 1..8);
 //   TensorCore             mma.sync, A from shared-memory tables; x split in the loop, or pre-split (xfrag given);
 //   TensorCoreRegisterLut  mma.sync, A looked up from registers by PRMT (any-precision 2..3 bits; xfrag required);
+//   ScalarSharedX          2/4/16 CUDA-core kernel with x staged in shared memory for the permuted gathers (the
+//                          paper's form; batch x k x 4 bytes <= kMixed24aSharedXMaxBytes); Scalar gathers through L1;
 //   ScalarPairs            the CUDA-core kernel with table-lookup merging (3 bits, batch 1..4): measured slower
 //                          than Scalar on every shape (docs/PERF.md), never chosen by Auto;
 //   Auto                   anyprec_auto_path / mixed24a_auto_path: the fastest measured by `lowbit bench --kernels`
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
-enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut };
+enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX };
+constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
 constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..3 bits, pre-split x)
