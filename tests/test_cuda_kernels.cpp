@@ -103,8 +103,9 @@ struct Shape {
 TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
   SKIP_WITHOUT_GPU();
   // k: one word, not a multiple of 32 / 256 / 1024, a short last tile, a 28672-wide input; n: 1 and 28672.
-  // k = 4200: 132 words, a multiple of 4 (the register-table kernel's 16-byte loads) ending in a part group of 16.
-  const Shape shapes[] = {{1, 32}, {5, 1100}, {33, 2348}, {64, 4096}, {37, 4200}, {3, 28672 + 37}, {28672, 96}};
+  // k = 4200: 132 words, a multiple of 4 (the register-table kernel's 16-byte loads) ending in a part group of 16;
+  // n = 8192: 512 blocks of 16 rows, the register-table kernel's compact form on a 132-SM GPU.
+  const Shape shapes[] = {{1, 32}, {5, 1100}, {33, 2348}, {64, 4096}, {37, 4200}, {3, 28672 + 37}, {28672, 96}, {8192, 256}};
   uint32_t seed = 1;
   for (const Shape& sh : shapes)
     for (bool outliers : {false, true}) {

@@ -484,8 +484,11 @@ __device__ __forceinline__ void register_lookup(const uint32_t (&lo)[2], const u
 
 // kSpan = 4 (rows of a multiple of 4 words): lane t reads words 16 gi + 4t .. +3 of each plane as one 16-byte load,
 // 64 contiguous bytes per row and plane per warp; kSpan = 1: word 4 qi + t (16 bytes per row and plane).
-template <int B, bool kFusedOutliers, int kSpan>
-__global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
+// kCompact: the x fragments loaded at the start of each quad instead of a quad ahead, registers capped for four CTAs
+// per SM (three otherwise): for grids that then fit one wave (measured, 3 bits 8192x28672 batch 1 / 8: 66.1 / 73.2
+// against 75.1 / 94.5 us; the default is faster where both run the same number of waves: 4096x4096 12.4 against 13.2).
+template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false>
+__global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                             int m_total, float* __restrict__ y,
                                                                             const uint4* __restrict__ xfrag) {
   static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
@@ -539,7 +542,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_reglut_kernel(AnyP
   uint32_t p0[B][kSpan], p1[B][kSpan];
   load_planes(warp, p0, p1);
   uint4 xb[8];
-  load_x(kSpan * warp, xb);
+  if (!kCompact) load_x(kSpan * warp, xb);
   for (int64_t gi = warp; gi < groups; gi += kTcWarps) {
     uint32_t n0[B][kSpan], n1[B][kSpan];   // the next group's planes, in flight while this one is computed
     load_planes(gi + kTcWarps, n0, n1);
@@ -547,7 +550,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_reglut_kernel(AnyP
     for (int e = 0; e < kSpan; ++e) {
       // This quad's x fragments are in xb (anyprec_xfrag_kernel<true, kSpan> order); fetch the next quad's.
       uint4 xn[8];
-      load_x(e + 1 < kSpan ? kSpan * gi + e + 1 : kSpan * (gi + kTcWarps), xn);
+      if constexpr (kCompact) load_x(kSpan * gi + e, xb);
+      else load_x(e + 1 < kSpan ? kSpan * gi + e + 1 : kSpan * (gi + kTcWarps), xn);
       uint32_t w0[B], w1[B];
 #pragma unroll
       for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
@@ -564,8 +568,10 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_reglut_kernel(AnyP
           mma_16816(acc4[2 * h + 1], a, b.z, b.w);   // lo halves
         }
       }
+      if constexpr (!kCompact) {
 #pragma unroll
-      for (int sj = 0; sj < 8; ++sj) xb[sj] = xn[sj];
+        for (int sj = 0; sj < 8; ++sj) xb[sj] = xn[sj];
+      }
     }
 #pragma unroll
     for (int j = 0; j < B; ++j)
@@ -606,8 +612,11 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   }
   if constexpr (B <= 3) {
     if (register_lut) {
+      static const int sms = device_sm_count();
+      const bool compact = span == 4 && grid > 3u * sms && grid <= 4u * sms;   // one wave only at four CTAs per SM
       auto kern = span == 4 ? (fused ? anyprec_gemv_reglut_kernel<B, true, 4> : anyprec_gemv_reglut_kernel<B, false, 4>)
                             : (fused ? anyprec_gemv_reglut_kernel<B, true, 1> : anyprec_gemv_reglut_kernel<B, false, 1>);
+      if (compact) kern = fused ? anyprec_gemv_reglut_kernel<B, true, 4, true> : anyprec_gemv_reglut_kernel<B, false, 4, true>;
       kern<<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y, xf);
       return;
     }
