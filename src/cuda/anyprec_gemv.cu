@@ -119,20 +119,26 @@ __device__ __forceinline__ void add_fused_outliers(const AnyPrecDevice& w, const
   }
 }
 
-// Table-lookup merging (paper sec. 5), the kPairs variant, for 3 bits at batch 1..4, one row per warp: the row's 8
-// centroids become a table of 64 pairs (c[a], c[b]) indexed by (a << 3) | b, so one 64-bit lookup dequantizes two
-// adjacent columns. The pair index of slots 2j and 2j+1 of all four quarters is one shift-or of two transposed code
-// words (codes are 3 bits: no carry between bytes). 16 interleaved copies, entry e of copy c at float2 slot 16e + c,
-// lane l reading copy l % 16: the 16 lanes of each half-warp hit 16 different bank pairs, so a warp-wide 64-bit
-// lookup is two wavefronts for 64 weights (one per 32 weights, as the single-entry tables), with half the PRMT /
-// IMAD / LDS. 8 KB of table per row.
-constexpr int kPairCopies = 16;
-constexpr int kPairFloat2s = 64 * kPairCopies;   // one row's table: 64 entries x 16 copies
+// Table-lookup merging (paper sec. 5), the kPairs variant, for 3 bits at batch 1..4 and 4 bits at batch 2..4, one
+// row per warp: the row's 2^b centroids become a table of 4^b pairs (c[a], c[b]) indexed by (a << b) | b', so one
+// 64-bit lookup dequantizes two adjacent columns. The pair index of slots 2j and 2j+1 of all four quarters is one
+// shift-or of two transposed code words (codes of <= 4 bits: no carry between bytes). Interleaved copies, entry e of
+// copy c at float2 slot copies * e + c, lane l reading copy l % copies: 16 copies at 3 bits (64 entries, 8 KB per
+// row: the 16 lanes of each half-warp hit 16 different bank pairs, two wavefronts per warp-wide 64-bit lookup, i.e.
+// one per 32 weights as the single-entry tables, with half the PRMT / IMAD / LDS), 4 copies at 4 bits (256 entries,
+// 8 KB per row; up to 4-way conflicts on random codes).
+template <int B>
+struct PairTable {
+  static constexpr int kEntries = 1 << (2 * B);
+  static constexpr int kCopies = B == 3 ? 16 : 4;
+  static constexpr int kFloat2s = kEntries * kCopies;   // one row's table
+};
 
 template <int B, int M, bool kFusedOutliers, int kRows, bool kPairs = false>
 __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                    float* __restrict__ y) {
-  static_assert(!kPairs || (B == 3 && kRows == 1), "merged pair lookups: 3 bits, one row per warp");
+  static_assert(!kPairs || ((B == 3 || B == 4) && kRows == 1), "merged pair lookups: 3 or 4 bits, one row per warp");
+  using PT = PairTable<B == 4 ? 4 : 3>;
   using T = Table<B>;
   extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -146,17 +152,17 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
   // Per-row tables, kCopies interleaved copies; this lane reads copy lane % kCopies. my_tab: the byte address of this
   // lane's copy of row r's entry 0 (+ r * kRowBytes); entry e is e * kStride bytes further.
   const __half* lut = w.lut[B];
-  constexpr uint32_t kStride = kPairs ? 8u * kPairCopies : 4u * T::kCopies;
-  constexpr uint32_t kRowBytes = kPairs ? 8u * kPairFloat2s : 4u * T::kFloats;
+  constexpr uint32_t kStride = kPairs ? 8u * PT::kCopies : 4u * T::kCopies;
+  constexpr uint32_t kRowBytes = kPairs ? 8u * PT::kFloat2s : 4u * T::kFloats;
   uint32_t my_tab;
   if constexpr (kPairs) {
-    float2* tab = reinterpret_cast<float2*>(smem) + static_cast<int64_t>(warp) * kPairFloat2s;
+    float2* tab = reinterpret_cast<float2*>(smem) + static_cast<int64_t>(warp) * PT::kFloat2s;
     const __half* l = lut + rows[0] * (1 << B);
-    for (int i = lane; i < kPairFloat2s; i += 32) {
-      const int e = i / kPairCopies;
-      tab[i] = make_float2(__half2float(l[e >> 3]), __half2float(l[e & 7]));
+    for (int i = lane; i < PT::kFloat2s; i += 32) {
+      const int e = i / PT::kCopies;
+      tab[i] = make_float2(__half2float(l[e >> B]), __half2float(l[e & ((1 << B) - 1)]));
     }
-    my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 8u * (lane % kPairCopies);
+    my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 8u * (lane % PT::kCopies);
   } else {
     float* tab = smem + static_cast<int64_t>(warp) * kRows * T::kFloats;
 #pragma unroll
@@ -193,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
       for (int i = 0; i < 8; ++i) idx[r][i] = transpose_slot<B>(p[r], i);
     if constexpr (kPairs) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) idx[0][j] = (idx[0][2 * j] << 3) | idx[0][2 * j + 1];
+      for (int j = 0; j < 4; ++j) idx[0][j] = (idx[0][2 * j] << B) | idx[0][2 * j + 1];
     }
     const int64_t col0 = t0 * 32;
 #pragma unroll
@@ -628,11 +634,11 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   kern<<<grid, kTcWarps * 32, smem, s>>>(w, x, m, y, xf);
 }
 
-template <int M>
+template <int B, int M>
 void launch_pairs(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
   const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
-  const size_t smem = sizeof(float2) * kWarps * kPairFloat2s;   // 32 KB
-  auto kern = fused ? anyprec_gemv_kernel<3, M, true, 1, true> : anyprec_gemv_kernel<3, M, false, 1, true>;
+  const size_t smem = sizeof(float2) * kWarps * PairTable<B>::kFloat2s;   // 32 KB
+  auto kern = fused ? anyprec_gemv_kernel<B, M, true, 1, true> : anyprec_gemv_kernel<B, M, false, 1, true>;
   kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
 }
 
@@ -640,14 +646,14 @@ template <int B>
 void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, GemvPath path,
                void* xfrag) {
   if (path == GemvPath::ScalarPairs) {
-    LOWBIT_CHECK(B == 3 && m <= 4, "anyprec GEMV: merged pair lookups serve 3 bits at batch 1..4 (asked: ", B,
-                 " bits, batch ", m, ")");
-    if constexpr (B == 3) {
+    LOWBIT_CHECK((B == 3 || B == 4) && m <= 4, "anyprec GEMV: merged pair lookups serve 3 and 4 bits at batch 1..4 (asked: ",
+                 B, " bits, batch ", m, ")");
+    if constexpr (B == 3 || B == 4) {
       switch (m) {
-        case 1: launch_pairs<1>(w, x, y, s, fused); break;
-        case 2: launch_pairs<2>(w, x, y, s, fused); break;
-        case 3: launch_pairs<3>(w, x, y, s, fused); break;
-        default: launch_pairs<4>(w, x, y, s, fused); break;
+        case 1: launch_pairs<B, 1>(w, x, y, s, fused); break;
+        case 2: launch_pairs<B, 2>(w, x, y, s, fused); break;
+        case 3: launch_pairs<B, 3>(w, x, y, s, fused); break;
+        default: launch_pairs<B, 4>(w, x, y, s, fused); break;
       }
       if (!fused && w.rowptr != nullptr)
         anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);

@@ -94,7 +94,7 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   TensorCoreRegisterLut  mma.sync, A looked up from registers by PRMT (any-precision 2..3 bits; xfrag required);
 //   ScalarSharedX          2/4/16 CUDA-core kernel with x staged in shared memory for the permuted gathers (the
 //                          paper's form; batch x k x 4 bytes <= kMixed24aSharedXMaxBytes); Scalar gathers through L1;
-//   ScalarPairs            the CUDA-core kernel with table-lookup merging (3 bits, batch 1..4): measured slower
+//   ScalarPairs            the CUDA-core kernel with table-lookup merging (3-4 bits, batch 1..4): measured slower
 //                          than Scalar on every shape (docs/PERF.md), never chosen by Auto;
 //   Auto                   anyprec_auto_path / mixed24a_auto_path: the fastest measured by `lowbit bench --kernels`
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
