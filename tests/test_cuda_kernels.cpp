@@ -190,11 +190,16 @@ TEST(CudaKernels, StackedAnyPrecRowsEqualTheirParts) {
         }
       }
   }
-  // Weights that cannot be stacked: another input width.
+  // Weights that cannot be stacked: another input width, other served widths, outliers in one only.
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   const cuda::DevicePackedWeight a(pack_anyprec(anyprec_weight(4, 64, false, 1), storage));
   const cuda::DevicePackedWeight b(pack_anyprec(anyprec_weight(4, 96, false, 2), storage));
+  const cuda::DevicePackedWeight c(pack_anyprec(test::random_codes(4, 64, 8, 0x118u, 3), storage));   // widths 3, 4, 8
+  const cuda::DevicePackedWeight d(pack_anyprec(anyprec_weight(4, 64, true, 4), storage));
   EXPECT_EQ(cuda::DevicePackedWeight::concat_rows({&a, &b}), nullptr);
+  EXPECT_EQ(cuda::DevicePackedWeight::concat_rows({&a, &c}), nullptr);
+  EXPECT_EQ(cuda::DevicePackedWeight::concat_rows({&a, &d}), nullptr);
+  EXPECT_NE(cuda::DevicePackedWeight::concat_rows({&a, &a}), nullptr);
 }
 
 // Both GEMV paths (CUDA-core FMAs; tensor-core mma with x split into two fp16 halves) hold the fp32 budget.

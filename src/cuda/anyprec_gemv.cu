@@ -460,6 +460,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
 // into the two half2 A registers (k slots 2t, 2t+1 and 2t+8, 2t+9). One ALU op per weight, no shared memory. Codes
 // are built eight at a time, one per nibble (transpose_slot with the nibble mask: bit s of each nibble), and slab
 // (s, h) of a word is its bits 16h + 4q + s, so the selector of slab (s, h) is codes word s shifted by 16h.
+// The selectors' nibbles are codes of <= 3 bits (B <= 3, asserted by the kernel): bit 3 of a nibble, PRMT's
+// sign-replicate flag, is always 0. The table loads below are 16 / 8 bytes per row: each LUT part is its own
+// cudaMalloc buffer (DevicePackedWeight), so rows of 2^B halves stay aligned.
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));   // generic mode: codes' nibble msb is 0
@@ -493,6 +496,7 @@ __device__ __forceinline__ void register_lookup(const uint32_t (&lo)[2], const u
 // kCompact: the x fragments loaded at the start of each quad instead of a quad ahead, registers capped for four CTAs
 // per SM (three otherwise): for grids that then fit one wave (measured, 3 bits 8192x28672 batch 1 / 8: 66.1 / 73.2
 // against 75.1 / 94.5 us; the default is faster where both run the same number of waves: 4096x4096 12.4 against 13.2).
+// (minimum blocks 0 = no register constraint: the compiler's choice, 142 registers at 3 bits)
 template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false>
 __global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                             int m_total, float* __restrict__ y,

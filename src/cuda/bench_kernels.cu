@@ -172,16 +172,17 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             row(std::string("2/4/16 no outliers") + names[variant] + (chosen ? " *" : ""), m, p_us, base[bi], dense_bytes);
           }
           if (full[0].rowptr != nullptr) {
-            const bool tc = mixed24a_auto_path(n, k, static_cast<int>(m), kPreSplitInRuntime) == GemvPath::TensorCore;
-            void* frag = kPreSplitInRuntime && tc ? xfrag.get() : nullptr;   // as the runtime runs it
+            // As the runtime runs it (packed_matmul): the path chosen with the pre-split scratch, passed explicitly.
+            const GemvPath rt = mixed24a_auto_path(n, k, static_cast<int>(m), kPreSplitInRuntime);
+            void* frag = kPreSplitInRuntime && rt == GemvPath::TensorCore ? xfrag.get() : nullptr;
             const double f_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,
-                            GemvPath::Auto, frag);
+                            rt, frag);
             });
             row("2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);
             const double c_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::SpMV,
-                            GemvPath::Auto, frag);
+                            rt, frag);
             });
             row("2/4/16 + outliers CSR SpMV", m, c_us, base[bi], all_bytes);
           }

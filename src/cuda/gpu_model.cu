@@ -291,6 +291,7 @@ void GpuModel::fuse_linears() {
     }
     out.n = N;
     out.k = k;
+    for (GpuLinear* p : parts) p->n = 0;   // the parts hold no weights any more (run_linear must not see them)
   };
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());   // the parts were written on other streams
   for (Layer& L : layers_) {

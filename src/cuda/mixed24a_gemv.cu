@@ -13,6 +13,8 @@
 //
 // Outliers (stored columns, the dense code under each equal to its zero point, so the dense part there is 0):
 // fused, each warp adds val * x[orig(c)] over its rows' CSR entries; or a CSR SpMV kernel runs after the GEMV.
+#include <algorithm>
+
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
 
@@ -362,9 +364,17 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   LOWBIT_CHECK(path != GemvPath::ScalarPairs, "mixed24a GEMV: merged pair lookups are an any-precision path");
   LOWBIT_CHECK(path != GemvPath::TensorCoreRegisterLut, "mixed24a GEMV: register tables are an any-precision path");
   const bool smem_x = path == GemvPath::ScalarSharedX;
-  if (smem_x)
-    LOWBIT_CHECK(static_cast<int64_t>(sizeof(float)) * m * w.k <= kMixed24aSharedXMaxBytes, "mixed24a GEMV: x of batch ", m,
-                 " x ", w.k, " does not fit the shared-memory staging (", kMixed24aSharedXMaxBytes, " bytes)");
+  if (smem_x) {
+    static const int64_t optin = [] {
+      int dev = 0, v = 0;
+      LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+      LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+      return static_cast<int64_t>(v);
+    }();
+    const int64_t limit = std::min(kMixed24aSharedXMaxBytes, optin);
+    LOWBIT_CHECK(static_cast<int64_t>(sizeof(float)) * m * w.k <= limit, "mixed24a GEMV: x of batch ", m, " x ", w.k,
+                 " does not fit the shared-memory staging (", limit, " bytes on this GPU)");
+  }
   if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
   if (path == GemvPath::TensorCore) {
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);

@@ -157,8 +157,11 @@ std::unique_ptr<DevicePackedWeight> DevicePackedWeight::concat_rows(const std::v
   if (ws.empty() || ws[0]->format_ != "anyprec") return nullptr;
   const DevicePackedWeight& f = *ws[0];
   int64_t N = 0;
+  // The parts are read with cudaMemcpy on the legacy stream: the caller has synchronised whatever wrote them.
   for (const DevicePackedWeight* w : ws) {
-    if (w->format_ != "anyprec" || w->k_ != f.k_) return nullptr;
+    if (w->format_ != "anyprec" || w->k_ != f.k_ || w->parts_.size() != f.parts_.size()) return nullptr;
+    for (const auto& [name, buf] : f.parts_)
+      if (w->parts_.count(name) == 0) return nullptr;
     for (const char* p : {"planes", "widths", "sparse"})
       if (w->params_.at(p) != f.params_.at(p)) return nullptr;
     for (const auto& [name, buf] : w->parts_)
@@ -199,6 +202,8 @@ std::unique_ptr<DevicePackedWeight> DevicePackedWeight::concat_rows(const std::v
       std::vector<int32_t> r(static_cast<size_t>(w->n_ + 1));
       LOWBIT_CUDA_CHECK(cudaMemcpy(r.data(), w->part("outlier_rowptr"), r.size() * 4, cudaMemcpyDeviceToHost));
       const int32_t base = rowptr.back();
+      LOWBIT_CHECK(r[0] == 0 && static_cast<int64_t>(base) + r.back() < (int64_t{1} << 31),
+                   "concat_rows: outlier row pointers do not start at 0 or overflow int32");
       for (size_t i = 1; i < r.size(); ++i) rowptr.push_back(base + r[i]);
     }
     out->params_["nnz"] = rowptr.back();

@@ -99,7 +99,7 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   Auto                   anyprec_auto_path / mixed24a_auto_path: the fastest measured by `lowbit bench --kernels`
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
 enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX };
-constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;
+constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
 constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..3 bits, pre-split x)
@@ -118,10 +118,12 @@ bool narrow_rows(int64_t n, int64_t k, int m, int bits);
 // xfrag: optional device scratch of anyprec_xfrag_bytes(k) bytes. When the tensor-core path runs and it is given, a
 // small kernel first writes the activations there in the lanes' fragment order, split into fp16 hi + lo, and the
 // GEMV reads one 16-byte word per 16-column slab (the pre-split path); without it the GEMV splits in its loop.
+// Only the fragments of lanes feeding batch columns < m are written: kernels reading the scratch must not index it
+// by a lane of a column >= m (theirs read column 0's instead). Auto depends on whether xfrag is given: callers
+// that want the runtime's choice pass anyprec_auto_path(..., presplit) explicitly, as packed_matmul does.
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s,
                   OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
 size_t anyprec_xfrag_bytes(int64_t k);
-// Quads (4 plane words = 128 columns) of a row of `words` plane words, as the tensor-core GEMV walks them.
 // xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
                    OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
