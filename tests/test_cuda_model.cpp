@@ -76,6 +76,15 @@ void expect_forward_matches(const Model& cpu, cuda::GpuModel& gpu, const std::ve
               what.c_str(), err, agree, n);
 }
 
+// `base` quantized with o (calibration: `samples` documents of 128 tokens) into a fresh .lowbit file, loaded back.
+std::unique_ptr<Model> quantized(Model& base, QuantizeOptions o, int samples) {
+  o.calib.samples = samples;
+  o.calib.seqlen = 128;
+  const std::string path = test::temp_dir() + "/q.lowbit";
+  quantize_to_file(base, o, path);
+  return Model::load(path);
+}
+
 std::vector<int32_t> some_ids(const Model& m, int n) {
   std::vector<int32_t> ids;
   for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % m.config().vocab_size));
@@ -214,14 +223,10 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
     EXPECT_NEAR(gpu_ppl / cpu_ppl, 1.0, kPplBudget);
     expect_forward_matches(*base, gpu, windows[0], 0, "stories260K fp32");
   }
-  const std::string dir = test::temp_dir();
   QuantizeOptions o;
   o.method = QuantMethod::AnyPrec;
-  o.calib.samples = 8;
-  o.calib.seqlen = 128;
   o.anyprec.outlier_fraction = 0.002;   // exercises the fused outlier correction
-  quantize_to_file(*base, o, dir + "/ap.lowbit");
-  auto ap = Model::load(dir + "/ap.lowbit");
+  auto ap = quantized(*base, o, 8);
   cuda::GpuModel gpu(*ap);
   EXPECT_EQ(gpu.widths(), ap->widths());
   for (int b : ap->widths()) {
@@ -245,15 +250,11 @@ TEST(CudaModel, GptqModelRunsThroughTheFp16Fallback) {
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
   LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
   auto base = Model::load(bin);
-  const std::string dir = test::temp_dir();
   QuantizeOptions o;
   o.method = QuantMethod::Gptq;
   o.gptq.spec.bits = 4;
   o.gptq.spec.group_size = 32;
-  o.calib.samples = 4;
-  o.calib.seqlen = 128;
-  quantize_to_file(*base, o, dir + "/g.lowbit");
-  auto q = Model::load(dir + "/g.lowbit");
+  auto q = quantized(*base, o, 4);
   cuda::GpuModel gpu(*q);
   EXPECT_EQ(gpu.dequantized_linears(), 7 * q->config().n_layers);
   expect_forward_matches(*q, gpu, some_ids(*q, 64), 0, "stories260K GPTQ w4 g32 (fp16 fallback)");
@@ -270,14 +271,10 @@ TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
     cuda::GpuModel gpu(*base);
     expect_forward_matches(*base, gpu, ids, 0, "SmolLM2 fp16");
   }
-  const std::string dir = test::temp_dir();
   QuantizeOptions o;
   o.method = QuantMethod::Mixed24;
-  o.calib.samples = 4;
-  o.calib.seqlen = 128;
   o.mixed24.outlier_fraction = 0.003;
-  quantize_to_file(*base, o, dir + "/m.lowbit");
-  auto m = Model::load(dir + "/m.lowbit");
+  auto m = quantized(*base, o, 4);
   int aligned = 0;
   for (const auto& [name, pw] : m->weights().packed) aligned += pw.format == "mixed24a";
   EXPECT_EQ(aligned, 7 * m->config().n_layers);   // every linear in the aligned layout: the GPU kernel runs them all
@@ -296,14 +293,10 @@ TEST(CudaModel, SmolLM2AnyPrecMatchesCpuAtWidths3To8) {
   LOWBIT_REQUIRE_FILE(gguf, "SmolLM2 GGUF");
   LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
   auto base = Model::load(gguf);
-  const std::string dir = test::temp_dir();
   QuantizeOptions o;
   o.method = QuantMethod::AnyPrec;
-  o.calib.samples = 4;
-  o.calib.seqlen = 128;
   o.anyprec.outlier_fraction = 0.002;
-  quantize_to_file(*base, o, dir + "/ap.lowbit");
-  auto ap = Model::load(dir + "/ap.lowbit");
+  auto ap = quantized(*base, o, 4);
   cuda::GpuModel gpu(*ap);
   EXPECT_EQ(gpu.dequantized_linears(), 0);
   const std::vector<int32_t> ids = some_ids(*ap, 200);

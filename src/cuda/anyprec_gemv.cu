@@ -234,19 +234,28 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
   store_warp_sums<kRows, M>(acc, lane, row0, n, y);
 }
 
+// One lane's share of a row's outlier correction (lut: the width's LUTs, w.lut[B]) for one activation row xr: (val - lut[code]) * x over the row's
+// CSR entries lane, lane + 32, ... (the code re-read from the planes). The warp sums the lanes.
+template <int B>
+__device__ __forceinline__ float outlier_lane_sum(const AnyPrecDevice& w, const __half* lut, int64_t row,
+                                                  const float* __restrict__ xr, int lane) {
+  const __half* l = lut + row * (1 << B);
+  float v = 0.0f;
+  for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
+    const int64_t c = __ldg(w.col + e);
+    v = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), __ldg(xr + c), v);
+  }
+  return v;
+}
+
 // The separate outlier pass: one warp per row adds (val - lut[code]) * x over the row's CSR entries.
 template <int B>
 __global__ void anyprec_outliers_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (row >= w.n) return;
-  const __half* l = w.lut[B] + row * (1 << B);
   for (int m = 0; m < m_total; ++m) {
-    float v = 0.0f;
-    for (int e = w.rowptr[row] + lane; e < w.rowptr[row + 1]; e += 32) {
-      const int64_t c = w.col[e];
-      v = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), x[m * w.k + c], v);
-    }
+    float v = outlier_lane_sum<B>(w, w.lut[B], row, x + m * w.k, lane);
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     if (lane == 0) y[m * w.n + row] += v;
   }
@@ -440,15 +449,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   }
 
   store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
-                                               [&](int64_t row, int mm) {
-    const __half* l = lut + row * E;
-    float extra = 0.0f;
-    for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
-      const int64_t c = __ldg(w.col + e);
-      extra = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), __ldg(x + mm * k + c), extra);
-    }
-    return extra;
-  });
+                                               [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -593,15 +594,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_
   for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
 
   store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
-                                               [&](int64_t row, int mm) {
-    const __half* l = lut + row * E;
-    float extra = 0.0f;
-    for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
-      const int64_t c = __ldg(w.col + e);
-      extra = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), __ldg(x + mm * k + c), extra);
-    }
-    return extra;
-  });
+                                               [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
 }
 
 template <int B>
@@ -659,37 +652,31 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
         case 3: launch_pairs<B, 3>(w, x, y, s, fused); break;
         default: launch_pairs<B, 4>(w, x, y, s, fused); break;
       }
-      if (!fused && w.rowptr != nullptr)
-        anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
     }
-    return;
+  } else {
+    LOWBIT_CHECK(path != GemvPath::ScalarSharedX, "anyprec GEMV: shared-memory x staging is a 2/4/16 path");
+    if (path == GemvPath::TensorCoreRegisterLut)
+      LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
+                   B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
+    if (path == GemvPath::Auto) path = anyprec_auto_path(w.n, w.k, m, B, xfrag != nullptr);
+    if (path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut) {
+      launch_tc<B>(w, x, m, y, s, fused, xfrag, path == GemvPath::TensorCoreRegisterLut);
+    } else {
+      switch (m) {
+        case 1: launch_gemv<B, 1>(w, x, y, s, fused); break;
+        case 2: launch_gemv<B, 2>(w, x, y, s, fused); break;
+        case 3: launch_gemv<B, 3>(w, x, y, s, fused); break;
+        case 4: launch_gemv<B, 4>(w, x, y, s, fused); break;
+        case 5: launch_gemv<B, 5>(w, x, y, s, fused); break;
+        case 6: launch_gemv<B, 6>(w, x, y, s, fused); break;
+        case 7: launch_gemv<B, 7>(w, x, y, s, fused); break;
+        case 8: launch_gemv<B, 8>(w, x, y, s, fused); break;
+        default: fail("anyprec GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
+      }
+    }
   }
-  LOWBIT_CHECK(path != GemvPath::ScalarSharedX, "anyprec GEMV: shared-memory x staging is a 2/4/16 path");
-  if (path == GemvPath::TensorCoreRegisterLut)
-    LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
-                 B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
-  if (path == GemvPath::Auto) path = anyprec_auto_path(w.n, w.k, m, B, xfrag != nullptr);
-  if (path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut) {
-    launch_tc<B>(w, x, m, y, s, fused, xfrag, path == GemvPath::TensorCoreRegisterLut);
-    if (!fused && w.rowptr != nullptr)
-      anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
-    return;
-  }
-  switch (m) {
-    case 1: launch_gemv<B, 1>(w, x, y, s, fused); break;
-    case 2: launch_gemv<B, 2>(w, x, y, s, fused); break;
-    case 3: launch_gemv<B, 3>(w, x, y, s, fused); break;
-    case 4: launch_gemv<B, 4>(w, x, y, s, fused); break;
-    case 5: launch_gemv<B, 5>(w, x, y, s, fused); break;
-    case 6: launch_gemv<B, 6>(w, x, y, s, fused); break;
-    case 7: launch_gemv<B, 7>(w, x, y, s, fused); break;
-    case 8: launch_gemv<B, 8>(w, x, y, s, fused); break;
-    default: fail("anyprec GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
-  }
-  if (!fused && w.rowptr != nullptr) {
-    const unsigned grid = static_cast<unsigned>((w.n + 7) / 8);
-    anyprec_outliers_kernel<B><<<grid, 256, 0, s>>>(w, x, m, y);
-  }
+  if (!fused && w.rowptr != nullptr)   // the outliers as a separate CSR pass after whichever kernel ran
+    anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
 }
 
 void check_width(const AnyPrecDevice& w, int bits) {
