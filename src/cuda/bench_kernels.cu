@@ -53,6 +53,15 @@ int rotation(uint64_t bytes_per_copy) {
   return static_cast<int>(std::clamp<uint64_t>((want + bytes_per_copy - 1) / bytes_per_copy, 2, 64));
 }
 
+// One GEMV path as the benchmark runs it; chosen(): the one packed_matmul takes when its choice is `runtime` (the
+// CUDA-core kernels need no scratch, the tensor-core ones run pre-split exactly when kPreSplitInRuntime).
+struct Variant {
+  GemvPath path;
+  bool presplit;
+  const char* name;
+  bool chosen(GemvPath runtime) const { return path == runtime && (path == GemvPath::Scalar || presplit == kPreSplitInRuntime); }
+};
+
 }  // namespace
 
 void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
@@ -124,7 +133,6 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           }
           // Every GEMV path, each labelled; * marks the one the runtime takes (packed_matmul: anyprec_auto_path with
           // x pre-split when kPreSplitInRuntime; the split kernel's time is included in the pre-split rows).
-          struct Variant { GemvPath path; bool presplit; const char* name; };
           static const Variant variants[] = {{GemvPath::Scalar, false, " (CUDA cores)"},
                                              {GemvPath::TensorCore, false, " (tensor cores)"},
                                              {GemvPath::TensorCore, true, " (tensor cores, x pre-split)"},
@@ -138,8 +146,8 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
                            OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);
             });
-            const bool chosen = v.path == runtime && (v.path == GemvPath::Scalar || v.presplit == kPreSplitInRuntime);
-            row("anyprec " + std::to_string(b) + "-bit" + v.name + (chosen ? " *" : ""), m, us, base[bi], w[0].bytes_read(b));
+            row("anyprec " + std::to_string(b) + "-bit" + v.name + (v.chosen(runtime) ? " *" : ""), m, us, base[bi],
+                w[0].bytes_read(b));
           }
         }
     }
@@ -157,32 +165,30 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int64_t m = o.batches[bi];
         if (m <= kMaxGemvBatch) {
-          for (const int variant : {0, 1, 2, 3}) {
-            if (variant == 3 && 4 * m * k > kMixed24aSharedXMaxBytes) continue;   // x staged in shared memory: fits?
-            const GemvPath path = variant == 0 ? GemvPath::Scalar : variant == 3 ? GemvPath::ScalarSharedX : GemvPath::TensorCore;
-            void* frag = variant == 2 ? xfrag.get() : nullptr;
+          // As the runtime runs it (packed_matmul): the path chosen with the pre-split scratch, passed explicitly.
+          const GemvPath runtime = mixed24a_auto_path(n, k, static_cast<int>(m), kPreSplitInRuntime);
+          static const Variant variants[] = {{GemvPath::Scalar, false, " (CUDA cores)"},
+                                             {GemvPath::TensorCore, false, " (tensor cores)"},
+                                             {GemvPath::TensorCore, true, " (tensor cores, x pre-split)"},
+                                             {GemvPath::ScalarSharedX, false, " (CUDA cores, x staged in shared memory)"}};
+          for (const Variant& v : variants) {
+            if (v.path == GemvPath::ScalarSharedX && 4 * m * k > kMixed24aSharedXMaxBytes) continue;   // x must fit
             const double p_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s,
-                            OutlierMode::Fused, path, frag);
+                            OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);
             });
-            const GemvPath runtime = mixed24a_auto_path(n, k, static_cast<int>(m), kPreSplitInRuntime);
-            const bool chosen = runtime == GemvPath::Scalar ? variant == 0 : variant == (kPreSplitInRuntime ? 2 : 1);
-            static const char* const names[] = {" (CUDA cores)", " (tensor cores)", " (tensor cores, x pre-split)",
-                                                " (CUDA cores, x staged in shared memory)"};
-            row(std::string("2/4/16 no outliers") + names[variant] + (chosen ? " *" : ""), m, p_us, base[bi], dense_bytes);
+            row(std::string("2/4/16 no outliers") + v.name + (v.chosen(runtime) ? " *" : ""), m, p_us, base[bi], dense_bytes);
           }
           if (full[0].rowptr != nullptr) {
-            // As the runtime runs it (packed_matmul): the path chosen with the pre-split scratch, passed explicitly.
-            const GemvPath rt = mixed24a_auto_path(n, k, static_cast<int>(m), kPreSplitInRuntime);
-            void* frag = kPreSplitInRuntime && rt == GemvPath::TensorCore ? xfrag.get() : nullptr;
+            void* frag = kPreSplitInRuntime && runtime == GemvPath::TensorCore ? xfrag.get() : nullptr;
             const double f_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,
-                            rt, frag);
+                            runtime, frag);
             });
             row("2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);
             const double c_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::SpMV,
-                            rt, frag);
+                            runtime, frag);
             });
             row("2/4/16 + outliers CSR SpMV", m, c_us, base[bi], all_bytes);
           }
