@@ -163,6 +163,54 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
   EXPECT_EQ(gpu.graph_captures() - captures_before, 1) << "40 graph steps of one batch and cache: one capture, 39 replays";
 }
 
+// Programmatic dependent launch (cuda/launch.cuh) changes when kernels start, never what they compute: decode graphs
+// captured with every kernel class PDL-launched (not only the default ones) and without PDL give bit-identical logits
+// and tokens, for every weight kind (fp16 / cuBLAS, any-precision register-table, shared-table and CUDA-core
+// kernels, 2/4/16 with outliers), batch 1 and 3, random weights of a small shape, with attention split over several
+// blocks (long cache) and not.
+TEST(CudaModel, PdlDecodeIsBitIdenticalToPlainLaunches) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.dim = 256, c.hidden_dim = 704, c.n_layers = 3, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
+  c.max_seq_len = 512;
+  using RK = cuda::GpuModel::RandomKind;
+  if (!cuda::pdl_enabled()) GTEST_SKIP() << "GPU test skipped: programmatic dependent launch needs sm_90 (or LOWBIT_PDL=0 is set)";
+  const unsigned mask = cuda::pdl_mask();
+  for (RK kind : {RK::Fp16, RK::AnyPrec, RK::Mixed24a}) {
+    cuda::GpuModel gpu(c, kind, 11);
+    for (int bits : kind == RK::AnyPrec ? std::vector<int>{2, 3, 4, 8} : std::vector<int>{0})
+      for (int batch : {1, 3})
+        for (int capacity : {40, 512}) {
+          std::vector<std::vector<float>> logits;
+          std::vector<std::vector<int32_t>> tokens;
+          for (bool pdl : {false, true}) {
+            cuda::set_pdl(pdl);
+            cuda::set_pdl_mask(cuda::kPdlAll);
+            cuda::GpuKVCache kv = gpu.new_cache(batch, capacity);
+            std::vector<int32_t> prompt;
+            for (int i = 0; i < batch * 9; ++i) prompt.push_back((i * 131 + 7) % c.vocab_size);
+            gpu.forward(prompt.data(), batch, 9, kv, false, bits);
+            gpu.greedy_from_last_logits(batch);
+            std::vector<int32_t> toks;
+            for (int step = 0; step < 12; ++step) {
+              gpu.decode_step_greedy(kv, bits, true);
+              const auto t = gpu.get_decode_tokens(batch);
+              toks.insert(toks.end(), t.begin(), t.end());
+            }
+            tokens.push_back(toks);
+            logits.push_back(download(gpu, gpu.decode_logits(), static_cast<size_t>(batch) * c.vocab_size));
+          }
+          const std::string what = "kind " + std::to_string(static_cast<int>(kind)) + " bits " + std::to_string(bits) +
+                                   " batch " + std::to_string(batch) + " cache " + std::to_string(capacity);
+          EXPECT_EQ(tokens[0], tokens[1]) << what;
+          EXPECT_EQ(logits[0], logits[1]) << what;
+          EXPECT_GT(*std::max_element(logits[0].begin(), logits[0].end()), 0.0f) << what << ": logits all zero";
+        }
+  }
+  cuda::set_pdl(true);
+  cuda::set_pdl_mask(mask);
+}
+
 // Batch-1 decode steps on the GPU (the GEMV kernels, not dequantize + cuBLAS) against the CPU's decode steps:
 // ids[0, prompt) as a prefill, then one token at a time up to position end - 1, every step's logits compared.
 void expect_decode_matches(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& ids, int prompt, int end,

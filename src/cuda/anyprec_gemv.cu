@@ -22,6 +22,7 @@
 // its rows' CSR entries (the code re-read from the planes); or a separate SpMV kernel does the same afterwards.
 #include <algorithm>
 
+#include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
 
@@ -143,7 +144,10 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
   extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * kRows;
-  if (row0 >= w.n) return;   // the warp leaves as a whole; nothing below synchronises the block
+  if (row0 >= w.n) {   // the warp leaves as a whole; nothing below synchronises the block
+    pdl_wait();
+    return;
+  }
   const int64_t n = w.n, k = w.k, W = w.words;
   int64_t rows[kRows];
 #pragma unroll
@@ -173,6 +177,7 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
     my_tab = static_cast<uint32_t>(__cvta_generic_to_shared(tab)) + 4u * (lane % T::kCopies);
   }
   __syncwarp();
+  pdl_wait();   // the tables came from the weights; x and y belong to the kernels before
 
   float acc[kRows][M];
 #pragma unroll
@@ -230,6 +235,7 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
     }
   }
 
+  pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
   if constexpr (kFusedOutliers) add_fused_outliers<B, kRows, M>(w, rows, lane, x, acc);
   store_warp_sums<kRows, M>(acc, lane, row0, n, y);
 }
@@ -251,6 +257,8 @@ __device__ __forceinline__ float outlier_lane_sum(const AnyPrecDevice& w, const 
 // The separate outlier pass: one warp per row adds (val - lut[code]) * x over the row's CSR entries.
 template <int B>
 __global__ void anyprec_outliers_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (row >= w.n) return;
@@ -307,7 +315,7 @@ void launch_rows(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t 
   const size_t smem = sizeof(float) * kWarps * R * Table<B>::kFloats;
   auto kern = fused ? anyprec_gemv_kernel<B, M, true, R> : anyprec_gemv_kernel<B, M, false, R>;
   if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
+  launch_pdl(kPdlScalar, kern, grid, kWarps * 32, smem, s, w, x, y);
 }
 
 template <int B, int M>
@@ -343,6 +351,8 @@ __host__ __device__ constexpr int64_t tc_quads(int64_t words) { return (words + 
 template <bool kNibble, int kSpan>
 __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out,
                                      int64_t quads) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int lanes = 4 * m_total;   // lane = 4 g + t, g < m
   const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= quads * 8 * lanes) return;
@@ -386,6 +396,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
     tabs[q] = __half_as_ushort(lut[row * E + e]);
   }
   __syncthreads();
+  pdl_wait();   // the tables came from the weights; x, xfrag and y belong to the kernels before
   const uint32_t t0 = static_cast<uint32_t>(__cvta_generic_to_shared(tabs)) + 4u * lane;   // row g: entry e at t0 + 128 e
   const uint32_t t1 = t0 + 128u * E;                                                          // row g + 8
   const bool col_ok = g < m_total;
@@ -448,6 +459,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
     }
   }
 
+  pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
   store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
                                                [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
 }
@@ -552,6 +564,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_
   float acc4[4][4] = {};
   uint32_t p0[B][kSpan], p1[B][kSpan];
   load_planes(warp, p0, p1);
+  pdl_wait();   // the tables and the first planes came from the weights; xfrag and y belong to the kernels before
   uint4 xb[8];
   if (!kCompact) load_x(kSpan * warp, xb);
   for (int64_t gi = warp; gi < groups; gi += kTcWarps) {
@@ -593,6 +606,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_
 #pragma unroll
   for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
 
+  pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
   store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
                                                [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
 }
@@ -609,9 +623,9 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   if (xf != nullptr) {
     const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 4 * m;
     const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
-    if (!register_lut) anyprec_xfrag_kernel<false, 1><<<xgrid, 256, 0, s>>>(w, x, m, xf, quads);
-    else if (span == 4) anyprec_xfrag_kernel<true, 4><<<xgrid, 256, 0, s>>>(w, x, m, xf, quads);
-    else anyprec_xfrag_kernel<true, 1><<<xgrid, 256, 0, s>>>(w, x, m, xf, quads);
+    if (!register_lut) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1>, xgrid, 256, 0, s, w, x, m, xf, quads);
+    else if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4>, xgrid, 256, 0, s, w, x, m, xf, quads);
+    else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads);
   }
   if constexpr (B <= 3) {
     if (register_lut) {
@@ -620,7 +634,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       auto kern = span == 4 ? (fused ? anyprec_gemv_reglut_kernel<B, true, 4> : anyprec_gemv_reglut_kernel<B, false, 4>)
                             : (fused ? anyprec_gemv_reglut_kernel<B, true, 1> : anyprec_gemv_reglut_kernel<B, false, 1>);
       if (compact) kern = fused ? anyprec_gemv_reglut_kernel<B, true, 4, true> : anyprec_gemv_reglut_kernel<B, false, 4, true>;
-      kern<<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y, xf);
+      launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf);
       return;
     }
   }
@@ -628,7 +642,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   auto kern = xf != nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>)
                             : (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>);
   if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  kern<<<grid, kTcWarps * 32, smem, s>>>(w, x, m, y, xf);
+  launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf);
 }
 
 template <int B, int M>
@@ -636,7 +650,7 @@ void launch_pairs(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t
   const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
   const size_t smem = sizeof(float2) * kWarps * PairTable<B>::kFloat2s;   // 32 KB
   auto kern = fused ? anyprec_gemv_kernel<B, M, true, 1, true> : anyprec_gemv_kernel<B, M, false, 1, true>;
-  kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
+  launch_pdl(kPdlScalar, kern, grid, kWarps * 32, smem, s, w, x, y);
 }
 
 template <int B>
@@ -676,7 +690,7 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
   }
   if (!fused && w.rowptr != nullptr)   // the outliers as a separate CSR pass after whichever kernel ran
-    anyprec_outliers_kernel<B><<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
+    launch_pdl(kPdlScalar, anyprec_outliers_kernel<B>, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
 }
 
 void check_width(const AnyPrecDevice& w, int bits) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "cuda/gpu_model.h"
+#include "cuda/launch.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -97,8 +98,11 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
   out << "device: " << device_name() << "\n";
   out << "random weights generated on the device; prefill = one forward of " << o.prefill
       << " tokens (batch 1, median of 3); decode = " << o.decode << " greedy steps after a " << o.prompt
-      << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time\n";
-  out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s | KV cache GB\n";
+      << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time; 'no PDL': the same decode\n"
+         "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh)\n";
+  const bool pdl = pdl_enabled();
+  out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
+         " | decode tok/s, no PDL | KV cache GB\n";
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
     for (const std::string& kind : o.kinds) {
@@ -123,10 +127,16 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
         for (int batch : o.batches) {
           double kv_bytes = 0;
           const double decode_tok_s = time_decode(m, b, o.prompt, o.decode, batch, &kv_bytes);
-          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.2f\n", shape.c_str(),
+          double plain_tok_s = decode_tok_s;   // without PDL (the same when the GPU has none)
+          if (pdl) {
+            set_pdl(false);
+            plain_tok_s = time_decode(m, b, o.prompt, o.decode, batch, nullptr);
+            set_pdl(true);
+          }
+          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %.2f\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
-                        kv_bytes / 1e9);
+                        plain_tok_s, kv_bytes / 1e9);
           out << line << std::flush;
         }
         // Where the time of a decode step goes: batch 1, 16 replays of the step's graph with an event node at the

@@ -1,6 +1,10 @@
 #include "cuda/common.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
+
+#include "cuda/launch.cuh"
 
 namespace lowbit::cuda {
 
@@ -41,5 +45,39 @@ int device_sm_count() {
   LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   return sms;
 }
+
+namespace {
+bool pdl_supported() {   // griddepcontrol and the launch attribute: sm_90 and newer
+  static const bool ok = [] {
+    int dev = 0, major = 0;
+    LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+    LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    return major >= 9;
+  }();
+  return ok;
+}
+struct PdlState {
+  bool on;
+  unsigned mask;
+};
+PdlState& pdl_state() {   // from the environment on first use
+  static PdlState st = [] {
+    const char* env = std::getenv("LOWBIT_PDL");
+    const char* mask = std::getenv("LOWBIT_PDL_MASK");
+    return PdlState{pdl_supported() && !(env != nullptr && std::strcmp(env, "0") == 0),
+                    mask != nullptr ? static_cast<unsigned>(std::strtoul(mask, nullptr, 0)) : static_cast<unsigned>(kPdlDefault)};
+  }();
+  return st;
+}
+}  // namespace
+
+bool pdl_enabled(unsigned cls) {
+  const PdlState& st = pdl_state();
+  return st.on && (st.mask & cls) != 0;
+}
+
+void set_pdl(bool on) { pdl_state().on = on && pdl_supported(); }
+void set_pdl_mask(unsigned mask) { pdl_state().mask = mask; }
+unsigned pdl_mask() { return pdl_state().mask; }
 
 }  // namespace lowbit::cuda

@@ -28,6 +28,27 @@ bool device_available(std::string* why = nullptr);
 std::string device_name();
 // Multiprocessors of the current device.
 int device_sm_count();
+// Whether kernels of the decode chain are launched with programmatic dependent launch (cuda/launch.cuh): the device
+// is sm_90+ and LOWBIT_PDL is not "0". set_pdl() overrides it (on only where supported): benchmarks time the decode
+// step both ways in one run, tests compare the two. A captured CUDA graph keeps the mode it was captured in.
+// Kernel classes (a mask): which launches take the attribute; LOWBIT_PDL_MASK in the environment replaces the default.
+enum PdlClass : unsigned {
+  kPdlOps = 1,        // norms, RoPE, attention, SwiGLU, argmax, conversions (gpu_ops.cu, packed.cu)
+  kPdlXfrag = 2,      // the activation-fragment kernels before the tensor-core GEMVs
+  kPdlRegLut = 4,     // any-precision register-table tensor-core GEMV
+  kPdlTcTable = 8,    // any-precision shared-table tensor-core GEMV
+  kPdlScalar = 16,    // any-precision CUDA-core GEMVs and the outlier SpMV
+  kPdlMixed = 32,     // 2/4/16 GEMVs
+  kPdlAll = 63,
+  // The default, from `lowbit bench --e2e` on the H100 (docs/PERF.md, session 7): with the shared-table tensor-core
+  // GEMV also PDL-launched, any-precision 4-bit decode at batch 8 fell from 1,289 to 901 tokens/s; with the 2/4/16
+  // GEMVs, 2/4/16 batch 1 from 232 to 216; the CUDA-core GEMVs gained nothing.
+  kPdlDefault = kPdlOps | kPdlXfrag | kPdlRegLut,
+};
+bool pdl_enabled(unsigned cls = kPdlAll);
+void set_pdl(bool on);
+void set_pdl_mask(unsigned mask);
+unsigned pdl_mask();
 
 // An owning, move-only device allocation of `count` elements of T (uninitialised).
 template <typename T>

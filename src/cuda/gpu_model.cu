@@ -621,7 +621,8 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
   } else if (!use_graph) {
     body();
   } else if (graph_ != nullptr && graph_seqs_ == seqs && graph_bits_ == bits && graph_capacity_ == cache.capacity &&
-             graph_cache_ == cache.k.get() && graph_gemm_gen_ == gemm_->generation()) {
+             graph_cache_ == cache.k.get() && graph_gemm_gen_ == gemm_->generation() &&
+             graph_pdl_ == (pdl_enabled() ? pdl_mask() : 0u)) {
     LOWBIT_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
   } else {
     invalidate_graph();
@@ -632,6 +633,7 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
     graph_capacity_ = cache.capacity;
     graph_cache_ = cache.k.get();
     graph_gemm_gen_ = gemm_->generation();   // after the uncaptured step, which may have grown the scratch
+    graph_pdl_ = pdl_enabled() ? pdl_mask() : 0u;
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < seqs; ++b) ++cache.len[static_cast<size_t>(b)];

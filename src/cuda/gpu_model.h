@@ -72,6 +72,8 @@ class GpuModel {
   // The same with temperature / top-k / top-p sampling on the GPU, u[b] uniform in [0, 1) per sequence.
   void sample_from_last_logits(int seqs, const GpuSamplingParams& p, const std::vector<float>& u);
   std::vector<int32_t> get_decode_tokens(int seqs) const;
+  // The logits of the last decode step (device, [seqs, vocab]); valid until the next step or forward().
+  const float* decode_logits() const { return logits_.get(); }
   cudaStream_t stream() const { return stream_; }
   // How often decode_step_greedy captured its graph (once per batch / width / cache; replays reuse it).
   int graph_captures() const { return graph_captures_; }
@@ -132,6 +134,7 @@ class GpuModel {
   cudaGraphExec_t graph_ = nullptr;
   int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1, decode_seqs_ = 0, graph_captures_ = 0;
   uint64_t graph_gemm_gen_ = 0;
+  unsigned graph_pdl_ = 0;   // the PDL kernel classes the graph was captured with (0: none; cuda/launch.cuh)
   const void* graph_cache_ = nullptr;
 };
 

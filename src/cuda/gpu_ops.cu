@@ -4,6 +4,7 @@
 #include <cfloat>
 
 #include "cuda/common.h"
+#include "cuda/launch.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -22,6 +23,8 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 __global__ void embed_kernel(const __half* emb, const int32_t* tokens, int dim, float* x) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int r = blockIdx.x;
   const __half* e = emb + static_cast<int64_t>(tokens[r]) * dim;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) x[static_cast<int64_t>(r) * dim + i] = __half2float(e[i]);
@@ -51,6 +54,8 @@ __device__ __forceinline__ float block_rms_inv(float ss, int dim, float eps) {
 constexpr int kNormVec = 4;
 __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* delta, const float* w, float* y,
                                                        __half* yh, int dim, float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int n4 = dim / 4;
   float4* xr = reinterpret_cast<float4*>(x + static_cast<int64_t>(blockIdx.x) * dim);
   const float4* dr = delta != nullptr ? reinterpret_cast<const float4*>(delta + static_cast<int64_t>(blockIdx.x) * dim) : nullptr;
@@ -90,6 +95,8 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* de
 
 // The same for any width (dim not a multiple of 4, or wider than 1024 threads x kNormVec float4): strided loops.
 __global__ void rmsnorm_any_kernel(float* x, const float* delta, const float* w, float* y, __half* yh, int dim, float eps) {
+  pdl_launch_dependents();
+  pdl_wait();
   float* xr = x + static_cast<int64_t>(blockIdx.x) * dim;
   const float* dr = delta != nullptr ? delta + static_cast<int64_t>(blockIdx.x) * dim : nullptr;
   float ss = 0.0f;
@@ -117,6 +124,8 @@ __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* 
                                      float* q_out, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd,
                                      const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
                                      __half* kc, __half* vc) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int r = blockIdx.x, half = hd / 2, kvd = kv_heads * hd;
   const int first = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x), step = static_cast<int>(gridDim.y * blockDim.x);
   const float* cs = cos_t + static_cast<int64_t>(pos[r]) * half;
@@ -154,6 +163,8 @@ template <int HD>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
     const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, int layers,
     int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float qs[kMaxHd];
   __shared__ float ps[kAttnWarps][32];
   __shared__ float wm[kAttnWarps], wl[kAttnWarps];
@@ -272,6 +283,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
 }
 
 __global__ void attention_combine_kernel(int heads, int hd, int splits, const float* scratch, float* out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int r = blockIdx.x, h = blockIdx.y;
   const float* sp = scratch + (static_cast<int64_t>(r) * heads + h) * splits * (hd + 2);
   float M = -FLT_MAX;
@@ -292,6 +305,8 @@ __global__ void attention_combine_kernel(int heads, int hd, int splits, const fl
 }
 
 __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, float* out, int64_t width, int64_t n) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     const int64_t r = i / width, c = i % width;
@@ -301,12 +316,16 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, float*
 }
 
 __global__ void bias_kernel(float* y, const float* b, int rows, int n) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < static_cast<int64_t>(rows) * n) y[i] += b[i % n];
 }
 
 // One block per row: max (with the lowest index), then sum of exp.
 __global__ void nll_kernel(const float* logits, const int32_t* target, int vocab, float* nll, int* hit) {
+  pdl_launch_dependents();
+  pdl_wait();
   __shared__ float sv[32];
   __shared__ int si[32];
   const float* lg = logits + static_cast<int64_t>(blockIdx.x) * vocab;
@@ -368,7 +387,7 @@ __global__ void increment_kernel(int32_t* p, int n) {
 }  // namespace
 
 void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, float* x, cudaStream_t s) {
-  embed_kernel<<<rows, 256, 0, s>>>(emb, tokens, dim, x);
+  launch_pdl(kPdlOps, embed_kernel, rows, 256, 0, s, emb, tokens, dim, x);
 }
 void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh, int rows, int dim, float eps,
              cudaStream_t s) {
@@ -376,9 +395,9 @@ void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh,
   if (dim % 4 == 0 && n4 <= 1024 * kNormVec) {
     // As many threads as give every thread one float4 (at most 1024; wider rows take up to kNormVec each).
     const int t = std::min(1024, std::max(32, (n4 + 31) / 32 * 32));
-    rmsnorm_kernel<<<rows, t, 0, s>>>(x, delta, w, y, yh, dim, eps);
+    launch_pdl(kPdlOps, rmsnorm_kernel, rows, t, 0, s, x, delta, w, y, yh, dim, eps);
   } else {
-    rmsnorm_any_kernel<<<rows, 256, 0, s>>>(x, delta, w, y, yh, dim, eps);
+    launch_pdl(kPdlOps, rmsnorm_any_kernel, rows, 256, 0, s, x, delta, w, y, yh, dim, eps);
   }
 }
 void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v, int64_t kv_ld, float* q_out,
@@ -386,7 +405,7 @@ void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v,
                    const float* sin_t, int layer, int layers, int capacity, __half* kc, __half* vc, cudaStream_t s) {
   const int work = std::max({heads * hd / 2, kv_heads * hd});   // the widest of the three loops
   const unsigned slices = static_cast<unsigned>(std::min(16, (work + 255) / 256));
-  rope_kv_store_kernel<<<dim3(rows, slices), 256, 0, s>>>(q, q_ld, k, v, kv_ld, q_out, seq, pos, heads, kv_heads, hd,
+  launch_pdl(kPdlOps, rope_kv_store_kernel, dim3(rows, slices), 256, 0, s, q, q_ld, k, v, kv_ld, q_out, seq, pos, heads, kv_heads, hd,
                                                           cos_t, sin_t, layer, layers, capacity, kc, vc);
 }
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
@@ -396,26 +415,26 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
   const dim3 grid(rows, heads, splits);
   const int t = kAttnWarps * 32;
   switch (hd) {
-    case 64: attention_kernel<64><<<grid, t, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
-    case 128: attention_kernel<128><<<grid, t, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
-    case 256: attention_kernel<256><<<grid, t, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
-    default: attention_kernel<0><<<grid, t, 0, s>>>(q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
+    case 64: launch_pdl(kPdlOps, attention_kernel<64>, grid, t, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
+    case 128: launch_pdl(kPdlOps, attention_kernel<128>, grid, t, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
+    case 256: launch_pdl(kPdlOps, attention_kernel<256>, grid, t, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
+    default: launch_pdl(kPdlOps, attention_kernel<0>, grid, t, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
   }
-  if (splits > 1) attention_combine_kernel<<<dim3(rows, heads), 128, 0, s>>>(heads, hd, splits, scratch, out);
+  if (splits > 1) launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out);
 }
 void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s) {
   const int64_t n = rows * width;
-  swiglu_kernel<<<blocks_for(n, 256), 256, 0, s>>>(g, u, ld, out, width, n);
+  launch_pdl(kPdlOps, swiglu_kernel, blocks_for(n, 256), 256, 0, s, g, u, ld, out, width, n);
 }
 void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s) {
-  bias_kernel<<<blocks_for(static_cast<int64_t>(rows) * n, 256), 256, 0, s>>>(y, bias, rows, n);
+  launch_pdl(kPdlOps, bias_kernel, blocks_for(static_cast<int64_t>(rows) * n, 256), 256, 0, s, y, bias, rows, n);
 }
 void nll_rows(const float* logits, const int32_t* target, int rows, int vocab, float* nll, int* hit, cudaStream_t s) {
-  if (rows > 0) nll_kernel<<<rows, 512, 0, s>>>(logits, target, vocab, nll, hit);
+  if (rows > 0) launch_pdl(kPdlOps, nll_kernel, rows, 512, 0, s, logits, target, vocab, nll, hit);
 }
 void argmax_rows(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s) {
   // nll_kernel in argmax mode: with nll == nullptr it writes the argmax into hit and never reads target.
-  if (rows > 0) nll_kernel<<<rows, 512, 0, s>>>(logits, nullptr, vocab, nullptr, out);
+  if (rows > 0) launch_pdl(kPdlOps, nll_kernel, rows, 512, 0, s, logits, nullptr, vocab, nullptr, out);
 }
 void increment(int32_t* pos, int count, cudaStream_t s) { increment_kernel<<<blocks_for(count, 128), 128, 0, s>>>(pos, count); }
 

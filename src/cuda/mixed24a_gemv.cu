@@ -15,6 +15,7 @@
 // fused, each warp adds val * x[orig(c)] over its rows' CSR entries; or a CSR SpMV kernel runs after the GEMV.
 #include <algorithm>
 
+#include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
 
@@ -34,6 +35,7 @@ __device__ __forceinline__ float code_minus_zero(uint32_t field, float zm) {
 template <int M, bool kFusedOutliers, bool kSmemX = false>
 __global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevice w, const float* __restrict__ x_global,
                                                                     float* __restrict__ y) {
+  pdl_wait();
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * 16 + warp * kRows;
   const float* __restrict__ x = x_global;
@@ -119,6 +121,7 @@ __global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevi
     }
   }
 
+  pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
   if constexpr (kFusedOutliers) {
     if (w.rowptr != nullptr) {
 #pragma unroll
@@ -138,6 +141,8 @@ __global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevi
 
 // CSR SpMV after the dense GEMV: one warp per row, y += val * x[orig(col)].
 __global__ void mixed24a_outliers_kernel(Mixed24ADevice w, const float* __restrict__ x, int m_total, float* __restrict__ y) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (row >= w.n) return;
@@ -224,6 +229,8 @@ __device__ __forceinline__ uint32_t codes_minus_zero(uint32_t field_pair, __half
 // permutation and split into fp16 hi + lo: {b0 hi, b1 hi, b0 lo, b1 lo}, zero for batch columns >= m. One thread per
 // entry; the GEMV then reads one 16-byte word per group (the pre-split path).
 __global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t U = w.k / 64, id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= U * 4 * 32) return;
   const int lane = static_cast<int>(id % 32), s = static_cast<int>((id / 32) % 4);
@@ -254,6 +261,7 @@ template <bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24ADevice w, const float* __restrict__ x,
                                                                          int m_total, float* __restrict__ y,
                                                                          const uint4* __restrict__ xfrag) {
+  pdl_wait();
   __shared__ float part[kTcWarps][32][4];
   __shared__ float outs[16][8];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -327,6 +335,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
     }
   }
 
+  pdl_launch_dependents();
   store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
                                                [&](int64_t row, int mm) {
     float extra = 0.0f;
@@ -346,11 +355,11 @@ void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, b
     const size_t smem = sizeof(float) * M * static_cast<size_t>(w.k);
     auto kern = fused ? mixed24a_gemv_kernel<M, true, true> : mixed24a_gemv_kernel<M, false, true>;
     if (smem > 48 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    kern<<<grid, kWarps * 32, smem, s>>>(w, x, y);
+    launch_pdl(kPdlMixed, kern, grid, kWarps * 32, smem, s, w, x, y);
     return;
   }
-  if (fused) mixed24a_gemv_kernel<M, true><<<grid, kWarps * 32, 0, s>>>(w, x, y);
-  else mixed24a_gemv_kernel<M, false><<<grid, kWarps * 32, 0, s>>>(w, x, y);
+  if (fused) launch_pdl(kPdlMixed, mixed24a_gemv_kernel<M, true>, grid, kWarps * 32, 0, s, w, x, y);
+  else launch_pdl(kPdlMixed, mixed24a_gemv_kernel<M, false>, grid, kWarps * 32, 0, s, w, x, y);
 }
 
 }  // namespace
@@ -381,15 +390,15 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     uint4* xf = static_cast<uint4*>(xfrag);
     if (xf != nullptr) {
       const int64_t entries = (w.k / 64) * 4 * 32;
-      mixed24a_xfrag_kernel<<<static_cast<unsigned>((entries + 255) / 256), 256, 0, s>>>(w, x, m, xf);
+      launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf);
       auto kern = fused ? mixed24a_gemv_tc_kernel<true, true> : mixed24a_gemv_tc_kernel<false, true>;
-      kern<<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y, xf);
+      launch_pdl(kPdlMixed, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf);
     } else {
       auto kern = fused ? mixed24a_gemv_tc_kernel<true, false> : mixed24a_gemv_tc_kernel<false, false>;
-      kern<<<grid, kTcWarps * 32, 0, s>>>(w, x, m, y, nullptr);
+      launch_pdl(kPdlMixed, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, nullptr);
     }
     if (!fused && w.rowptr != nullptr)
-      mixed24a_outliers_kernel<<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
+      launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
     LOWBIT_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -405,7 +414,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     default: fail("mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   }
   if (!fused && w.rowptr != nullptr)
-    mixed24a_outliers_kernel<<<static_cast<unsigned>((w.n + 7) / 8), 256, 0, s>>>(w, x, m, y);
+    launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 

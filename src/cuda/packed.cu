@@ -6,6 +6,7 @@
 #include <random>
 #include <tuple>
 
+#include "cuda/launch.cuh"
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24a/layout.h"
 
@@ -119,6 +120,8 @@ __global__ void fill_float_kernel(float* p, int64_t n, uint64_t seed, float lo, 
 }
 unsigned grid_for(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 __global__ void f32_to_f16_kernel(const float* __restrict__ in, __half* __restrict__ out, int64_t count) {
+  pdl_launch_dependents();
+  pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) out[i] = __float2half_rn(in[i]);
 }
@@ -265,7 +268,7 @@ Mixed24ADevice DevicePackedWeight::mixed24a_dense() const {
 
 void f32_to_f16(const float* in, __half* out, int64_t count, cudaStream_t s) {
   if (count == 0) return;
-  f32_to_f16_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(in, out, count);
+  launch_pdl(kPdlOps, f32_to_f16_kernel, static_cast<unsigned>((count + 255) / 256), 256, 0, s, in, out, count);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
