@@ -396,8 +396,11 @@ TEST(CudaKernels, SamplingDrawsTheCpuSamplersDistribution) {
 TEST(CudaKernels, AttentionMatchesCpuTwinEveryHeadDimWindowAndSplit) {
   SKIP_WITHOUT_GPU();
   const int layers = 2, layer = 1, capacity = 300, seqs = 2;
-  const std::vector<int32_t> seq = {0, 0, 1, 1}, pos = {0, 41, 7, 299};
-  const int rows = static_cast<int>(seq.size());
+  // 4 rows: the decode form of the kernel (values prefetched with the keys); 12 rows: the prefill form.
+  for (const auto& [seq, pos] : std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>{
+           {{0, 0, 1, 1}, {0, 41, 7, 299}},
+           {{0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1}, {0, 5, 41, 100, 200, 299, 7, 8, 50, 150, 250, 298}}})
+  for (const int rows : {static_cast<int>(seq.size())})
   for (const int hd : {8, 64, 96, 128, 256})
     for (const auto& [heads, kv_heads] : std::vector<std::pair<int, int>>{{4, 4}, {8, 2}})
       for (const int window : {0, 37})
