@@ -49,6 +49,8 @@ bool pdl_enabled(unsigned cls = kPdlAll);
 void set_pdl(bool on);
 void set_pdl_mask(unsigned mask);
 unsigned pdl_mask();
+// The classes launched with PDL now (the mask, or 0 when PDL is off): what a captured graph must be keyed on.
+inline unsigned pdl_launch_classes() { return pdl_enabled() ? pdl_mask() : 0u; }
 
 // An owning, move-only device allocation of `count` elements of T (uninitialised).
 template <typename T>

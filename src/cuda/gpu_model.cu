@@ -35,6 +35,7 @@ struct GpuModel::StageTimer {
   int graph_seqs = -1, graph_bits = -1;
   const void* graph_cache = nullptr;
   uint64_t graph_gemm_gen = 0;
+  unsigned graph_pdl = 0;
 
   ~StageTimer() {
     if (graph != nullptr) cudaGraphExecDestroy(graph);
@@ -605,7 +606,7 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
     // Profiling: a graph of the same step with the stage events as nodes, timed replay by replay.
     StageTimer& p = *prof_;
     if (p.graph != nullptr && p.graph_seqs == seqs && p.graph_bits == bits && p.graph_cache == cache.k.get() &&
-        p.graph_gemm_gen == gemm_->generation()) {
+        p.graph_gemm_gen == gemm_->generation() && p.graph_pdl == pdl_launch_classes()) {
       LOWBIT_CUDA_CHECK(cudaGraphLaunch(p.graph, stream_));
       p.accumulate(stream_, false);
     } else {
@@ -617,12 +618,13 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
       p.graph_bits = bits;
       p.graph_cache = cache.k.get();
       p.graph_gemm_gen = gemm_->generation();
+      p.graph_pdl = pdl_launch_classes();
     }
   } else if (!use_graph) {
     body();
   } else if (graph_ != nullptr && graph_seqs_ == seqs && graph_bits_ == bits && graph_capacity_ == cache.capacity &&
              graph_cache_ == cache.k.get() && graph_gemm_gen_ == gemm_->generation() &&
-             graph_pdl_ == (pdl_enabled() ? pdl_mask() : 0u)) {
+             graph_pdl_ == pdl_launch_classes()) {
     LOWBIT_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
   } else {
     invalidate_graph();
@@ -633,7 +635,7 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
     graph_capacity_ = cache.capacity;
     graph_cache_ = cache.k.get();
     graph_gemm_gen_ = gemm_->generation();   // after the uncaptured step, which may have grown the scratch
-    graph_pdl_ = pdl_enabled() ? pdl_mask() : 0u;
+    graph_pdl_ = pdl_launch_classes();
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < seqs; ++b) ++cache.len[static_cast<size_t>(b)];

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "cuda/common.h"
 #include "cuda/launch.cuh"
@@ -443,13 +444,16 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
   LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
   const dim3 grid(rows, heads, splits);
   const bool decode = rows <= 8;   // one row per sequence: a grid too small to hide memory latency by occupancy
-  const int t = kAttnWarps * 32;
-  switch (hd) {
-    case 64: launch_pdl(kPdlOps, decode ? attention_kernel<64, true> : attention_kernel<64, false>, grid, t, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
-    case 128: launch_pdl(kPdlOps, decode ? attention_kernel<128, true> : attention_kernel<128, false>, grid, t, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
-    case 256: launch_pdl(kPdlOps, decode ? attention_kernel<256, true> : attention_kernel<256, false>, grid, t, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
-    default: launch_pdl(kPdlOps, decode ? attention_kernel<0, true> : attention_kernel<0, false>, grid, t, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window, kc, vc, out, splits, scratch); break;
-  }
+  auto pick = [decode](auto hd_const) {
+    constexpr int HD = decltype(hd_const)::value;
+    return decode ? attention_kernel<HD, true> : attention_kernel<HD, false>;
+  };
+  const auto kern = hd == 64    ? pick(std::integral_constant<int, 64>{})
+                    : hd == 128 ? pick(std::integral_constant<int, 128>{})
+                    : hd == 256 ? pick(std::integral_constant<int, 256>{})
+                                : pick(std::integral_constant<int, 0>{});
+  launch_pdl(kPdlOps, kern, grid, kAttnWarps * 32, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window,
+             kc, vc, out, splits, scratch);
   if (splits > 1) launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out);
 }
 void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s) {
