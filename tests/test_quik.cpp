@@ -341,11 +341,9 @@ TEST(QuikCli, QuantizesEvaluatesAndRefusesMisuse) {
     for (int l = 0; l < c.n_layers; ++l) {
       const std::vector<std::string> names = model->linear_names(l);   // q, k, v, o, gate, up, down
       const LinearInputHook hook = [&](int, LinearSlot slot, const float* in, int rows, int64_t) {
-        // The linears that read each slot's input: [first, first + count) of names.
-        constexpr std::array<std::pair<int, int>, 4> kSlotLinears = {{{0, 3}, {3, 1}, {4, 2}, {6, 1}}};
-        const auto [first, count] = kSlotLinears[static_cast<size_t>(slot)];
-        for (int i = first; i < first + count; ++i) {
-          const std::string& name = names[static_cast<size_t>(i)];
+        for (size_t i = 0; i < names.size(); ++i) {   // the linears that read this slot's input
+          if (kLinearSlot[i] != slot) continue;
+          const std::string& name = names[i];
           const auto op = make_packed_linear(model->weights().packed.at(name), nullptr, name);
           std::vector<float> fast(static_cast<size_t>(rows * op->n())), ref(fast.size());
           op->forward(in, rows, fast.data());

@@ -21,6 +21,7 @@
 // Sparse outliers replace the table value at their (row, column): fused, the warp adds (val - lut[code]) * x for
 // its rows' CSR entries (the code re-read from the planes); or a separate SpMV kernel does the same afterwards.
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
@@ -382,12 +383,10 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
                                                                         int m_total, float* __restrict__ y,
                                                                         const uint4* __restrict__ xfrag) {
   extern __shared__ uint32_t tabs[];   // [2][2^B][8][4]
-  __shared__ float part[kTcWarps][32][4];
-  __shared__ float outs[16][8];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int64_t n = w.n, k = w.k, W = w.words, row0 = static_cast<int64_t>(blockIdx.x) * 16;
-  const int64_t r0 = min_i64(row0 + g, n - 1), r1 = min_i64(row0 + g + 8, n - 1);
+  const int64_t n = w.n, k = w.k, W = w.words;
+  const TcTile tile(n);
+  const int warp = tile.warp, lane = tile.lane, g = tile.g, t = tile.t;
+  const int64_t row0 = tile.row0, r0 = tile.r0, r1 = tile.r1;
   const __half* lut = w.lut[B];
   constexpr int E = 1 << B;
   for (int q = static_cast<int>(threadIdx.x); q < 2 * E * 32; q += kTcWarps * 32) {
@@ -460,7 +459,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   }
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
                                                [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
 }
 
@@ -504,39 +503,27 @@ __device__ __forceinline__ void register_lookup(const uint32_t (&lo)[2], const u
   a_high_k = prmt(L, H, 0x7362u);   // codes 2, 3
 }
 
-// kSpan = 4 (rows of a multiple of 4 words): lane t reads words 16 gi + 4t .. +3 of each plane as one 16-byte load,
-// 64 contiguous bytes per row and plane per warp; kSpan = 1: word 4 qi + t (16 bytes per row and plane).
-// kCompact: the x fragments loaded at the start of each quad instead of a quad ahead, registers capped for four CTAs
-// per SM (three otherwise): for grids that then fit one wave (measured, 3 bits 8192x28672 batch 1 / 8: 66.1 / 73.2
-// against 75.1 / 94.5 us; the default is faster where both run the same number of waves: 4096x4096 12.4 against 13.2).
-// (minimum blocks 0 = no register constraint: the compiler's choice, 142 registers at 3 bits)
-template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false>
-__global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
-                                                                            int m_total, float* __restrict__ y,
-                                                                            const uint4* __restrict__ xfrag) {
-  static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
+// The plane words of a register-table lane (rows r0 = g and r1 = g + 8 of its tile, lane t of the group), a group of
+// 4 kSpan words per row at a time. kSpan = 4 (rows of a multiple of 4 words): lane t reads words 16 gi + 4t .. +3 of
+// each plane as one 16-byte load, 64 contiguous bytes per row and plane per warp; kSpan = 1: word 4 gi + t (16 bytes
+// per row and plane). Words past the row read as 0.
+template <int B, int kSpan>
+struct PlaneGroups {
   static_assert(kSpan == 1 || kSpan == 4, "one or four words per lane and load");
-  __shared__ float part[kTcWarps][32][4];
-  __shared__ float outs[16][8];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int64_t n = w.n, k = w.k, W = w.words, row0 = static_cast<int64_t>(blockIdx.x) * 16;
-  const int64_t r0 = min_i64(row0 + g, n - 1), r1 = min_i64(row0 + g + 8, n - 1);
-  constexpr int E = 1 << B;
-  const __half* lut = w.lut[B];
-  uint32_t lo0[2], hi0[2], lo1[2], hi1[2];
-  load_register_table<B>(lut + r0 * E, lo0, hi0);
-  load_register_table<B>(lut + r1 * E, lo1, hi1);
-  constexpr int kGroupWords = 4 * kSpan;
-  const int64_t groups = (W + kGroupWords - 1) / kGroupWords;
-  const uint32_t* pl0[B];
-  const uint32_t* pl1[B];
+  static constexpr int kGroupWords = 4 * kSpan;
+  const uint32_t* pl0[B];   // plane j, row r0, this lane's first word
+  const uint32_t* pl1[B];   // row r1
+  int64_t W, groups;
+  int t;
+  __device__ __forceinline__ PlaneGroups(const AnyPrecDevice& w, int64_t r0, int64_t r1, int lane_t)
+      : W(w.words), groups((w.words + kGroupWords - 1) / kGroupWords), t(lane_t) {
 #pragma unroll
-  for (int j = 0; j < B; ++j) {
-    pl0[j] = w.plane_data + (j * n + r0) * W + kSpan * t;
-    pl1[j] = w.plane_data + (j * n + r1) * W + kSpan * t;
+    for (int j = 0; j < B; ++j) {
+      pl0[j] = w.plane_data + (j * w.n + r0) * W + kSpan * t;
+      pl1[j] = w.plane_data + (j * w.n + r1) * W + kSpan * t;
+    }
   }
-  auto load_planes = [&](int64_t gi, uint32_t (&p0)[B][kSpan], uint32_t (&p1)[B][kSpan]) {
+  __device__ __forceinline__ void load(int64_t gi, uint32_t (&p0)[B][kSpan], uint32_t (&p1)[B][kSpan]) const {
     const bool ok = kGroupWords * gi + kSpan * t < W;   // kSpan = 4: W % 4 == 0, a lane's 4 words are all in or all out
 #pragma unroll
     for (int j = 0; j < B; ++j) {
@@ -550,22 +537,49 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_
         p1[j][0] = ok ? __ldg(pl1[j] + 4 * gi) : 0u;
       }
     }
-  };
+  }
+};
+
+// kHalfX: the activations rounded to fp16 (the hi halves only, as a cuBLAS fp16 GEMV rounds them): half the mma and
+// half the fragment loads and registers (GemvPath::TensorCoreRegisterLutHalfX).
+// kSpan: PlaneGroups. kCompact: the x fragments loaded at the start of each quad instead of a quad ahead, registers capped for four CTAs
+// per SM (three otherwise): for grids that then fit one wave (measured, 3 bits 8192x28672 batch 1 / 8: 66.1 / 73.2
+// against 75.1 / 94.5 us; the default is faster where both run the same number of waves: 4096x4096 12.4 against 13.2).
+// (minimum blocks 0 = no register constraint: the compiler's choice, 142 registers at 3 bits)
+template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false, bool kHalfX = false>
+__global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
+                                                                            int m_total, float* __restrict__ y,
+                                                                            const uint4* __restrict__ xfrag) {
+  static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
+  const int64_t n = w.n, k = w.k;
+  const TcTile tile(n);
+  const int warp = tile.warp, lane = tile.lane, g = tile.g, t = tile.t;
+  const int64_t row0 = tile.row0, r0 = tile.r0, r1 = tile.r1;
+  constexpr int E = 1 << B;
+  const __half* lut = w.lut[B];
+  uint32_t lo0[2], hi0[2], lo1[2], hi1[2];
+  load_register_table<B>(lut + r0 * E, lo0, hi0);
+  load_register_table<B>(lut + r1 * E, lo1, hi1);
+  const PlaneGroups<B, kSpan> planes(w, r0, r1, t);
+  const int64_t groups = planes.groups;
+  auto load_planes = [&](int64_t gi, uint32_t (&p0)[B][kSpan], uint32_t (&p1)[B][kSpan]) { planes.load(gi, p0, p1); };
   // Lanes of batch columns >= m read column 0's fragments (a broadcast, no extra traffic): their outputs are not stored.
   // The x fragments of the next quad are loaded while this one is computed; four accumulator sets (slab half h x
   // hi / lo) keep four mma chains independent (one chain waited on each mma's latency, 16 deep per quad).
   const uint4* xq = xfrag + (g < m_total ? lane : t);
   const int64_t last_quad = kSpan * groups - 1;
-  auto load_x = [&](int64_t qi, uint4 (&xb)[8]) {
+  // kHalfX: only the hi halves (x rounded to fp16), 8 of each 16 bytes.
+  using XFrag = std::conditional_t<kHalfX, uint2, uint4>;
+  auto load_x = [&](int64_t qi, XFrag (&xb)[8]) {
     qi = min_i64(qi, last_quad);
 #pragma unroll
-    for (int sj = 0; sj < 8; ++sj) xb[sj] = __ldg(xq + (qi * 8 + sj) * 32);
+    for (int sj = 0; sj < 8; ++sj) xb[sj] = __ldg(reinterpret_cast<const XFrag*>(xq + (qi * 8 + sj) * 32));
   };
   float acc4[4][4] = {};
   uint32_t p0[B][kSpan], p1[B][kSpan];
   load_planes(warp, p0, p1);
   pdl_wait();   // the tables and the first planes came from the weights; xfrag and y belong to the kernels before
-  uint4 xb[8];
+  XFrag xb[8];
   if (!kCompact) load_x(kSpan * warp, xb);
   for (int64_t gi = warp; gi < groups; gi += kTcWarps) {
     uint32_t n0[B][kSpan], n1[B][kSpan];   // the next group's planes, in flight while this one is computed
@@ -573,7 +587,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_
 #pragma unroll
     for (int e = 0; e < kSpan; ++e) {
       // This quad's x fragments are in xb (anyprec_xfrag_kernel<true, kSpan> order); fetch the next quad's.
-      uint4 xn[8];
+      XFrag xn[8];
       if constexpr (kCompact) load_x(kSpan * gi + e, xb);
       else load_x(e + 1 < kSpan ? kSpan * gi + e + 1 : kSpan * (gi + kTcWarps), xn);
       uint32_t w0[B], w1[B];
@@ -587,9 +601,9 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_
           uint32_t a[4];
           register_lookup(lo0, hi0, h ? v0 >> 16 : v0, a[0], a[2]);   // row g
           register_lookup(lo1, hi1, h ? v1 >> 16 : v1, a[1], a[3]);   // row g + 8
-          const uint4 b = xb[2 * s + h];
-          mma_16816(acc4[2 * h], a, b.x, b.y);       // hi halves
-          mma_16816(acc4[2 * h + 1], a, b.z, b.w);   // lo halves
+          const XFrag b = xb[2 * s + h];
+          mma_16816(acc4[2 * h], a, b.x, b.y);                                 // hi halves
+          if constexpr (!kHalfX) mma_16816(acc4[2 * h + 1], a, b.z, b.w);   // lo halves
         }
       }
       if constexpr (!kCompact) {
@@ -607,13 +621,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact ? 4 : 0) anyprec_gemv_
   for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
                                                [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
 }
 
 template <int B>
 void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xfrag,
-               bool register_lut) {
+               bool register_lut, bool half_x = false) {
   const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
   uint4* xf = static_cast<uint4*>(xfrag);
   // 16-byte plane loads (kSpan = 4) when rows are a multiple of 4 words: measured on the H100 against one word per
@@ -634,6 +648,10 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       auto kern = span == 4 ? (fused ? anyprec_gemv_reglut_kernel<B, true, 4> : anyprec_gemv_reglut_kernel<B, false, 4>)
                             : (fused ? anyprec_gemv_reglut_kernel<B, true, 1> : anyprec_gemv_reglut_kernel<B, false, 1>);
       if (compact) kern = fused ? anyprec_gemv_reglut_kernel<B, true, 4, true> : anyprec_gemv_reglut_kernel<B, false, 4, true>;
+      if (half_x)
+        kern = span == 4 ? (compact ? (fused ? anyprec_gemv_reglut_kernel<B, true, 4, true, true> : anyprec_gemv_reglut_kernel<B, false, 4, true, true>)
+                                    : (fused ? anyprec_gemv_reglut_kernel<B, true, 4, false, true> : anyprec_gemv_reglut_kernel<B, false, 4, false, true>))
+                         : (fused ? anyprec_gemv_reglut_kernel<B, true, 1, false, true> : anyprec_gemv_reglut_kernel<B, false, 1, false, true>);
       launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf);
       return;
     }
@@ -669,12 +687,12 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
   } else {
     LOWBIT_CHECK(path != GemvPath::ScalarSharedX, "anyprec GEMV: shared-memory x staging is a 2/4/16 path");
-    if (path == GemvPath::TensorCoreRegisterLut)
+    if (path == GemvPath::TensorCoreRegisterLut || path == GemvPath::TensorCoreRegisterLutHalfX)
       LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
                    B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
     if (path == GemvPath::Auto) path = anyprec_auto_path(w.n, w.k, m, B, xfrag != nullptr);
-    if (path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut) {
-      launch_tc<B>(w, x, m, y, s, fused, xfrag, path == GemvPath::TensorCoreRegisterLut);
+    if (path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut || path == GemvPath::TensorCoreRegisterLutHalfX) {
+      launch_tc<B>(w, x, m, y, s, fused, xfrag, path != GemvPath::TensorCore, path == GemvPath::TensorCoreRegisterLutHalfX);
     } else {
       switch (m) {
         case 1: launch_gemv<B, 1>(w, x, y, s, fused); break;

@@ -6,6 +6,7 @@
 
 #include "cuda/gpu_model.h"
 #include "cuda/launch.cuh"
+#include "cuda/packed.h"
 
 namespace lowbit::cuda {
 namespace {
@@ -99,10 +100,13 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
   out << "random weights generated on the device; prefill = one forward of " << o.prefill
       << " tokens (batch 1, median of 3); decode = " << o.decode << " greedy steps after a " << o.prompt
       << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time; 'no PDL': the same decode\n"
-         "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh)\n";
+         "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh);\n"
+         "'other x': at 2..3 bits, the same decode timed in the same run with the register-table GEMV's other activation\n"
+         "precision (x rounded to fp16 when the run carries it as fp16 hi + lo, the default, and the reverse under\n"
+         "LOWBIT_GEMV_HALF_X=1; '-' where the width does not use that kernel)\n";
   const bool pdl = pdl_enabled();
   out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
-         " | decode tok/s, no PDL | KV cache GB\n";
+         " | decode tok/s, no PDL | decode tok/s, other x | KV cache GB\n";
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
     for (const std::string& kind : o.kinds) {
@@ -133,10 +137,18 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             plain_tok_s = time_decode(m, b, o.prompt, o.decode, batch, nullptr);
             set_pdl(true);
           }
-          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %.2f\n", shape.c_str(),
+          std::string other_x = "-";   // the register-table GEMV with the other activation precision
+          if (kind == "anyprec" && b <= 3) {
+            const bool half_x = half_x_gemv_enabled();
+            set_half_x_gemv(!half_x);
+            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
+            set_half_x_gemv(half_x);
+            other_x = line;
+          }
+          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %.2f\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
-                        plain_tok_s, kv_bytes / 1e9);
+                        plain_tok_s, other_x.c_str(), kv_bytes / 1e9);
           out << line << std::flush;
         }
         // Where the time of a decode step goes: batch 1, 16 replays of the step's graph with an event node at the

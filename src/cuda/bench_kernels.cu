@@ -137,11 +137,12 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                                              {GemvPath::TensorCore, false, " (tensor cores)"},
                                              {GemvPath::TensorCore, true, " (tensor cores, x pre-split)"},
                                              {GemvPath::TensorCoreRegisterLut, true, " (tensor cores, register tables)"},
+                                             {GemvPath::TensorCoreRegisterLutHalfX, true, " (tensor cores, register tables, fp16 x)"},
                                              {GemvPath::ScalarPairs, false, " (CUDA cores, merged pair lookups)"}};
           const GemvPath runtime = anyprec_auto_path(n, k, static_cast<int>(m), b, kPreSplitInRuntime);
           for (const Variant& v : variants) {
             if (v.path == GemvPath::ScalarPairs && ((b != 3 && b != 4) || m > 4)) continue;   // merged pair lookups: 3-4 bits, batch 1..4
-            if (v.path == GemvPath::TensorCoreRegisterLut && b > 3) continue;
+            if ((v.path == GemvPath::TensorCoreRegisterLut || v.path == GemvPath::TensorCoreRegisterLutHalfX) && b > 3) continue;
             const double us = median_us(o.iters, [&](int i) {
               anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
                            OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);

@@ -22,6 +22,10 @@ int splits_for(int span, int rows, int heads, int sms) {
   return std::clamp(std::min(by_grid, by_keys), 1, kMaxSplits);
 }
 
+// What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes and the register-table
+// GEMV's activation precision (packed.h: half_x_gemv_enabled).
+unsigned graph_launch_key() { return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u); }
+
 }  // namespace
 
 // Stage timing: an event at the start of every stage (mark()) and one at the end of the step. Uncaptured forwards
@@ -606,7 +610,7 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
     // Profiling: a graph of the same step with the stage events as nodes, timed replay by replay.
     StageTimer& p = *prof_;
     if (p.graph != nullptr && p.graph_seqs == seqs && p.graph_bits == bits && p.graph_cache == cache.k.get() &&
-        p.graph_gemm_gen == gemm_->generation() && p.graph_pdl == pdl_launch_classes()) {
+        p.graph_gemm_gen == gemm_->generation() && p.graph_pdl == graph_launch_key()) {
       LOWBIT_CUDA_CHECK(cudaGraphLaunch(p.graph, stream_));
       p.accumulate(stream_, false);
     } else {
@@ -618,13 +622,13 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
       p.graph_bits = bits;
       p.graph_cache = cache.k.get();
       p.graph_gemm_gen = gemm_->generation();
-      p.graph_pdl = pdl_launch_classes();
+      p.graph_pdl = graph_launch_key();
     }
   } else if (!use_graph) {
     body();
   } else if (graph_ != nullptr && graph_seqs_ == seqs && graph_bits_ == bits && graph_capacity_ == cache.capacity &&
              graph_cache_ == cache.k.get() && graph_gemm_gen_ == gemm_->generation() &&
-             graph_pdl_ == pdl_launch_classes()) {
+             graph_pdl_ == graph_launch_key()) {
     LOWBIT_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
   } else {
     invalidate_graph();
@@ -635,7 +639,7 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
     graph_capacity_ = cache.capacity;
     graph_cache_ = cache.k.get();
     graph_gemm_gen_ = gemm_->generation();   // after the uncaptured step, which may have grown the scratch
-    graph_pdl_ = pdl_launch_classes();
+    graph_pdl_ = graph_launch_key();
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < seqs; ++b) ++cache.len[static_cast<size_t>(b)];

@@ -262,12 +262,10 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
                                                                          int m_total, float* __restrict__ y,
                                                                          const uint4* __restrict__ xfrag) {
   pdl_wait();
-  __shared__ float part[kTcWarps][32][4];
-  __shared__ float outs[16][8];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int64_t n = w.n, k = w.k, U = k / 64, rg = blockIdx.x, row0 = rg * 16;
-  const int64_t r0 = min(row0 + g, n - 1), r1 = min(row0 + g + 8, n - 1);
+  const int64_t n = w.n, k = w.k, U = k / 64, rg = blockIdx.x;
+  const TcTile tile(n);
+  const int warp = tile.warp, lane = tile.lane, g = tile.g, t = tile.t;
+  const int64_t row0 = tile.row0, r0 = tile.r0, r1 = tile.r1;
   const bool col_ok = g < m_total;   // this lane feeds batch column g of B
   const float* xg = x + static_cast<int64_t>(col_ok ? g : 0) * k;
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -336,7 +334,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
   }
 
   pdl_launch_dependents();
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, part, outs, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
                                                [&](int64_t row, int mm) {
     float extra = 0.0f;
     for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
@@ -371,7 +369,8 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   const bool fused = mode == OutlierMode::Fused;
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   LOWBIT_CHECK(path != GemvPath::ScalarPairs, "mixed24a GEMV: merged pair lookups are an any-precision path");
-  LOWBIT_CHECK(path != GemvPath::TensorCoreRegisterLut, "mixed24a GEMV: register tables are an any-precision path");
+  LOWBIT_CHECK(path != GemvPath::TensorCoreRegisterLut && path != GemvPath::TensorCoreRegisterLutHalfX,
+               "mixed24a GEMV: register tables are an any-precision path");
   const bool smem_x = path == GemvPath::ScalarSharedX;
   if (smem_x) {
     static const int64_t optin = [] {

@@ -55,15 +55,27 @@ __device__ __forceinline__ void store_warp_sums(const float (&acc)[kRows][M], in
     }
 }
 
+// Lane (g, t) of a tensor-core GEMV CTA that computes the 16 rows from row0 = 16 * blockIdx.x with m16n8 fragments:
+// its rows g and g + 8, clamped to n - 1 (a missing row recomputes row n - 1, never stored).
+struct TcTile {
+  int warp, lane, g, t;
+  int64_t row0, r0, r1;
+  __device__ __forceinline__ explicit TcTile(int64_t n)
+      : warp(static_cast<int>(threadIdx.x) / 32), lane(static_cast<int>(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
+        row0(static_cast<int64_t>(blockIdx.x) * 16), r0(row0 + g < n ? row0 + g : n - 1),
+        r1(row0 + g + 8 < n ? row0 + g + 8 : n - 1) {}
+};
+
 // The tensor-core GEMVs' epilogue. The CTA's warps each hold an m16n8 accumulator fragment of the same 16 rows
 // (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); their sum goes to outs[row][batch column]. Then warp w
 // stores rows 4w .. 4w + 3 for every batch column, adding the warp-reduced sum of partial(row, mm) over the lanes
 // when outliers are on (each lane returns its share of the row's outlier correction). Synchronises the block.
 template <int kWarps, bool kOutliers, typename Partial>
-__device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], float (&part)[kWarps][32][4],
-                                                   float (&outs)[16][8], int warp, int lane, int64_t row0, int64_t n,
+__device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
                                                    int m_total, bool has_outliers, float* __restrict__ y,
                                                    Partial partial) {
+  __shared__ float part[kWarps][32][4];   // each warp's fragment
+  __shared__ float outs[16][8];           // their sum, [row][batch column]
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];

@@ -2,6 +2,8 @@
 #include "cuda/packed.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <tuple>
@@ -311,7 +313,8 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
     // by the uncaptured step that precedes it).
     if (ap) {
       const GemvPath path = anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), b, kPreSplitInRuntime);
-      const bool tc = path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut;
+      const bool tc = path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut ||
+                      path == GemvPath::TensorCoreRegisterLutHalfX;
       void* xfrag = kPreSplitInRuntime && tc ? ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
       anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
@@ -334,7 +337,8 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
 // shape (3 bits, batch 1: 12.3 vs 13.1 us at 4096x4096, 59.2 vs 78.7 at 28672x8192; batch 8: 76.4 vs 110.9).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
   (void)n;
-  if (presplit && bits <= 3 && m >= kRegisterLutMinBatch) return GemvPath::TensorCoreRegisterLut;
+  if (presplit && bits <= 3 && m >= kRegisterLutMinBatch)
+    return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutHalfX : GemvPath::TensorCoreRegisterLut;
   // >= 6 bits on long rows (k > 16384): the CUDA-core kernel falls behind from batch 3 (8-bit 8192x28672: 417 vs 298
   // us at batch 3, 437 vs 298 at batch 4).
   const int tc_from = !presplit ? 6 : bits <= 5 ? 3 : k > 16384 ? 3 : 5;
@@ -348,6 +352,19 @@ GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
   if (!presplit) return m >= 5 ? GemvPath::TensorCore : GemvPath::Scalar;
   return m >= 4 && n * k > 4096LL * 4096 ? GemvPath::TensorCore : GemvPath::Scalar;
 }
+
+namespace {
+bool& half_x_state() {   // from the environment on first use
+  static bool on = [] {
+    const char* env = std::getenv("LOWBIT_GEMV_HALF_X");
+    return env != nullptr && std::strcmp(env, "1") == 0;
+  }();
+  return on;
+}
+}  // namespace
+
+bool half_x_gemv_enabled() { return half_x_state(); }
+void set_half_x_gemv(bool on) { half_x_state() = on; }
 
 bool narrow_rows(int64_t n, int64_t k, int m, int bits) {
   static const int sms = device_sm_count();

@@ -92,17 +92,26 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   Scalar                 CUDA cores, centroids from shared-memory tables (any width, any batch 1..8);
 //   TensorCore             mma.sync, A from shared-memory tables; x split in the loop, or pre-split (xfrag given);
 //   TensorCoreRegisterLut  mma.sync, A looked up from registers by PRMT (any-precision 2..3 bits; xfrag required);
+//   TensorCoreRegisterLutHalfX  the same with x rounded to fp16 (its hi half only, as cuBLAS fp16 rounds it): half the
+//                          mma and fragment loads, fp16-rounding accuracy instead of fp32;
 //   ScalarSharedX          2/4/16 CUDA-core kernel with x staged in shared memory for the permuted gathers (the
 //                          paper's form; batch x k x 4 bytes <= kMixed24aSharedXMaxBytes); Scalar gathers through L1;
 //   ScalarPairs            the CUDA-core kernel with table-lookup merging (3-4 bits, batch 1..4): measured slower
 //                          than Scalar on every shape (docs/PERF.md), never chosen by Auto;
 //   Auto                   anyprec_auto_path / mixed24a_auto_path: the fastest measured by `lowbit bench --kernels`
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
-enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX };
+enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX, TensorCoreRegisterLutHalfX };
 constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
 constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..3 bits, pre-split x)
+// Whether Auto runs the register-table kernel with x rounded to fp16 (TensorCoreRegisterLutHalfX, as the fp16 cuBLAS
+// paths round it) rather than x carried as fp16 hi + lo (fp32-accurate). Off unless LOWBIT_GEMV_HALF_X=1 in the
+// environment (read once): on the H100 the kernel alone is 2-6% faster on 7B shapes and 6-14% on 70B shapes, but
+// the Llama-2-7B / Llama-3-8B decode measured 3% slower with it (docs/PERF.md, session 9). set_half_x_gemv()
+// overrides it (benchmarks time both in one run; a captured decode graph is keyed on it).
+bool half_x_gemv_enabled();
+void set_half_x_gemv(bool on);
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit);
 // Whether the runtime (packed_matmul) feeds the tensor-core GEMVs pre-split activations (the xfrag argument below):
 // faster than splitting in the loop on every shape and batch measured (docs/PERF.md, session 6).

@@ -22,6 +22,10 @@ namespace lowbit {
 // Which linear layers read a captured activation: q/k/v share the attention-norm output, gate/up share the
 // ffn-norm output, o reads the attention output, down reads silu(gate)·up.
 enum class LinearSlot { Qkv, O, GateUp, Down };
+// The slot whose input each of a block's seven linears reads, in the order of Model::linear_names (q, k, v, o, gate,
+// up, down).
+inline constexpr LinearSlot kLinearSlot[7] = {LinearSlot::Qkv,    LinearSlot::Qkv,    LinearSlot::Qkv, LinearSlot::O,
+                                             LinearSlot::GateUp, LinearSlot::GateUp, LinearSlot::Down};
 // Called by layer_forward with each slot's input rows x [n, k] before the linears consume it (calibration).
 using LinearInputHook = std::function<void(int layer, LinearSlot slot, const float* x, int n, int64_t k)>;
 

@@ -20,10 +20,6 @@ namespace {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-// Slot of each of the seven linears of a block (order of Model::linear_names).
-constexpr LinearSlot kSlotOf[7] = {LinearSlot::Qkv, LinearSlot::Qkv,    LinearSlot::Qkv, LinearSlot::O,
-                                   LinearSlot::GateUp, LinearSlot::GateUp, LinearSlot::Down};
-
 // A DenseLinear over the exact weights a quantized tensor encodes, so the calibration forward sees them.
 struct OwnedDense final : LinearOp {
   OwnedDense(std::vector<float> w, const float* bias, int64_t n, int64_t k)
@@ -65,7 +61,7 @@ std::map<std::string, std::vector<float>> hessian_diagonal_sensitivity(const Mod
   for (int l = 0; l < c.n_layers; ++l) {
     const auto names = model.linear_names(l);
     for (size_t i = 0; i < names.size(); ++i) {
-      const std::vector<double>& acc = sq[static_cast<size_t>(l)].at(kSlotOf[i]);
+      const std::vector<double>& acc = sq[static_cast<size_t>(l)].at(kLinearSlot[i]);
       const auto& shape = model.tensor_shape(names[i]);
       std::vector<float>& s = out[names[i]];
       s.resize(static_cast<size_t>(shape[0] * shape[1]));
@@ -212,15 +208,15 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
         q.dequantize(deq.data());
         quantized[name] = pack_uniform(q, storage);
       } else {
-        auto& h = hessians[kSlotOf[i]];
+        auto& h = hessians[kLinearSlot[i]];
         if (h.empty()) {
-          h = stats->at(kSlotOf[i]).hessian();
-          if (opts.method != QuantMethod::Quik) factors[kSlotOf[i]] = gptq_factor(h, k, factor_opts);
+          h = stats->at(kLinearSlot[i]).hessian();
+          if (opts.method != QuantMethod::Quik) factors[kLinearSlot[i]] = gptq_factor(h, k, factor_opts);
         }
         if (opts.method == QuantMethod::Quik) {   // outlier columns by max |x|, GPTQ with them last
           const QuikOptions& qo = opts.quik;
-          const bool down = kSlotOf[i] == LinearSlot::Down;
-          const std::vector<double> amax = stats->at(kSlotOf[i]).max_abs();
+          const bool down = kLinearSlot[i] == LinearSlot::Down;
+          const std::vector<double> amax = stats->at(kLinearSlot[i]).max_abs();
           const int64_t per_dim = qo.outliers >= 0 ? qo.outliers : std::llround(qo.outlier_frac * static_cast<double>(c.dim));
           int64_t count = down ? std::llround(qo.down_factor * static_cast<double>(per_dim)) : per_dim;
           if (qo.outlier_threshold > 0 && *std::max_element(amax.begin(), amax.end()) < qo.outlier_threshold) {
@@ -247,13 +243,13 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
           const bool aligned = mo.layout == Mixed24Options::Layout::Aligned ||
                                (mo.layout == Mixed24Options::Layout::Auto && mixed24_aligned_fits(k, mo));
           if (aligned) {
-            const Mixed24AQuantized mq = mixed24a_quantize(w, n, k, h, factors.at(kSlotOf[i]), mo, &ms);
+            const Mixed24AQuantized mq = mixed24a_quantize(w, n, k, h, factors.at(kLinearSlot[i]), mo, &ms);
             mq.dequantize(deq.data());
             quantized[name] = pack_mixed24a(mq, storage);
             paper_bits += static_cast<double>(n * mq.units() * (3 * 16 * 2 + 16 * 4 + 4 + 3 + 3 + 3 * 2 + 4 + 4));
             ++rep.mixed24_aligned_linears;
           } else {
-            const Mixed24Quantized mq = mixed24_quantize(w, n, k, {}, factors.at(kSlotOf[i]), mo, &ms);
+            const Mixed24Quantized mq = mixed24_quantize(w, n, k, {}, factors.at(kLinearSlot[i]), mo, &ms);
             mq.dequantize(deq.data());
             quantized[name] = pack_mixed24(mq, storage);
             paper_bits += static_cast<double>(n * (mq.g2 * (16 * 2 + kMixedScaleBits + 2) + mq.g4 * (16 * 4 + 16 + 4)));
@@ -264,7 +260,7 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
           rep.outliers += ms.outliers;
         } else {
           GptqStats gs;
-          const UniformQuantized q = gptq_quantize(w, n, k, h, factors.at(kSlotOf[i]), opts.gptq, &gs);
+          const UniformQuantized q = gptq_quantize(w, n, k, h, factors.at(kLinearSlot[i]), opts.gptq, &gs);
           rep.hessian_error_sum += gs.hessian_error;
           // RTN on the same Hessian: what GPTQ's error feedback buys, layer by layer
           rep.rtn_hessian_error_sum += hessian_weighted_error(w, rtn_quantize(w, n, k, opts.gptq.spec), h);
