@@ -137,8 +137,7 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
             for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
               if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
               if (path == cuda::GemvPath::ScalarPairs && ((bits != 3 && bits != 4) || m > 4)) continue;
-              const bool reglut = path == cuda::GemvPath::TensorCoreRegisterLut || path == cuda::GemvPath::TensorCoreRegisterLutHalfX;
-              if (reglut && bits > 3) continue;
+              if (cuda::is_register_table(path) && bits > 3) continue;
               if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
               const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
                 cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);

@@ -562,7 +562,6 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) any
   load_register_table<B>(lut + r1 * E, lo1, hi1);
   const PlaneGroups<B, kSpan> planes(w, r0, r1, t);
   const int64_t groups = planes.groups;
-  auto load_planes = [&](int64_t gi, uint32_t (&p0)[B][kSpan], uint32_t (&p1)[B][kSpan]) { planes.load(gi, p0, p1); };
   // Lanes of batch columns >= m read column 0's fragments (a broadcast, no extra traffic): their outputs are not stored.
   // The x fragments of the next quad are loaded while this one is computed; four accumulator sets (slab half h x
   // hi / lo) keep four mma chains independent (one chain waited on each mma's latency, 16 deep per quad).
@@ -577,13 +576,13 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) any
   };
   float acc4[4][4] = {};
   uint32_t p0[B][kSpan], p1[B][kSpan];
-  load_planes(warp, p0, p1);
+  planes.load(warp, p0, p1);
   pdl_wait();   // the tables and the first planes came from the weights; xfrag and y belong to the kernels before
   XFrag xb[8];
   if (!kCompact) load_x(kSpan * warp, xb);
   for (int64_t gi = warp; gi < groups; gi += kTcWarps) {
     uint32_t n0[B][kSpan], n1[B][kSpan];   // the next group's planes, in flight while this one is computed
-    load_planes(gi + kTcWarps, n0, n1);
+    planes.load(gi + kTcWarps, n0, n1);
 #pragma unroll
     for (int e = 0; e < kSpan; ++e) {
       // This quad's x fragments are in xb (anyprec_xfrag_kernel<true, kSpan> order); fetch the next quad's.
@@ -625,9 +624,18 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) any
                                                [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
 }
 
+// The register-table kernel instantiation for run-time choices (kCompact only exists with kSpan = 4).
+template <int B, bool kHalfX>
+auto reglut_kernel(bool fused, int span, bool compact) {
+  if (span == 1) return fused ? anyprec_gemv_reglut_kernel<B, true, 1, false, kHalfX> : anyprec_gemv_reglut_kernel<B, false, 1, false, kHalfX>;
+  if (compact) return fused ? anyprec_gemv_reglut_kernel<B, true, 4, true, kHalfX> : anyprec_gemv_reglut_kernel<B, false, 4, true, kHalfX>;
+  return fused ? anyprec_gemv_reglut_kernel<B, true, 4, false, kHalfX> : anyprec_gemv_reglut_kernel<B, false, 4, false, kHalfX>;
+}
+
 template <int B>
 void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xfrag,
-               bool register_lut, bool half_x = false) {
+               GemvPath path) {
+  const bool register_lut = is_register_table(path), half_x = path == GemvPath::TensorCoreRegisterLutHalfX;
   const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
   uint4* xf = static_cast<uint4*>(xfrag);
   // 16-byte plane loads (kSpan = 4) when rows are a multiple of 4 words: measured on the H100 against one word per
@@ -645,13 +653,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     if (register_lut) {
       static const int sms = device_sm_count();
       const bool compact = span == 4 && grid > 3u * sms && grid <= 4u * sms;   // one wave only at four CTAs per SM
-      auto kern = span == 4 ? (fused ? anyprec_gemv_reglut_kernel<B, true, 4> : anyprec_gemv_reglut_kernel<B, false, 4>)
-                            : (fused ? anyprec_gemv_reglut_kernel<B, true, 1> : anyprec_gemv_reglut_kernel<B, false, 1>);
-      if (compact) kern = fused ? anyprec_gemv_reglut_kernel<B, true, 4, true> : anyprec_gemv_reglut_kernel<B, false, 4, true>;
-      if (half_x)
-        kern = span == 4 ? (compact ? (fused ? anyprec_gemv_reglut_kernel<B, true, 4, true, true> : anyprec_gemv_reglut_kernel<B, false, 4, true, true>)
-                                    : (fused ? anyprec_gemv_reglut_kernel<B, true, 4, false, true> : anyprec_gemv_reglut_kernel<B, false, 4, false, true>))
-                         : (fused ? anyprec_gemv_reglut_kernel<B, true, 1, false, true> : anyprec_gemv_reglut_kernel<B, false, 1, false, true>);
+      auto kern = half_x ? reglut_kernel<B, true>(fused, span, compact) : reglut_kernel<B, false>(fused, span, compact);
       launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf);
       return;
     }
@@ -687,12 +689,12 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
   } else {
     LOWBIT_CHECK(path != GemvPath::ScalarSharedX, "anyprec GEMV: shared-memory x staging is a 2/4/16 path");
-    if (path == GemvPath::TensorCoreRegisterLut || path == GemvPath::TensorCoreRegisterLutHalfX)
+    if (is_register_table(path))
       LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
                    B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
     if (path == GemvPath::Auto) path = anyprec_auto_path(w.n, w.k, m, B, xfrag != nullptr);
-    if (path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut || path == GemvPath::TensorCoreRegisterLutHalfX) {
-      launch_tc<B>(w, x, m, y, s, fused, xfrag, path != GemvPath::TensorCore, path == GemvPath::TensorCoreRegisterLutHalfX);
+    if (is_tensor_core(path)) {
+      launch_tc<B>(w, x, m, y, s, fused, xfrag, path);
     } else {
       switch (m) {
         case 1: launch_gemv<B, 1>(w, x, y, s, fused); break;

@@ -313,9 +313,7 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
     // by the uncaptured step that precedes it).
     if (ap) {
       const GemvPath path = anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), b, kPreSplitInRuntime);
-      const bool tc = path == GemvPath::TensorCore || path == GemvPath::TensorCoreRegisterLut ||
-                      path == GemvPath::TensorCoreRegisterLutHalfX;
-      void* xfrag = kPreSplitInRuntime && tc ? ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
+      void* xfrag = kPreSplitInRuntime && is_tensor_core(path) ? ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
       anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
       const GemvPath path = mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime);

@@ -102,6 +102,11 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
 enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX, TensorCoreRegisterLutHalfX };
 constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
+// The register-table kernels (any-precision 2..3 bits, x pre-split), and every tensor-core path.
+constexpr bool is_register_table(GemvPath p) {
+  return p == GemvPath::TensorCoreRegisterLut || p == GemvPath::TensorCoreRegisterLutHalfX;
+}
+constexpr bool is_tensor_core(GemvPath p) { return p == GemvPath::TensorCore || is_register_table(p); }
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
 constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..3 bits, pre-split x)
