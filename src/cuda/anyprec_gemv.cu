@@ -21,6 +21,8 @@
 // Sparse outliers replace the table value at their (row, column): fused, the warp adds (val - lut[code]) * x for
 // its rows' CSR entries (the code re-read from the planes); or a separate SpMV kernel does the same afterwards.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
 
 #include "cuda/launch.cuh"
@@ -49,6 +51,12 @@ __device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
   return v;
+}
+__device__ __forceinline__ void lds_u32x2(uint32_t addr, uint32_t (&v)[2]) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "r"(addr));
+}
+__device__ __forceinline__ void lds_u32x4(uint32_t addr, uint32_t (&v)[4]) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
 }
 
 // Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
@@ -481,18 +489,25 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return d;
 }
 
-// The lane's table of one row: lo[0] / hi[0] the low / high bytes of entries 0-3, lo[1] / hi[1] of entries 4-7.
+// The lane's table of one row from its 2^B fp16 centroids (u: 16 / 8 bytes): lo[0] / hi[0] the low / high bytes of
+// entries 0-3, lo[1] / hi[1] of entries 4-7.
+template <int B>
+__device__ __forceinline__ void register_table_from_words(const uint32_t (&u)[4], uint32_t (&lo)[2], uint32_t (&hi)[2]) {
+  lo[0] = prmt(u[0], u[1], 0x6420u); hi[0] = prmt(u[0], u[1], 0x7531u);
+  lo[1] = B == 3 ? prmt(u[2], u[3], 0x6420u) : 0u;
+  hi[1] = B == 3 ? prmt(u[2], u[3], 0x7531u) : 0u;
+}
 template <int B>
 __device__ __forceinline__ void load_register_table(const __half* __restrict__ l, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
+  uint32_t u[4] = {0u, 0u, 0u, 0u};
   if constexpr (B == 3) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(l));
-    lo[0] = prmt(u.x, u.y, 0x6420u); hi[0] = prmt(u.x, u.y, 0x7531u);
-    lo[1] = prmt(u.z, u.w, 0x6420u); hi[1] = prmt(u.z, u.w, 0x7531u);
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(l));
+    u[0] = v.x; u[1] = v.y; u[2] = v.z; u[3] = v.w;
   } else {
-    const uint2 u = __ldg(reinterpret_cast<const uint2*>(l));
-    lo[0] = prmt(u.x, u.y, 0x6420u); hi[0] = prmt(u.x, u.y, 0x7531u);
-    lo[1] = 0u; hi[1] = 0u;
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(l));
+    u[0] = v.x; u[1] = v.y;
   }
+  register_table_from_words<B>(u, lo, hi);
 }
 
 // The two half2 A registers of one row for the four codes in the low 16 bits of sel (one per nibble).
@@ -632,6 +647,200 @@ auto reglut_kernel(bool fused, int span, bool compact) {
   return fused ? anyprec_gemv_reglut_kernel<B, true, 4, false, kHalfX> : anyprec_gemv_reglut_kernel<B, false, 4, false, kHalfX>;
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Streamed register-table path (GemvPath::TensorCoreRegisterLutStream; 2-3 bits, batch 1..2, x pre-split, rows of a
+// multiple of 4 words and at least kStreamWarps groups of 16 words). The same decode and mma as the kernel above,
+// with the memory side reorganised after ncu's source-level stall sampling of that kernel (3 bits, 28672x8192,
+// batch 1, H100): 20% of all warp samples sat on the first use of the planes loaded before the loop. Its CTAs live
+// for one 16-row tile, 4 groups per warp at k = 8192 (2 at 4096), so every CTA start pays a DRAM round trip that
+// the single group of register prefetch cannot cover; the prefetch buffers (the next group's planes, the next
+// quad's x fragments) hold 56 of its 142 registers, three CTAs per SM.
+// Here CTAs are persistent (one wave, each looping over tiles blockIdx.x, + gridDim.x, ...), and each warp streams
+// its work items (tile, group) through a private ring of kStages shared-memory stages with cp.async: a stage holds
+// the group's plane words of the lane's two rows, the tile's 16 LUT rows (read at the tile's first group) and the
+// group's pre-split x fragments of the lanes of batch columns < kMX. The copies of item i + kStages - 1 are issued
+// before item i is computed, across tile boundaries, so nothing waits on DRAM but the very first item; prefetching
+// costs no registers. Lanes read their own plane words back (16-byte LDS, conflict-free) and the x fragments as
+// broadcasts. A tile's partial fragments are summed across the CTA's warps as in the kernel above.
+constexpr int kStreamWarps = 4;
+
+__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int bytes, bool ok = true) {
+  if (bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(ok ? 8 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+
+// kStages: the ring's depth; kHalfX: x fragments of the hi halves only (8 bytes, as TensorCoreRegisterLutHalfX).
+template <int B, int kMX, int kStages, bool kHalfX>
+struct StreamStage {
+  static constexpr int kPlaneBytes = 2 * B * 32 * 16;      // [row half][plane][lane] uint4
+  static constexpr int kLutRowBytes = 2 << B;              // 2^B fp16 centroids
+  static constexpr int kLutBytes = 16 * 16;                // [tile row] (16-byte slots)
+  static constexpr int kXEntries = 4 * 8 * 4 * kMX;        // [quad][slab][lane < 4 kMX]
+  static constexpr int kXEntryBytes = kHalfX ? 8 : 16;     // {b0 hi, b1 hi[, b0 lo, b1 lo]}
+  static constexpr int kBytes = kPlaneBytes + kLutBytes + kXEntryBytes * kXEntries;
+  static constexpr int kWarpBytes = kStages * kBytes;
+  // The ring's CTAs per SM: 4 at two stages (registers capped at 128), 2 deeper (the one-wave grids of few tiles).
+  static constexpr int kMinBlocks = kStages == 2 ? ((kHalfX || B == 2) && kMX == 1 ? 5 : 4) : 2;
+};
+
+template <int B, bool kFusedOutliers, int kMX, int kStages, bool kHalfX>
+__global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStages, kHalfX>::kMinBlocks)) anyprec_gemv_reglut_stream_kernel(AnyPrecDevice w, const float* __restrict__ x,
+                                                                                         int m_total, float* __restrict__ y,
+                                                                                         const uint4* __restrict__ xfrag) {
+  static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
+  using S = StreamStage<B, kMX, kStages, kHalfX>;
+  extern __shared__ __align__(16) unsigned char stream_smem[];
+  const int64_t n = w.n, k = w.k, W = w.words, G = (W + 15) / 16, tiles = (n + 15) / 16;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  constexpr int E = 1 << B;
+  const __half* lut = w.lut[B];
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(stream_smem)) + warp * S::kWarpBytes;
+  // The issue cursor: the item (tile, group) whose copies go out next, and the stage it goes to.
+  int64_t it_tile = blockIdx.x, it_gi = warp;
+  int it_stage = 0;
+  auto advance = [&] {
+    it_gi += kStreamWarps;
+    if (it_gi >= G) { it_gi = warp; it_tile += gridDim.x; }
+    it_stage = it_stage + 1 == kStages ? 0 : it_stage + 1;
+  };
+  auto issue_weights = [&] {   // the plane words of the lane's rows and, at a tile's first group, the tile's LUT rows
+    if (it_tile >= tiles) return;
+    const uint32_t st = ring + it_stage * S::kBytes;
+    const int64_t row0 = it_tile * 16, word = 16 * it_gi + 4 * t;
+    const bool ok = word < W;   // W % 4 == 0: the lane's 4 words are all in or all out
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = min_i64(row0 + g + 8 * h, n - 1);
+#pragma unroll
+      for (int j = 0; j < B; ++j)
+        cp_async(st + ((h * B + j) * 32 + lane) * 16, w.plane_data + (j * n + row) * W + (ok ? word : 0), 16, ok);
+    }
+    if (it_gi == warp && lane < 16)
+      cp_async(st + S::kPlaneBytes + 16 * lane, lut + min_i64(row0 + lane, n - 1) * E, S::kLutRowBytes);
+  };
+  auto issue_x = [&] {   // the group's x fragments of the lanes < 4 kMX (one stage entry per lane and slab)
+    if (it_tile >= tiles) return;
+    const uint32_t st = ring + it_stage * S::kBytes + S::kPlaneBytes + S::kLutBytes;
+#pragma unroll
+    for (int c = 0; c < S::kXEntries / 32; ++c) {
+      const int idx = lane + 32 * c, qs = idx / (4 * kMX), l = idx % (4 * kMX);
+      cp_async(st + S::kXEntryBytes * idx, xfrag + (32 * it_gi + qs) * 32 + l, S::kXEntryBytes);
+    }
+  };
+  // Prologue: the weights of the first kStages - 1 items before the previous kernel's end, their x after it.
+  {
+    const int64_t t0 = it_tile, g0 = it_gi;
+    for (int p = 0; p + 1 < kStages; ++p) { issue_weights(); advance(); }
+    pdl_wait();   // xfrag and y belong to the kernels before
+    it_tile = t0; it_gi = g0; it_stage = 0;
+    for (int p = 0; p + 1 < kStages; ++p) { issue_x(); cp_async_commit(); advance(); }
+  }
+  const int xl = g < m_total ? lane : t;   // lanes of batch columns >= m read column 0's fragments (not stored)
+  int stage = 0, buf = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const TcTile tt(n, tile);
+    uint32_t lo0[2], hi0[2], lo1[2], hi1[2];
+    float acc4[4][4] = {};
+    for (int64_t gi = warp; gi < G; gi += kStreamWarps) {
+      __syncwarp();   // every lane is done with the stage the next copies overwrite
+      issue_weights();
+      issue_x();
+      cp_async_commit();
+      advance();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();   // the other lanes' copies (LUT rows, x fragments) are visible
+      const uint32_t st = ring + stage * S::kBytes;
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+      if (gi == warp) {   // the tile's first group: its tables
+        uint32_t l0[4], l1[4];
+        lds_u32x4(st + S::kPlaneBytes + 16 * g, l0);
+        lds_u32x4(st + S::kPlaneBytes + 16 * (g + 8), l1);
+        register_table_from_words<B>(l0, lo0, hi0);
+        register_table_from_words<B>(l1, lo1, hi1);
+      }
+      uint32_t p0[B][4], p1[B][4];
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        lds_u32x4(st + (j * 32 + lane) * 16, p0[j]);
+        lds_u32x4(st + ((B + j) * 32 + lane) * 16, p1[j]);
+      }
+      const uint32_t xs = st + S::kPlaneBytes + S::kLutBytes + S::kXEntryBytes * xl;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        uint32_t w0[B], w1[B];
+#pragma unroll
+        for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t v0 = transpose_slot<B, 0x11111111u>(w0, s), v1 = transpose_slot<B, 0x11111111u>(w1, s);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint32_t a[4];
+            register_lookup(lo0, hi0, h ? v0 >> 16 : v0, a[0], a[2]);   // row g
+            register_lookup(lo1, hi1, h ? v1 >> 16 : v1, a[1], a[3]);   // row g + 8
+            const uint32_t xa = xs + S::kXEntryBytes * 4 * kMX * (8 * e + 2 * s + h);
+            if constexpr (kHalfX) {
+              uint32_t b[2];
+              lds_u32x2(xa, b);
+              mma_16816(acc4[2 * h + (s & 1)], a, b[0], b[1]);   // still four independent chains
+            } else {
+              uint32_t b[4];
+              lds_u32x4(xa, b);
+              mma_16816(acc4[2 * h], a, b[0], b[1]);       // hi halves
+              mma_16816(acc4[2 * h + 1], a, b[2], b[3]);   // lo halves
+            }
+          }
+        }
+      }
+    }
+    float acc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
+    if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
+    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tt.row0, n, m_total, w.rowptr != nullptr, y,
+                                                     [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); },
+                                                     buf);
+    buf ^= 1;
+  }
+  cp_async_wait<0>();   // no copy outlives the CTA
+}
+
+// CTAs of the streamed kernel resident per SM (its one wave), per instantiation.
+template <typename Kernel>
+int stream_blocks_per_sm(Kernel kern, size_t smem) {
+  static std::mutex mu;
+  static std::map<const void*, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(reinterpret_cast<const void*>(kern));
+  if (it != cache.end()) return it->second;
+  if (smem > 48 * 1024)
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  int blocks = 0;
+  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, kStreamWarps * 32, smem));
+  LOWBIT_CHECK(blocks >= 1, "anyprec GEMV: the streamed register-table kernel does not fit an SM");
+  cache[reinterpret_cast<const void*>(kern)] = blocks;
+  return blocks;
+}
+
+template <int B, int kMX, int kStages, bool kHalfX>
+void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
+  const size_t smem = static_cast<size_t>(kStreamWarps) * StreamStage<B, kMX, kStages, kHalfX>::kWarpBytes;
+  auto kern = fused ? anyprec_gemv_reglut_stream_kernel<B, true, kMX, kStages, kHalfX>
+                    : anyprec_gemv_reglut_stream_kernel<B, false, kMX, kStages, kHalfX>;
+  // The same number of CTAs on every SM: with fewer tiles than resident CTAs the block scheduler would otherwise fill
+  // some SMs to the limit and leave others short (8192x28672 at five CTAs per SM: 512 tiles on 103 SMs, 58.7 us
+  // against 50.5 at four per SM on 128). CTAs past the last tile exit after the prologue.
+  static const int sms = device_sm_count();
+  const int64_t tiles = (w.n + 15) / 16;
+  const int64_t per_sm = std::min<int64_t>(stream_blocks_per_sm(kern, smem), (tiles + sms - 1) / sms);
+  launch_pdl(kPdlRegLut, kern, static_cast<unsigned>(per_sm * sms), kStreamWarps * 32, smem, s, w, x, m, y, xf);
+}
+
 template <int B>
 void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xfrag,
                GemvPath path) {
@@ -650,6 +859,22 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads);
   }
   if constexpr (B <= 3) {
+    if (is_streamed(path)) {   // requirements checked by gemv_bits
+      // Four stages for grids of at most two tiles per SM with at least four groups per warp, two otherwise
+      // (measured on the H100, 3 bits batch 1: 4096x11008 18.7 against 20.4 us; 4096x4096, two groups per warp,
+      // 9.8 with two stages against 10.7; 28672x8192 54.6 against 59.8).
+      static const int sms = device_sm_count();
+      const bool deep = static_cast<int64_t>(grid) <= 2LL * sms && (w.words + 15) / 16 >= 4 * kStreamWarps;
+      const bool hx = path == GemvPath::TensorCoreRegisterLutStreamHalfX;
+      if (m == 1) {
+        if (hx) deep ? launch_stream<B, 1, 4, true>(w, x, m, y, s, fused, xf) : launch_stream<B, 1, 2, true>(w, x, m, y, s, fused, xf);
+        else deep ? launch_stream<B, 1, 4, false>(w, x, m, y, s, fused, xf) : launch_stream<B, 1, 2, false>(w, x, m, y, s, fused, xf);
+      } else {
+        if (hx) deep ? launch_stream<B, 2, 4, true>(w, x, m, y, s, fused, xf) : launch_stream<B, 2, 2, true>(w, x, m, y, s, fused, xf);
+        else deep ? launch_stream<B, 2, 4, false>(w, x, m, y, s, fused, xf) : launch_stream<B, 2, 2, false>(w, x, m, y, s, fused, xf);
+      }
+      return;
+    }
     if (register_lut) {
       static const int sms = device_sm_count();
       const bool compact = span == 4 && grid > 3u * sms && grid <= 4u * sms;   // one wave only at four CTAs per SM
@@ -692,6 +917,9 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     if (is_register_table(path))
       LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
                    B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
+    if (is_streamed(path))
+      LOWBIT_CHECK(anyprec_stream_fits(w.n, w.k, m), "anyprec GEMV: the streamed register-table kernel needs k a multiple of 128 and >= ",
+                   16 * 32 * kStreamWarps, ", and batch <= 2 (asked: ", w.n, "x", w.k, ", batch ", m, ")");
     if (path == GemvPath::Auto) path = anyprec_auto_path(w.n, w.k, m, B, xfrag != nullptr);
     if (is_tensor_core(path)) {
       launch_tc<B>(w, x, m, y, s, fused, xfrag, path);

@@ -60,39 +60,29 @@ __device__ __forceinline__ void store_warp_sums(const float (&acc)[kRows][M], in
 struct TcTile {
   int warp, lane, g, t;
   int64_t row0, r0, r1;
-  __device__ __forceinline__ explicit TcTile(int64_t n)
+  __device__ __forceinline__ explicit TcTile(int64_t n) : TcTile(n, blockIdx.x) {}
+  // Tile `tile` (rows 16 tile ..) instead of the CTA's own: kernels whose CTAs loop over several tiles.
+  __device__ __forceinline__ TcTile(int64_t n, int64_t tile)
       : warp(static_cast<int>(threadIdx.x) / 32), lane(static_cast<int>(threadIdx.x) % 32), g(lane / 4), t(lane % 4),
-        row0(static_cast<int64_t>(blockIdx.x) * 16), r0(row0 + g < n ? row0 + g : n - 1),
-        r1(row0 + g + 8 < n ? row0 + g + 8 : n - 1) {}
+        row0(tile * 16), r0(row0 + g < n ? row0 + g : n - 1), r1(row0 + g + 8 < n ? row0 + g + 8 : n - 1) {}
 };
 
 // The tensor-core GEMVs' epilogue. The CTA's warps each hold an m16n8 accumulator fragment of the same 16 rows
-// (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); their sum goes to outs[row][batch column]. Then warp w
-// stores rows 4w .. 4w + 3 for every batch column, adding the warp-reduced sum of partial(row, mm) over the lanes
-// when outliers are on (each lane returns its share of the row's outlier correction). Synchronises the block.
+// (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); after one barrier warp w stores rows 4w .. 4w + 3 for
+// every batch column, each value the sum of the warps' fragments read from shared memory, plus the warp-reduced sum of
+// partial(row, mm) over the lanes when outliers are on (each lane returns its share of the row's outlier
+// correction). buf: which half of the double-buffered scratch (a CTA looping over tiles alternates, so that the next
+// tile's writes never meet this tile's reads without a second barrier).
 template <int kWarps, bool kOutliers, typename Partial>
 __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
                                                    int m_total, bool has_outliers, float* __restrict__ y,
-                                                   Partial partial) {
-  __shared__ float part[kWarps][32][4];   // each warp's fragment
-  __shared__ float outs[16][8];           // their sum, [row][batch column]
-  const int g = lane / 4, t = lane % 4;
+                                                   Partial partial, int buf = 0) {
+  __shared__ float part[2][kWarps][32][4];   // each warp's fragment
 #pragma unroll
-  for (int i = 0; i < 4; ++i) part[warp][lane][i] = acc[i];
-  __syncthreads();
-  if (warp == 0) {
-    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int wi = 0; wi < kWarps; ++wi)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) v[i] += part[wi][lane][i];
-    outs[g][2 * t] = v[0];
-    outs[g][2 * t + 1] = v[1];
-    outs[g + 8][2 * t] = v[2];
-    outs[g + 8][2 * t + 1] = v[3];
-  }
+  for (int i = 0; i < 4; ++i) part[buf][warp][lane][i] = acc[i];
   __syncthreads();
   for (int rr = 0; rr < 4; ++rr) {
-    const int lr = warp * 4 + rr;
+    const int lr = warp * 4 + rr;   // row lr of the tile: lane 4 (lr % 8) + mm / 2, entry 2 (lr / 8) + mm % 2
     const int64_t row = row0 + lr;
     if (row >= n) break;
     for (int mm = 0; mm < m_total; ++mm) {
@@ -102,7 +92,11 @@ __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int wa
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
       }
-      if (lane == 0) y[mm * n + row] = outs[lr][mm] + extra;
+      if (lane == 0) {
+        float v = 0.0f;
+        for (int wi = 0; wi < kWarps; ++wi) v += part[buf][wi][4 * (lr % 8) + mm / 2][2 * (lr / 8) + mm % 2];
+        y[mm * n + row] = v + extra;
+      }
     }
   }
 }

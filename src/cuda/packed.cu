@@ -332,9 +332,13 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
 // shared-memory tensor-core kernel beats the CUDA-core one from batch 3 on at <= 5 bits (batch 4: 22.1 vs 28.3 us at
 // 4096x4096, 105 vs 147 at 28672x8192), from batch 5 at >= 6 bits (8-bit batch 4: CUDA cores win 3 of 6 shapes);
 // without the pre-split, from batch 6. At 2..3 bits the register-table kernel wins at every batch 1..8 on every
-// shape (3 bits, batch 1: 12.3 vs 13.1 us at 4096x4096, 59.2 vs 78.7 at 28672x8192; batch 8: 76.4 vs 110.9).
+// shape (3 bits, batch 1: 12.3 vs 13.1 us at 4096x4096, 59.2 vs 78.7 at 28672x8192; batch 8: 76.4 vs 110.9), and
+// at batch 1..2 its streamed form beats it where it runs (session 10, H100, 3 bits batch 1: 9.8 vs 11.4 us at
+// 4096x4096, 54.7 vs 59.1 at 28672x8192, 52.0 vs 62.6 at 8192x28672, the 7B shapes even or up to 7% faster). At 2
+// bits it loses on two of the five 7B shapes (4096x11008 19.3 vs 16.7 us), so Auto keeps it to 3 bits.
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
-  (void)n;
+  if (presplit && bits == 3 && anyprec_stream_fits(n, k, m))
+    return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutStreamHalfX : GemvPath::TensorCoreRegisterLutStream;
   if (presplit && bits <= 3 && m >= kRegisterLutMinBatch)
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutHalfX : GemvPath::TensorCoreRegisterLut;
   // >= 6 bits on long rows (k > 16384): the CUDA-core kernel falls behind from batch 3 (8-bit 8192x28672: 417 vs 298
