@@ -215,9 +215,11 @@ TEST(CudaKernels, StackedAnyPrecRowsEqualTheirParts) {
 }
 
 // Both GEMV paths (CUDA-core FMAs; tensor-core mma with x split into two fp16 halves) hold the fp32 budget.
+// The streamed tensor-core kernel (k % 256 == 0, k >= 1024): 16x4096, 3x28672, 33x2304 (9 chunks: the warps take
+// 3 / 2 / 2 / 2, a part last tile) and 9001x1280 (563 tiles: persistent CTAs loop over several on an H100 / H200).
 TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
-  const Shape shapes[] = {{1, 64}, {17, 576}, {40, 1600}, {16, 4096}, {3, 28672}, {28672, 128}};
+  const Shape shapes[] = {{1, 64}, {17, 576}, {40, 1600}, {16, 4096}, {3, 28672}, {28672, 128}, {33, 2304}, {9001, 1280}};
   uint32_t seed = 100;
   for (const Shape& sh : shapes)
     for (bool outliers : {false, true}) {
@@ -236,10 +238,11 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
         cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(sh.k));
         for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
                  {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
-                 {cuda::GemvPath::ScalarSharedX, false}})
+                 {cuda::GemvPath::ScalarSharedX, false}, {cuda::GemvPath::TensorCoreStream, true}})
           for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
             if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
             if (path == cuda::GemvPath::ScalarSharedX && 4 * m * sh.k > cuda::kMixed24aSharedXMaxBytes) continue;
+            if (path == cuda::GemvPath::TensorCoreStream && !cuda::mixed24a_stream_fits(sh.n, sh.k, m)) continue;
             if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
             const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
               cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
@@ -247,6 +250,7 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
             expect_close(got, want, scale, kGemvBudget,
                          "mixed24a " + std::string(path == cuda::GemvPath::Scalar          ? "scalar "
                                                    : path == cuda::GemvPath::ScalarSharedX ? "scalar shared-x "
+                                                   : path == cuda::GemvPath::TensorCoreStream ? "tensor-core streamed "
                                                    : presplit                              ? "tensor-core pre-split "
                                                                                            : "tensor-core ") +
                              std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" + std::to_string(m) +

@@ -21,13 +21,12 @@
 // Sparse outliers replace the table value at their (row, column): fused, the warp adds (val - lut[code]) * x for
 // its rows' CSR entries (the code re-read from the planes); or a separate SpMV kernel does the same afterwards.
 #include <algorithm>
-#include <map>
-#include <mutex>
 #include <type_traits>
 
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
+#include "cuda/stream.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -51,12 +50,6 @@ __device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
   return v;
-}
-__device__ __forceinline__ void lds_u32x2(uint32_t addr, uint32_t (&v)[2]) {
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "r"(addr));
-}
-__device__ __forceinline__ void lds_u32x4(uint32_t addr, uint32_t (&v)[4]) {
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3]) : "r"(addr));
 }
 
 // Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
@@ -664,15 +657,6 @@ auto reglut_kernel(bool fused, int span, bool compact) {
 // broadcasts. A tile's partial fragments are summed across the CTA's warps as in the kernel above.
 constexpr int kStreamWarps = 4;
 
-__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int bytes, bool ok = true) {
-  if (bytes == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(ok ? 8 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 // kStages: the ring's depth; kHalfX: x fragments of the hi halves only (8 bytes, as TensorCoreRegisterLutHalfX).
 template <int B, int kMX, int kStages, bool kHalfX>
@@ -810,22 +794,6 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
   cp_async_wait<0>();   // no copy outlives the CTA
 }
 
-// CTAs of the streamed kernel resident per SM (its one wave), per instantiation.
-template <typename Kernel>
-int stream_blocks_per_sm(Kernel kern, size_t smem) {
-  static std::mutex mu;
-  static std::map<const void*, int> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(reinterpret_cast<const void*>(kern));
-  if (it != cache.end()) return it->second;
-  if (smem > 48 * 1024)
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  int blocks = 0;
-  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, kStreamWarps * 32, smem));
-  LOWBIT_CHECK(blocks >= 1, "anyprec GEMV: the streamed register-table kernel does not fit an SM");
-  cache[reinterpret_cast<const void*>(kern)] = blocks;
-  return blocks;
-}
 
 template <int B, int kMX, int kStages, bool kHalfX>
 void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
@@ -837,7 +805,7 @@ void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cuda
   // against 50.5 at four per SM on 128). CTAs past the last tile exit after the prologue.
   static const int sms = device_sm_count();
   const int64_t tiles = (w.n + 15) / 16;
-  const int64_t per_sm = std::min<int64_t>(stream_blocks_per_sm(kern, smem), (tiles + sms - 1) / sms);
+  const int64_t per_sm = std::min<int64_t>(stream_blocks_per_sm(kern, kStreamWarps * 32, smem), (tiles + sms - 1) / sms);
   launch_pdl(kPdlRegLut, kern, static_cast<unsigned>(per_sm * sms), kStreamWarps * 32, smem, s, w, x, m, y, xf);
 }
 

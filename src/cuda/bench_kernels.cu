@@ -174,9 +174,11 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           static const Variant variants[] = {{GemvPath::Scalar, false, " (CUDA cores)"},
                                              {GemvPath::TensorCore, false, " (tensor cores)"},
                                              {GemvPath::TensorCore, true, " (tensor cores, x pre-split)"},
-                                             {GemvPath::ScalarSharedX, false, " (CUDA cores, x staged in shared memory)"}};
+                                             {GemvPath::ScalarSharedX, false, " (CUDA cores, x staged in shared memory)"},
+                                             {GemvPath::TensorCoreStream, true, " (tensor cores, streamed)"}};
           for (const Variant& v : variants) {
             if (v.path == GemvPath::ScalarSharedX && 4 * m * k > kMixed24aSharedXMaxBytes) continue;   // x must fit
+            if (v.path == GemvPath::TensorCoreStream && !mixed24a_stream_fits(n, k, static_cast<int>(m))) continue;
             const double p_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s,
                             OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);
@@ -184,7 +186,8 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             row(std::string("2/4/16 no outliers") + v.name + (v.chosen(runtime) ? " *" : ""), m, p_us, base[bi], dense_bytes);
           }
           if (full[0].rowptr != nullptr) {
-            void* frag = kPreSplitInRuntime && runtime == GemvPath::TensorCore ? xfrag.get() : nullptr;
+            void* frag = kPreSplitInRuntime && (runtime == GemvPath::TensorCore || runtime == GemvPath::TensorCoreStream)
+                             ? xfrag.get() : nullptr;
             const double f_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,
                             runtime, frag);

@@ -18,6 +18,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
+#include "cuda/stream.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -257,6 +258,48 @@ __global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict_
   out[id] = v;
 }
 
+// Lane (g, t)'s A fragment of group s of a unit (rows g and g + 8: their code words qa / qb and metadata m2 / m4) and
+// the two rows' group scales ŝ = sc * ss + sm: A = q - z exact in fp16, in the k order documented above.
+struct MixedUnit {
+  uint4 qa0, qa1;
+  uint32_t qb0, qb1, m20, m21, m40, m41;
+};
+__device__ __forceinline__ void mixed_group_a(const MixedUnit& q, int s, int t, float ss, float sm, uint32_t (&a)[4],
+                                              float& scale0, float& scale1) {
+  const uint32_t sc0 = s == 0 ? (q.m20 & 15u) : s == 1 ? ((q.m20 >> 4) & 7u) : s == 2 ? ((q.m20 >> 7) & 7u) : (q.m40 & 15u);
+  const uint32_t sc1 = s == 0 ? (q.m21 & 15u) : s == 1 ? ((q.m21 >> 4) & 7u) : s == 2 ? ((q.m21 >> 7) & 7u) : (q.m41 & 15u);
+  const uint32_t z0 = s == 3 ? (q.m40 >> 4) : ((q.m20 >> (10 + 2 * s)) & 3u);
+  const uint32_t z1 = s == 3 ? (q.m41 >> 4) : ((q.m21 >> (10 + 2 * s)) & 3u);
+  scale0 = fmaf(static_cast<float>(sc0), ss, sm);
+  scale1 = fmaf(static_cast<float>(sc1), ss, sm);
+  const __half2 zm0 = __float2half2_rn(1024.0f + static_cast<float>(z0));
+  const __half2 zm1 = __float2half2_rn(1024.0f + static_cast<float>(z1));
+  if (s < 3) {
+    const uint32_t w0 = s == 0 ? q.qa0.x : s == 1 ? q.qa0.y : q.qa0.z, w1 = s == 0 ? q.qa1.x : s == 1 ? q.qa1.y : q.qa1.z;
+    a[0] = codes_minus_zero((w0 >> (4 * t)) & 0x00030003u, zm0);       // row g,     k 2t, 2t+1: codes 2t, 2t+8
+    a[1] = codes_minus_zero((w1 >> (4 * t)) & 0x00030003u, zm1);       // row g + 8
+    a[2] = codes_minus_zero((w0 >> (4 * t + 2)) & 0x00030003u, zm0);   // row g,     k 2t+8, 2t+9: codes 2t+1, 2t+9
+    a[3] = codes_minus_zero((w1 >> (4 * t + 2)) & 0x00030003u, zm1);
+  } else {
+    a[0] = codes_minus_zero((q.qa0.w >> (4 * t)) & 0x000F000Fu, zm0);  // codes t, t+4
+    a[1] = codes_minus_zero((q.qa1.w >> (4 * t)) & 0x000F000Fu, zm1);
+    a[2] = codes_minus_zero((q.qb0 >> (4 * t)) & 0x000F000Fu, zm0);    // codes 8+t, 12+t
+    a[3] = codes_minus_zero((q.qb1 >> (4 * t)) & 0x000F000Fu, zm1);
+  }
+}
+
+// Lane `lane`'s share of the outlier correction of (row, batch column mm): val * x[orig(c)] over its CSR entries.
+__device__ __forceinline__ float mixed_outlier_lane_sum(const Mixed24ADevice& w, const float* __restrict__ x, int64_t row,
+                                                        int mm, int lane) {
+  float extra = 0.0f;
+  for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
+    const uint32_t c = __ldg(w.col + e);
+    const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
+    extra = fmaf(__half2float(w.val[e]), __ldg(x + mm * w.k + orig), extra);
+  }
+  return extra;
+}
+
 template <bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24ADevice w, const float* __restrict__ x,
                                                                          int m_total, float* __restrict__ y,
@@ -271,10 +314,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 
   for (int64_t u = warp; u < U; u += kTcWarps) {
-    const uint4 qa0 = __ldg(w.qa + r0 * U + u), qa1 = __ldg(w.qa + r1 * U + u);
-    const uint32_t qb0 = __ldg(w.qb + r0 * U + u), qb1 = __ldg(w.qb + r1 * U + u);
-    const uint32_t m20 = __ldg(w.meta2 + r0 * U + u), m21 = __ldg(w.meta2 + r1 * U + u);
-    const uint32_t m40 = __ldg(w.meta4 + r0 * U + u), m41 = __ldg(w.meta4 + r1 * U + u);
+    const MixedUnit q = {__ldg(w.qa + r0 * U + u),    __ldg(w.qa + r1 * U + u),    __ldg(w.qb + r0 * U + u),
+                         __ldg(w.qb + r1 * U + u),    __ldg(w.meta2 + r0 * U + u), __ldg(w.meta2 + r1 * U + u),
+                         __ldg(w.meta4 + r0 * U + u), __ldg(w.meta4 + r1 * U + u)};
     const uint2 pp = __ldg(reinterpret_cast<const uint2*>(w.perm) + u);
     const int64_t base[4] = {16 * static_cast<int64_t>(pp.x & 0xFFFFu), 16 * static_cast<int64_t>(pp.x >> 16),
                              16 * static_cast<int64_t>(pp.y & 0xFFFFu), 16 * static_cast<int64_t>(pp.y >> 16)};
@@ -282,22 +324,12 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
     for (int s = 0; s < 4; ++s) {
       const float ss = __half2float(s < 3 ? w.ss2[rg * 3 * U + 3 * u + s] : w.ss4[rg * U + u]);
       const float sm = __half2float(s < 3 ? w.sm2[rg * 3 * U + 3 * u + s] : w.sm4[rg * U + u]);
-      const uint32_t sc0 = s == 0 ? (m20 & 15u) : s == 1 ? ((m20 >> 4) & 7u) : s == 2 ? ((m20 >> 7) & 7u) : (m40 & 15u);
-      const uint32_t sc1 = s == 0 ? (m21 & 15u) : s == 1 ? ((m21 >> 4) & 7u) : s == 2 ? ((m21 >> 7) & 7u) : (m41 & 15u);
-      const uint32_t z0 = s == 3 ? (m40 >> 4) : ((m20 >> (10 + 2 * s)) & 3u);
-      const uint32_t z1 = s == 3 ? (m41 >> 4) : ((m21 >> (10 + 2 * s)) & 3u);
-      const float scale0 = fmaf(static_cast<float>(sc0), ss, sm), scale1 = fmaf(static_cast<float>(sc1), ss, sm);
-      const __half2 zm0 = __float2half2_rn(1024.0f + static_cast<float>(z0));
-      const __half2 zm1 = __float2half2_rn(1024.0f + static_cast<float>(z1));
       uint32_t a[4];
+      float scale0, scale1;
+      mixed_group_a(q, s, t, ss, sm, a, scale0, scale1);
       // The activations of the 4 k positions this lane feeds, in the same order.
       float xk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (s < 3) {
-        const uint32_t w0 = s == 0 ? qa0.x : s == 1 ? qa0.y : qa0.z, w1 = s == 0 ? qa1.x : s == 1 ? qa1.y : qa1.z;
-        a[0] = codes_minus_zero((w0 >> (4 * t)) & 0x00030003u, zm0);       // row g,     k 2t, 2t+1: codes 2t, 2t+8
-        a[1] = codes_minus_zero((w1 >> (4 * t)) & 0x00030003u, zm1);       // row g + 8
-        a[2] = codes_minus_zero((w0 >> (4 * t + 2)) & 0x00030003u, zm0);   // row g,     k 2t+8, 2t+9: codes 2t+1, 2t+9
-        a[3] = codes_minus_zero((w1 >> (4 * t + 2)) & 0x00030003u, zm1);
         if (!kPreSplit && col_ok) {
           const float2 lo = __ldg(reinterpret_cast<const float2*>(xg + base[s] + 2 * t));       // x[2t], x[2t+1]
           const float2 hi = __ldg(reinterpret_cast<const float2*>(xg + base[s] + 2 * t + 8));   // x[2t+8], x[2t+9]
@@ -307,10 +339,6 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
           xk[3] = hi.y;  // k 2t+9 -> code 2t+9
         }
       } else {
-        a[0] = codes_minus_zero((qa0.w >> (4 * t)) & 0x000F000Fu, zm0);    // codes t, t+4
-        a[1] = codes_minus_zero((qa1.w >> (4 * t)) & 0x000F000Fu, zm1);
-        a[2] = codes_minus_zero((qb0 >> (4 * t)) & 0x000F000Fu, zm0);      // codes 8+t, 12+t
-        a[3] = codes_minus_zero((qb1 >> (4 * t)) & 0x000F000Fu, zm1);
         if (!kPreSplit && col_ok) {
           xk[0] = __ldg(xg + base[s] + t);
           xk[1] = __ldg(xg + base[s] + t + 4);
@@ -335,15 +363,183 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
 
   pdl_launch_dependents();
   store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
-                                               [&](int64_t row, int mm) {
-    float extra = 0.0f;
-    for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
-      const uint32_t c = __ldg(w.col + e);
-      const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
-      extra = fmaf(__half2float(w.val[e]), __ldg(x + mm * k + orig), extra);
+                                               [&](int64_t row, int mm) { return mixed_outlier_lane_sum(w, x, row, mm, lane); });
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Streamed tensor-core path (GemvPath::TensorCoreStream; x pre-split, k a multiple of 256 and >= 1024). The kernel
+// above issues, per unit and lane, eight dependent weight/metadata loads and eight scale loads with nothing in
+// flight ahead of them, in CTAs that live for one 16-row tile: on the H100 it ran at 0.07-0.23 of the copy
+// bandwidth at every batch. Here, as in the any-precision streamed kernel (anyprec_gemv.cu), CTAs are persistent
+// and each warp streams its items, (tile, chunk of kStreamUnits units), through a private ring of shared-memory
+// stages by cp.async, the copies of an item issued kStages - 1 items ahead across tile boundaries. A stage holds
+// the chunk's code words of the tile's 16 rows ([unit][row] for qa: 8 rows per 128 bytes, conflict-free 16-byte
+// reads; [row][unit] for qb / meta2 / meta4), the tile's second-order scales of the chunk's groups, and the x
+// fragments of the lanes of batch columns < kMX. The decode and mma are the kernel above's (mixed_group_a).
+constexpr int kStreamWarps = 4;
+constexpr int kStreamUnits = 4;   // units (64 columns) per item
+
+template <int kMX>
+struct MixedStage {
+  static constexpr int kStages = kMX <= 2 ? 4 : 2;
+  static constexpr int kQa = 0;                                         // [unit][16 rows] uint4
+  static constexpr int kQb = kQa + kStreamUnits * 16 * 16;              // [16 rows][unit] u32
+  static constexpr int kM2 = kQb + 16 * kStreamUnits * 4;               // [16 rows][unit] u16
+  static constexpr int kM4 = kM2 + 16 * kStreamUnits * 2;               // [16 rows][unit] u8
+  static constexpr int kSs2 = kM4 + 16 * kStreamUnits;                  // 3 units' worth of halves each: ss2, sm2
+  static constexpr int kSm2 = kSs2 + 3 * kStreamUnits * 2;
+  static constexpr int kSs4 = kSm2 + 3 * kStreamUnits * 2;              // ss4, sm4
+  static constexpr int kSm4 = kSs4 + kStreamUnits * 2;
+  static constexpr int kX = kSm4 + kStreamUnits * 2;                    // [unit][group][lane < 4 kMX] uint4
+  static constexpr int kXEntries = kStreamUnits * 4 * 4 * kMX;
+  static constexpr int kBytes = kX + 16 * kXEntries;
+  static constexpr int kWarpBytes = kStages * kBytes;
+  static_assert(kX % 16 == 0, "x fragments 16-byte aligned");
+};
+
+__device__ __forceinline__ float lds_half(uint32_t addr) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return __half2float(__ushort_as_half(v));
+}
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
+  unsigned short v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u32s(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+
+template <bool kFusedOutliers, int kMX>
+__global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_gemv_stream_kernel(
+    Mixed24ADevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint4* __restrict__ xfrag) {
+  using S = MixedStage<kMX>;
+  constexpr int kStages = S::kStages;
+  extern __shared__ __align__(16) unsigned char mixed_stream_smem[];
+  const int64_t n = w.n, U = w.k / 64, C = U / kStreamUnits, tiles = (n + 15) / 16;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(mixed_stream_smem)) + warp * S::kWarpBytes;
+  int64_t it_tile = blockIdx.x, it_c = warp;   // the item whose copies go out next
+  int it_stage = 0;
+  auto advance = [&] {
+    it_c += kStreamWarps;
+    if (it_c >= C) { it_c = warp; it_tile += gridDim.x; }
+    it_stage = it_stage + 1 == kStages ? 0 : it_stage + 1;
+  };
+  auto issue_weights = [&] {
+    if (it_tile >= tiles) return;
+    const uint32_t st = ring + it_stage * S::kBytes;
+    const int64_t u0 = it_c * kStreamUnits;
+    {   // qa: 64 (unit, row) words of 16 bytes, two per lane
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int idx = lane + 32 * c, uu = idx / 16, r = idx % 16;
+        const int64_t row = min(it_tile * 16 + r, n - 1);
+        cp_async(st + S::kQa + 16 * idx, w.qa + row * U + u0 + uu, 16);
+      }
     }
-    return extra;
-  });
+    const int r = lane % 16;
+    const int64_t row = min(it_tile * 16 + r, n - 1);
+    if (lane < 16) {
+      cp_async(st + S::kQb + 16 * r, w.qb + row * U + u0, 16);
+      cp_async(st + S::kM4 + 4 * r, w.meta4 + row * U + u0, 4);
+    } else {
+      cp_async(st + S::kM2 + 8 * r, w.meta2 + row * U + u0, 8);
+      const int64_t rg = it_tile;
+      if (r < 3) cp_async(st + S::kSs2 + 8 * r, w.ss2 + rg * 3 * U + 3 * u0 + 4 * r, 8);
+      else if (r < 6) cp_async(st + S::kSm2 + 8 * (r - 3), w.sm2 + rg * 3 * U + 3 * u0 + 4 * (r - 3), 8);
+      else if (r == 6) cp_async(st + S::kSs4, w.ss4 + rg * U + u0, 8);
+      else if (r == 7) cp_async(st + S::kSm4, w.sm4 + rg * U + u0, 8);
+    }
+  };
+  auto issue_x = [&] {
+    if (it_tile >= tiles) return;
+    const uint32_t st = ring + it_stage * S::kBytes + S::kX;
+#pragma unroll
+    for (int c = 0; c < S::kXEntries / 32; ++c) {
+      const int idx = lane + 32 * c, us = idx / (4 * kMX), l = idx % (4 * kMX);   // us = unit * 4 + group
+      cp_async(st + 16 * idx, xfrag + (it_c * kStreamUnits * 4 + us) * 32 + l, 16);
+    }
+  };
+  {
+    const int64_t t0 = it_tile, c0 = it_c;
+    for (int p = 0; p + 1 < kStages; ++p) { issue_weights(); advance(); }
+    pdl_wait();   // xfrag and y belong to the kernels before
+    it_tile = t0; it_c = c0; it_stage = 0;
+    for (int p = 0; p + 1 < kStages; ++p) { issue_x(); cp_async_commit(); advance(); }
+  }
+  const int xl = g < m_total ? lane : t;   // lanes of batch columns >= m read column 0's fragments (not stored)
+  int stage = 0, buf = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t ci = warp; ci < C; ci += kStreamWarps) {
+      __syncwarp();
+      issue_weights();
+      issue_x();
+      cp_async_commit();
+      advance();
+      cp_async_wait<kStages - 1>();
+      __syncwarp();
+      const uint32_t st = ring + stage * S::kBytes;
+      stage = stage + 1 == kStages ? 0 : stage + 1;
+#pragma unroll
+      for (int uu = 0; uu < kStreamUnits; ++uu) {
+        MixedUnit q;
+        uint32_t v[4];
+        lds_u32x4(st + S::kQa + 16 * (uu * 16 + g), v);
+        q.qa0 = make_uint4(v[0], v[1], v[2], v[3]);
+        lds_u32x4(st + S::kQa + 16 * (uu * 16 + g + 8), v);
+        q.qa1 = make_uint4(v[0], v[1], v[2], v[3]);
+        q.qb0 = lds_u32s(st + S::kQb + 4 * (g * kStreamUnits + uu));
+        q.qb1 = lds_u32s(st + S::kQb + 4 * ((g + 8) * kStreamUnits + uu));
+        q.m20 = lds_u16(st + S::kM2 + 2 * (g * kStreamUnits + uu));
+        q.m21 = lds_u16(st + S::kM2 + 2 * ((g + 8) * kStreamUnits + uu));
+        q.m40 = lds_u8(st + S::kM4 + g * kStreamUnits + uu);
+        q.m41 = lds_u8(st + S::kM4 + (g + 8) * kStreamUnits + uu);
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const float ss = lds_half(s < 3 ? st + S::kSs2 + 2 * (3 * uu + s) : st + S::kSs4 + 2 * uu);
+          const float sm = lds_half(s < 3 ? st + S::kSm2 + 2 * (3 * uu + s) : st + S::kSm4 + 2 * uu);
+          uint32_t a[4];
+          float scale0, scale1;
+          mixed_group_a(q, s, t, ss, sm, a, scale0, scale1);
+          uint32_t b[4];
+          lds_u32x4(st + S::kX + 16 * ((uu * 4 + s) * 4 * kMX + xl), b);
+          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_16816(c, a, b[0], b[1]);   // hi halves
+          mma_16816(c, a, b[2], b[3]);   // lo halves
+          acc[0] = fmaf(scale0, c[0], acc[0]);
+          acc[1] = fmaf(scale0, c[1], acc[1]);
+          acc[2] = fmaf(scale1, c[2], acc[2]);
+          acc[3] = fmaf(scale1, c[3], acc[3]);
+        }
+      }
+    }
+    if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
+    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr != nullptr, y,
+                                                     [&](int64_t row, int mm) { return mixed_outlier_lane_sum(w, x, row, mm, lane); },
+                                                     buf);
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+}
+
+template <int kMX>
+void launch_stream(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
+  const size_t smem = static_cast<size_t>(kStreamWarps) * MixedStage<kMX>::kWarpBytes;
+  auto kern = fused ? mixed24a_gemv_stream_kernel<true, kMX> : mixed24a_gemv_stream_kernel<false, kMX>;
+  static const int sms = device_sm_count();
+  const int64_t tiles = (w.n + 15) / 16;   // the same number of CTAs on every SM (anyprec_gemv.cu, launch_stream)
+  const int64_t per_sm = std::min<int64_t>(stream_blocks_per_sm(kern, kStreamWarps * 32, smem), (tiles + sms - 1) / sms);
+  launch_pdl(kPdlMixed, kern, static_cast<unsigned>(per_sm * sms), kStreamWarps * 32, smem, s, w, x, m, y, xf);
 }
 
 template <int M>
@@ -382,7 +578,23 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     LOWBIT_CHECK(static_cast<int64_t>(sizeof(float)) * m * w.k <= limit, "mixed24a GEMV: x of batch ", m, " x ", w.k,
                  " does not fit the shared-memory staging (", limit, " bytes on this GPU)");
   }
+  if (path == GemvPath::TensorCoreStream)
+    LOWBIT_CHECK(xfrag != nullptr && mixed24a_stream_fits(w.n, w.k, m), "mixed24a GEMV: the streamed tensor-core kernel needs ",
+                 "pre-split activations and k a multiple of 256, >= 1024 (asked: ", w.n, "x", w.k, xfrag == nullptr ? ", no xfrag" : "", ")");
   if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
+  if (path == GemvPath::TensorCoreStream) {
+    const int64_t entries = (w.k / 64) * 4 * 32;
+    uint4* xf = static_cast<uint4*>(xfrag);
+    launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf);
+    if (m == 1) launch_stream<1>(w, x, m, y, s, fused, xf);
+    else if (m == 2) launch_stream<2>(w, x, m, y, s, fused, xf);
+    else if (m <= 4) launch_stream<4>(w, x, m, y, s, fused, xf);
+    else launch_stream<8>(w, x, m, y, s, fused, xf);
+    if (!fused && w.rowptr != nullptr)
+      launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+    LOWBIT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (path == GemvPath::TensorCore) {
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
     uint4* xf = static_cast<uint4*>(xfrag);

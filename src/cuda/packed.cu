@@ -317,7 +317,8 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
       anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
       const GemvPath path = mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime);
-      void* xfrag = kPreSplitInRuntime && path == GemvPath::TensorCore ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
+      void* xfrag = kPreSplitInRuntime && (path == GemvPath::TensorCore || path == GemvPath::TensorCoreStream)
+                        ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
       mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     }
     return;
@@ -350,8 +351,14 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
 // 2/4/16, x pre-split: the tensor cores win from batch 4 on matrices larger than 4096x4096 (11008x4096 batch 4: 35.9 vs
 // 41.9 us; 28672x8192: 130 vs 186); at 4096x4096 the CUDA cores stay ahead up to batch 8 (30.2 vs 31.5 us).
 // Without the pre-split, from batch 5.
+// Session 10 (H100, same runs): the streamed tensor-core kernel wins at batch 4 on all eight 7B..70B shapes (8192x28672
+// 100.9 vs 193.8 us, 28672x8192 111.0 vs 128.4, 4096x4096 16.3 vs 19.0 on CUDA cores) and at batch 8 on matrices
+// of at most 8192 rows (4096x11008 31.8 vs 76.7, 4096x4096 18.8 vs 30.3 on CUDA cores); on taller ones at batch 8
+// the per-unit kernel stays 3-8% ahead (28672x8192 133.9 vs 140.8, 12288x4096 39.3 vs 42.5). At batch 1-2 the
+// CUDA cores stay ahead (28672x8192 70.1 vs 101.2).
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
   if (!presplit) return m >= 5 ? GemvPath::TensorCore : GemvPath::Scalar;
+  if (m >= 3 && mixed24a_stream_fits(n, k, m) && (m <= 4 || n <= 8192)) return GemvPath::TensorCoreStream;
   return m >= 4 && n * k > 4096LL * 4096 ? GemvPath::TensorCore : GemvPath::Scalar;
 }
 

@@ -97,6 +97,9 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   TensorCoreRegisterLutStream  the register-table kernel with persistent CTAs streaming each warp's plane words,
 //                          LUT rows and x fragments through shared memory by cp.async (batch 1..2, k a multiple of
 //                          128 and >= 2048); ...StreamHalfX the same with x rounded to fp16 as above;
+//   TensorCoreStream       2/4/16 tensor-core kernel with persistent CTAs streaming each warp's code words, metadata,
+//                          scales and x fragments through shared memory by cp.async (x pre-split; k a multiple of
+//                          256 and >= 1024);
 //   ScalarSharedX          2/4/16 CUDA-core kernel with x staged in shared memory for the permuted gathers (the
 //                          paper's form; batch x k x 4 bytes <= kMixed24aSharedXMaxBytes); Scalar gathers through L1;
 //   ScalarPairs            the CUDA-core kernel with table-lookup merging (3-4 bits, batch 1..4): measured slower
@@ -104,7 +107,7 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   Auto                   anyprec_auto_path / mixed24a_auto_path: the fastest measured by `lowbit bench --kernels`
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
 enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX, TensorCoreRegisterLutHalfX,
-                      TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX };
+                      TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX, TensorCoreStream };
 constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
 // The register-table kernels (any-precision 2..3 bits, x pre-split), and every tensor-core path.
 constexpr bool is_register_table(GemvPath p) {
@@ -117,6 +120,8 @@ constexpr bool is_streamed(GemvPath p) {
 constexpr bool is_tensor_core(GemvPath p) { return p == GemvPath::TensorCore || is_register_table(p); }
 // Whether the streamed register-table kernel serves this shape and batch (k % 128 == 0, k >= 2048, m <= 2).
 constexpr bool anyprec_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 128 == 0 && k >= 2048 && m <= 2; }
+// Whether the streamed 2/4/16 tensor-core kernel serves this shape (k % 256 == 0, k >= 1024; any batch 1..8).
+constexpr bool mixed24a_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 256 == 0 && k >= 1024 && m <= 8; }
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
 constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..3 bits, pre-split x)
