@@ -69,10 +69,11 @@ struct TcTile {
 
 // The tensor-core GEMVs' epilogue. The CTA's warps each hold an m16n8 accumulator fragment of the same 16 rows
 // (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); after one barrier warp w stores rows 4w .. 4w + 3 for
-// every batch column, each value the sum of the warps' fragments read from shared memory, plus the warp-reduced sum of
-// partial(row, mm) over the lanes when outliers are on (each lane returns its share of the row's outlier
-// correction). buf: which half of the double-buffered scratch (a CTA looping over tiles alternates, so that the next
-// tile's writes never meet this tile's reads without a second barrier).
+// every batch column (lane 4 mm + r: row 4w + r, column mm, kMaxGemvBatch = 8 columns at most), each value the sum of
+// the warps' fragments read from shared memory; with outliers, row by row, plus the warp-reduced sum of
+// partial(row, mm) over the lanes (each lane returns its share of the row's outlier correction). buf: which half of
+// the double-buffered scratch (a CTA looping over tiles alternates, so that the next tile's writes never meet this
+// tile's reads without a second barrier).
 template <int kWarps, bool kOutliers, typename Partial>
 __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
                                                    int m_total, bool has_outliers, float* __restrict__ y,
@@ -81,17 +82,24 @@ __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int wa
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[buf][warp][lane][i] = acc[i];
   __syncthreads();
+  if (!(kOutliers && has_outliers)) {   // lane (rr = lane % 4, mm = lane / 4): one value each, all at once
+    const int lr = warp * 4 + lane % 4, mm = lane / 4;
+    const int64_t row = row0 + lr;
+    if (mm < m_total && row < n) {
+      float v = 0.0f;
+      for (int wi = 0; wi < kWarps; ++wi) v += part[buf][wi][4 * (lr % 8) + mm / 2][2 * (lr / 8) + mm % 2];
+      y[mm * n + row] = v;
+    }
+    return;
+  }
   for (int rr = 0; rr < 4; ++rr) {
     const int lr = warp * 4 + rr;   // row lr of the tile: lane 4 (lr % 8) + mm / 2, entry 2 (lr / 8) + mm % 2
     const int64_t row = row0 + lr;
     if (row >= n) break;
     for (int mm = 0; mm < m_total; ++mm) {
-      float extra = 0.0f;
-      if (kOutliers && has_outliers) {
-        extra = partial(row, mm);
+      float extra = partial(row, mm);
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
-      }
+      for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
       if (lane == 0) {
         float v = 0.0f;
         for (int wi = 0; wi < kWarps; ++wi) v += part[buf][wi][4 * (lr % 8) + mm / 2][2 * (lr / 8) + mm % 2];
