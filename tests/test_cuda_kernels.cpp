@@ -556,6 +556,20 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::ScalarSharedX); },
        "shared-memory x staging is a 2/4/16 path");
+  // The streamed kernels refuse shapes and formats they do not serve rather than running another path.
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                cuda::GemvPath::TensorCoreRegisterLutStream, xfrag.get()); },
+       "streamed register-table kernel needs k a multiple of 128 and >= 2048");
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                cuda::GemvPath::TensorCoreStream, xfrag.get()); },
+       "the streamed tensor-core kernel is a 2/4/16 path");
+  cuda::DeviceBuffer<uint8_t> mfrag(cuda::mixed24a_xfrag_bytes(64));
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                 cuda::GemvPath::TensorCoreStream, mfrag.get()); },
+       "streamed tensor-core kernel needs pre-split activations and k a multiple of 256");
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                 cuda::GemvPath::TensorCoreRegisterLutStream, mfrag.get()); },
+       "register tables are an any-precision path");
   says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
   const UniformQuantized u = test::random_quantized(4, 64, 4, 32, false, false, 1);
   says([&] { cuda::DevicePackedWeight bad(pack_uniform(u, storage)); }, "has no GPU kernel yet");

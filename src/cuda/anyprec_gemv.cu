@@ -882,6 +882,8 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
   } else {
     LOWBIT_CHECK(path != GemvPath::ScalarSharedX, "anyprec GEMV: shared-memory x staging is a 2/4/16 path");
+    LOWBIT_CHECK(path != GemvPath::TensorCoreStream, "anyprec GEMV: the streamed tensor-core kernel is a 2/4/16 path "
+                 "(any-precision: TensorCoreRegisterLutStream)");
     if (is_register_table(path))
       LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
                    B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
