@@ -46,11 +46,6 @@ __device__ __forceinline__ float2 lds_f32x2(uint32_t addr) {
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
-}
 
 // Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
 // plane 0 the most significant bit. Plane j's bit is moved from position i to position B-1-j of each byte by one
@@ -511,6 +506,25 @@ __device__ __forceinline__ void register_lookup(const uint32_t (&lo)[2], const u
   a_high_k = prmt(L, H, 0x7362u);   // codes 2, 3
 }
 
+// The A fragments of one word quad (w0 / w1: the lane's word of planes 0..B-1 for rows g / g + 8), slab by slab:
+// mma(a, s, h) for slab (s, h), s = 0..3 the code bit of each nibble, h = 0..1 the half-word (x fragment 2s + h).
+template <int B, typename Mma>
+__device__ __forceinline__ void register_table_slabs(const uint32_t (&lo0)[2], const uint32_t (&hi0)[2],
+                                                     const uint32_t (&lo1)[2], const uint32_t (&hi1)[2],
+                                                     const uint32_t (&w0)[B], const uint32_t (&w1)[B], Mma mma) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const uint32_t v0 = transpose_slot<B, 0x11111111u>(w0, s), v1 = transpose_slot<B, 0x11111111u>(w1, s);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t a[4];
+      register_lookup(lo0, hi0, h ? v0 >> 16 : v0, a[0], a[2]);   // row g
+      register_lookup(lo1, hi1, h ? v1 >> 16 : v1, a[1], a[3]);   // row g + 8
+      mma(a, s, h);
+    }
+  }
+}
+
 // The plane words of a register-table lane (rows r0 = g and r1 = g + 8 of its tile, lane t of the group), a group of
 // 4 kSpan words per row at a time. kSpan = 4 (rows of a multiple of 4 words): lane t reads words 16 gi + 4t .. +3 of
 // each plane as one 16-byte load, 64 contiguous bytes per row and plane per warp; kSpan = 1: word 4 gi + t (16 bytes
@@ -600,19 +614,11 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) any
       uint32_t w0[B], w1[B];
 #pragma unroll
       for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint32_t v0 = transpose_slot<B, 0x11111111u>(w0, s), v1 = transpose_slot<B, 0x11111111u>(w1, s);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          uint32_t a[4];
-          register_lookup(lo0, hi0, h ? v0 >> 16 : v0, a[0], a[2]);   // row g
-          register_lookup(lo1, hi1, h ? v1 >> 16 : v1, a[1], a[3]);   // row g + 8
-          const XFrag b = xb[2 * s + h];
-          mma_16816(acc4[2 * h], a, b.x, b.y);                                 // hi halves
-          if constexpr (!kHalfX) mma_16816(acc4[2 * h + 1], a, b.z, b.w);   // lo halves
-        }
-      }
+      register_table_slabs<B>(lo0, hi0, lo1, hi1, w0, w1, [&](const uint32_t (&a)[4], int s, int h) {
+        const XFrag b = xb[2 * s + h];
+        mma_16816(acc4[2 * h], a, b.x, b.y);                                 // hi halves
+        if constexpr (!kHalfX) mma_16816(acc4[2 * h + 1], a, b.z, b.w);   // lo halves
+      });
       if constexpr (!kCompact) {
 #pragma unroll
         for (int sj = 0; sj < 8; ++sj) xb[sj] = xn[sj];
@@ -683,19 +689,12 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   constexpr int E = 1 << B;
   const __half* lut = w.lut[B];
-  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(stream_smem)) + warp * S::kWarpBytes;
-  // The issue cursor: the item (tile, group) whose copies go out next, and the stage it goes to.
-  int64_t it_tile = blockIdx.x, it_gi = warp;
-  int it_stage = 0;
-  auto advance = [&] {
-    it_gi += kStreamWarps;
-    if (it_gi >= G) { it_gi = warp; it_tile += gridDim.x; }
-    it_stage = it_stage + 1 == kStages ? 0 : it_stage + 1;
-  };
+  // Work items: (tile, group of 16 words).
+  StreamRing<kStages, kStreamWarps> ring(static_cast<uint32_t>(__cvta_generic_to_shared(stream_smem)) + warp * S::kWarpBytes,
+                                         S::kBytes, tiles, G, warp);
   auto issue_weights = [&] {   // the plane words of the lane's rows and, at a tile's first group, the tile's LUT rows
-    if (it_tile >= tiles) return;
-    const uint32_t st = ring + it_stage * S::kBytes;
-    const int64_t row0 = it_tile * 16, word = 16 * it_gi + 4 * t;
+    const uint32_t st = ring.issue_stage();
+    const int64_t it_gi = ring.it_item, row0 = ring.it_tile * 16, word = 16 * it_gi + 4 * t;
     const bool ok = word < W;   // W % 4 == 0: the lane's 4 words are all in or all out
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -708,38 +707,23 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
       cp_async(st + S::kPlaneBytes + 16 * lane, lut + min_i64(row0 + lane, n - 1) * E, S::kLutRowBytes);
   };
   auto issue_x = [&] {   // the group's x fragments of the lanes < 4 kMX (one stage entry per lane and slab)
-    if (it_tile >= tiles) return;
-    const uint32_t st = ring + it_stage * S::kBytes + S::kPlaneBytes + S::kLutBytes;
+    const uint32_t st = ring.issue_stage() + S::kPlaneBytes + S::kLutBytes;
+    const int64_t it_gi = ring.it_item;
 #pragma unroll
     for (int c = 0; c < S::kXEntries / 32; ++c) {
       const int idx = lane + 32 * c, qs = idx / (4 * kMX), l = idx % (4 * kMX);
       cp_async(st + S::kXEntryBytes * idx, xfrag + (32 * it_gi + qs) * 32 + l, S::kXEntryBytes);
     }
   };
-  // Prologue: the weights of the first kStages - 1 items before the previous kernel's end, their x after it.
-  {
-    const int64_t t0 = it_tile, g0 = it_gi;
-    for (int p = 0; p + 1 < kStages; ++p) { issue_weights(); advance(); }
-    pdl_wait();   // xfrag and y belong to the kernels before
-    it_tile = t0; it_gi = g0; it_stage = 0;
-    for (int p = 0; p + 1 < kStages; ++p) { issue_x(); cp_async_commit(); advance(); }
-  }
+  ring.prologue(issue_weights, issue_x);   // xfrag and y belong to the kernels before
   const int xl = g < m_total ? lane : t;   // lanes of batch columns >= m read column 0's fragments (not stored)
-  int stage = 0, buf = 0;
+  int buf = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const TcTile tt(n, tile);
     uint32_t lo0[2], hi0[2], lo1[2], hi1[2];
     float acc4[4][4] = {};
     for (int64_t gi = warp; gi < G; gi += kStreamWarps) {
-      __syncwarp();   // every lane is done with the stage the next copies overwrite
-      issue_weights();
-      issue_x();
-      cp_async_commit();
-      advance();
-      cp_async_wait<kStages - 1>();
-      __syncwarp();   // the other lanes' copies (LUT rows, x fragments) are visible
-      const uint32_t st = ring + stage * S::kBytes;
-      stage = stage + 1 == kStages ? 0 : stage + 1;
+      const uint32_t st = ring.next(issue_weights, issue_x);
       if (gi == warp) {   // the tile's first group: its tables
         uint32_t l0[4], l1[4];
         lds_u32x4(st + S::kPlaneBytes + 16 * g, l0);
@@ -759,27 +743,19 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
         uint32_t w0[B], w1[B];
 #pragma unroll
         for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const uint32_t v0 = transpose_slot<B, 0x11111111u>(w0, s), v1 = transpose_slot<B, 0x11111111u>(w1, s);
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            uint32_t a[4];
-            register_lookup(lo0, hi0, h ? v0 >> 16 : v0, a[0], a[2]);   // row g
-            register_lookup(lo1, hi1, h ? v1 >> 16 : v1, a[1], a[3]);   // row g + 8
-            const uint32_t xa = xs + S::kXEntryBytes * 4 * kMX * (8 * e + 2 * s + h);
-            if constexpr (kHalfX) {
-              uint32_t b[2];
-              lds_u32x2(xa, b);
-              mma_16816(acc4[2 * h + (s & 1)], a, b[0], b[1]);   // still four independent chains
-            } else {
-              uint32_t b[4];
-              lds_u32x4(xa, b);
-              mma_16816(acc4[2 * h], a, b[0], b[1]);       // hi halves
-              mma_16816(acc4[2 * h + 1], a, b[2], b[3]);   // lo halves
-            }
+        register_table_slabs<B>(lo0, hi0, lo1, hi1, w0, w1, [&](const uint32_t (&a)[4], int s, int h) {
+          const uint32_t xa = xs + S::kXEntryBytes * 4 * kMX * (8 * e + 2 * s + h);
+          if constexpr (kHalfX) {
+            uint32_t b[2];
+            lds_u32x2(xa, b);
+            mma_16816(acc4[2 * h + (s & 1)], a, b[0], b[1]);   // still four independent chains
+          } else {
+            uint32_t b[4];
+            lds_u32x4(xa, b);
+            mma_16816(acc4[2 * h], a, b[0], b[1]);       // hi halves
+            mma_16816(acc4[2 * h + 1], a, b[2], b[3]);   // lo halves
           }
-        }
+        });
       }
     }
     float acc[4];
@@ -800,13 +776,8 @@ void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cuda
   const size_t smem = static_cast<size_t>(kStreamWarps) * StreamStage<B, kMX, kStages, kHalfX>::kWarpBytes;
   auto kern = fused ? anyprec_gemv_reglut_stream_kernel<B, true, kMX, kStages, kHalfX>
                     : anyprec_gemv_reglut_stream_kernel<B, false, kMX, kStages, kHalfX>;
-  // At most ceil(tiles / SMs) CTAs per SM, the same number on every SM, so that no SM holds more CTAs than the work
-  // spreads to (measured neutral: 8192x28672 with x rounded to fp16 took 58.7 us before it and 58.6 after). CTAs past
-  // the last tile exit after the prologue.
-  static const int sms = device_sm_count();
-  const int64_t tiles = (w.n + 15) / 16;
-  const int64_t per_sm = std::min<int64_t>(stream_blocks_per_sm(kern, kStreamWarps * 32, smem), (tiles + sms - 1) / sms);
-  launch_pdl(kPdlRegLut, kern, static_cast<unsigned>(per_sm * sms), kStreamWarps * 32, smem, s, w, x, m, y, xf);
+  launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kStreamWarps * 32, smem, (w.n + 15) / 16), kStreamWarps * 32, smem, s,
+             w, x, m, y, xf);
 }
 
 template <int B>

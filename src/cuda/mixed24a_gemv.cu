@@ -397,27 +397,6 @@ struct MixedStage {
   static_assert(kX % 16 == 0, "x fragments 16-byte aligned");
 };
 
-__device__ __forceinline__ float lds_half(uint32_t addr) {
-  unsigned short v;
-  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
-  return __half2float(__ushort_as_half(v));
-}
-__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
-  unsigned short v;
-  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
-  unsigned short v;
-  asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint32_t lds_u32s(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
-  return v;
-}
-
 template <bool kFusedOutliers, int kMX>
 __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_gemv_stream_kernel(
     Mixed24ADevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint4* __restrict__ xfrag) {
@@ -426,18 +405,12 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_
   extern __shared__ __align__(16) unsigned char mixed_stream_smem[];
   const int64_t n = w.n, U = w.k / 64, C = U / kStreamUnits, tiles = (n + 15) / 16;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
-  const uint32_t ring = static_cast<uint32_t>(__cvta_generic_to_shared(mixed_stream_smem)) + warp * S::kWarpBytes;
-  int64_t it_tile = blockIdx.x, it_c = warp;   // the item whose copies go out next
-  int it_stage = 0;
-  auto advance = [&] {
-    it_c += kStreamWarps;
-    if (it_c >= C) { it_c = warp; it_tile += gridDim.x; }
-    it_stage = it_stage + 1 == kStages ? 0 : it_stage + 1;
-  };
+  // Work items: (tile, chunk of kStreamUnits units).
+  StreamRing<kStages, kStreamWarps> ring(static_cast<uint32_t>(__cvta_generic_to_shared(mixed_stream_smem)) + warp * S::kWarpBytes,
+                                         S::kBytes, tiles, C, warp);
   auto issue_weights = [&] {
-    if (it_tile >= tiles) return;
-    const uint32_t st = ring + it_stage * S::kBytes;
-    const int64_t u0 = it_c * kStreamUnits;
+    const uint32_t st = ring.issue_stage();
+    const int64_t it_tile = ring.it_tile, u0 = ring.it_item * kStreamUnits;
     {   // qa: 64 (unit, row) words of 16 bytes, two per lane
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
@@ -461,35 +434,21 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_
     }
   };
   auto issue_x = [&] {
-    if (it_tile >= tiles) return;
-    const uint32_t st = ring + it_stage * S::kBytes + S::kX;
+    const uint32_t st = ring.issue_stage() + S::kX;
+    const int64_t it_c = ring.it_item;
 #pragma unroll
     for (int c = 0; c < S::kXEntries / 32; ++c) {
       const int idx = lane + 32 * c, us = idx / (4 * kMX), l = idx % (4 * kMX);   // us = unit * 4 + group
       cp_async(st + 16 * idx, xfrag + (it_c * kStreamUnits * 4 + us) * 32 + l, 16);
     }
   };
-  {
-    const int64_t t0 = it_tile, c0 = it_c;
-    for (int p = 0; p + 1 < kStages; ++p) { issue_weights(); advance(); }
-    pdl_wait();   // xfrag and y belong to the kernels before
-    it_tile = t0; it_c = c0; it_stage = 0;
-    for (int p = 0; p + 1 < kStages; ++p) { issue_x(); cp_async_commit(); advance(); }
-  }
+  ring.prologue(issue_weights, issue_x);   // xfrag and y belong to the kernels before
   const int xl = g < m_total ? lane : t;   // lanes of batch columns >= m read column 0's fragments (not stored)
-  int stage = 0, buf = 0;
+  int buf = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int64_t ci = warp; ci < C; ci += kStreamWarps) {
-      __syncwarp();
-      issue_weights();
-      issue_x();
-      cp_async_commit();
-      advance();
-      cp_async_wait<kStages - 1>();
-      __syncwarp();
-      const uint32_t st = ring + stage * S::kBytes;
-      stage = stage + 1 == kStages ? 0 : stage + 1;
+      const uint32_t st = ring.next(issue_weights, issue_x);
 #pragma unroll
       for (int uu = 0; uu < kStreamUnits; ++uu) {
         MixedUnit q;
@@ -498,8 +457,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_
         q.qa0 = make_uint4(v[0], v[1], v[2], v[3]);
         lds_u32x4(st + S::kQa + 16 * (uu * 16 + g + 8), v);
         q.qa1 = make_uint4(v[0], v[1], v[2], v[3]);
-        q.qb0 = lds_u32s(st + S::kQb + 4 * (g * kStreamUnits + uu));
-        q.qb1 = lds_u32s(st + S::kQb + 4 * ((g + 8) * kStreamUnits + uu));
+        q.qb0 = lds_u32(st + S::kQb + 4 * (g * kStreamUnits + uu));
+        q.qb1 = lds_u32(st + S::kQb + 4 * ((g + 8) * kStreamUnits + uu));
         q.m20 = lds_u16(st + S::kM2 + 2 * (g * kStreamUnits + uu));
         q.m21 = lds_u16(st + S::kM2 + 2 * ((g + 8) * kStreamUnits + uu));
         q.m40 = lds_u8(st + S::kM4 + g * kStreamUnits + uu);
@@ -536,10 +495,8 @@ template <int kMX>
 void launch_stream(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
   const size_t smem = static_cast<size_t>(kStreamWarps) * MixedStage<kMX>::kWarpBytes;
   auto kern = fused ? mixed24a_gemv_stream_kernel<true, kMX> : mixed24a_gemv_stream_kernel<false, kMX>;
-  static const int sms = device_sm_count();
-  const int64_t tiles = (w.n + 15) / 16;   // the same number of CTAs on every SM (anyprec_gemv.cu, launch_stream)
-  const int64_t per_sm = std::min<int64_t>(stream_blocks_per_sm(kern, kStreamWarps * 32, smem), (tiles + sms - 1) / sms);
-  launch_pdl(kPdlMixed, kern, static_cast<unsigned>(per_sm * sms), kStreamWarps * 32, smem, s, w, x, m, y, xf);
+  launch_pdl(kPdlMixed, kern, persistent_grid(kern, kStreamWarps * 32, smem, (w.n + 15) / 16), kStreamWarps * 32, smem, s,
+             w, x, m, y, xf);
 }
 
 template <int M>

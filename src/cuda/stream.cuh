@@ -1,16 +1,35 @@
-// Helpers of the streamed (persistent, cp.async-fed) GEMV kernels: shared-memory vector loads at 32-bit shared-window
-// addresses, cp.async copies and their groups, and the resident-CTA count that sizes a persistent grid.
+// Helpers of the streamed (persistent, cp.async-fed) GEMV kernels: shared-memory loads at 32-bit shared-window
+// addresses, cp.async copies and their groups, a warp's ring of stages over its work items, and the persistent grid.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
 
 #include "cuda/common.h"
+#include "cuda/launch.cuh"
 
 namespace lowbit::cuda {
 
+__device__ __forceinline__ uint32_t lds_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u16(uint32_t addr) {
+  unsigned short v;
+  asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds_u8(uint32_t addr) {
+  unsigned short v;
+  asm volatile("ld.shared.u8 %0, [%1];" : "=h"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ float lds_half(uint32_t addr) { return __half2float(__ushort_as_half(static_cast<unsigned short>(lds_u16(addr)))); }
 __device__ __forceinline__ void lds_u32x2(uint32_t addr, uint32_t (&v)[2]) {
   asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "r"(addr));
 }
@@ -48,5 +67,60 @@ int stream_blocks_per_sm(Kernel kern, int threads, size_t smem) {
   cache[reinterpret_cast<const void*>(kern)] = blocks;
   return blocks;
 }
+
+// The grid of a persistent kernel over `tiles` tiles: at most ceil(tiles / SMs) CTAs per SM, the same number on every
+// SM, so that no SM holds more CTAs than the work spreads to (measured neutral: 8192x28672 with x rounded to fp16 took
+// 58.7 us before it and 58.6 after). CTAs past the last tile exit after their prologue.
+template <typename Kernel>
+unsigned persistent_grid(Kernel kern, int threads, size_t smem, int64_t tiles) {
+  static const int sms = device_sm_count();
+  const int64_t per_sm = std::min<int64_t>(stream_blocks_per_sm(kern, threads, smem), (tiles + sms - 1) / sms);
+  return static_cast<unsigned>(per_sm * sms);
+}
+
+// A warp's ring of kStages shared-memory stages (stage_bytes each from base) over its work items: for tiles
+// blockIdx.x, + gridDim.x, ... < tiles, items warp, + kWarps, ... < items. The issue cursor (it_tile, it_item, its
+// stage) runs kStages - 1 items ahead of the item being computed, across tile boundaries. The kernel's copy functions
+// read the cursor: weights() the item's weights, x() its activations; they are called only while items remain.
+template <int kStages, int kWarps>
+struct StreamRing {
+  uint32_t base, stage_bytes;
+  int64_t tiles, items;
+  int warp;
+  int64_t it_tile, it_item;
+  int it_stage = 0, stage = 0;
+  __device__ __forceinline__ StreamRing(uint32_t base_, uint32_t stage_bytes_, int64_t tiles_, int64_t items_, int warp_)
+      : base(base_), stage_bytes(stage_bytes_), tiles(tiles_), items(items_), warp(warp_), it_tile(blockIdx.x), it_item(warp_) {}
+  __device__ __forceinline__ uint32_t issue_stage() const { return base + it_stage * stage_bytes; }
+  __device__ __forceinline__ void advance() {
+    it_item += kWarps;
+    if (it_item >= items) { it_item = warp; it_tile += gridDim.x; }
+    it_stage = it_stage + 1 == kStages ? 0 : it_stage + 1;
+  }
+  // The first kStages - 1 items: their weights before the previous kernel's end (pdl_wait), their activations after
+  // it, one cp.async group per item.
+  template <typename Weights, typename X>
+  __device__ __forceinline__ void prologue(Weights weights, X x) {
+    const int64_t t0 = it_tile, i0 = it_item;
+    for (int p = 0; p + 1 < kStages; ++p) { if (it_tile < tiles) weights(); advance(); }
+    pdl_wait();
+    it_tile = t0; it_item = i0; it_stage = 0;
+    for (int p = 0; p + 1 < kStages; ++p) { if (it_tile < tiles) x(); cp_async_commit(); advance(); }
+  }
+  // Before computing the next item: the copies of the item kStages - 1 ahead go out, the next item's have arrived
+  // (all lanes' copies visible to the warp); returns its stage's address.
+  template <typename Weights, typename X>
+  __device__ __forceinline__ uint32_t next(Weights weights, X x) {
+    __syncwarp();   // every lane is done with the stage the next copies overwrite
+    if (it_tile < tiles) { weights(); x(); }
+    cp_async_commit();
+    advance();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();   // the other lanes' copies are visible
+    const uint32_t st = base + stage * stage_bytes;
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+    return st;
+  }
+};
 
 }  // namespace lowbit::cuda
