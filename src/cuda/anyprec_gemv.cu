@@ -99,23 +99,18 @@ __device__ __forceinline__ int code_at(const AnyPrecDevice& w, int64_t row, int6
   return code;
 }
 
-// The fused outlier correction of a warp's rows: (val - lut[code]) * x over the rows' CSR entries, the code re-read
-// from the planes.
-template <int B, int kRows, int M>
-__device__ __forceinline__ void add_fused_outliers(const AnyPrecDevice& w, const int64_t (&rows)[kRows], int lane,
-                                                   const float* __restrict__ x, float (&acc)[kRows][M]) {
-  if (w.rowptr == nullptr) return;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const __half* l = w.lut[B] + rows[r] * (1 << B);
-    for (int e = __ldg(w.rowptr + rows[r]) + lane; e < __ldg(w.rowptr + rows[r] + 1); e += 32) {
-      const int64_t c = __ldg(w.col + e);
-      const float delta = __half2float(w.val[e]) - __half2float(l[code_at<B>(w, rows[r], c)]);
-#pragma unroll
-      for (int m = 0; m < M; ++m) acc[r][m] = fmaf(delta, __ldg(x + m * w.k + c), acc[r][m]);
-    }
+// The fused outlier entries (add_outlier_partials, store_tc_fragments): entry e of `row` adds (val - lut[code]) * x[c],
+// the code re-read from the planes.
+template <int B>
+struct OutlierEntry {
+  AnyPrecDevice w;   // by value (a kernel parameter's copy in registers, not a reference to parameter space)
+  const __half* lut;
+  __device__ __forceinline__ float operator()(int64_t row, int64_t e, int64_t& xcol) const {
+    const int64_t c = __ldg(w.col + e);
+    xcol = c;
+    return __half2float(w.val[e]) - __half2float(lut[row * (1 << B) + code_at<B>(w, row, c)]);
   }
-}
+};
 
 // Table-lookup merging (paper sec. 5), the kPairs variant, for 3 bits at batch 1..4 and 4 bits at batch 2..4, one
 // row per warp: the row's 2^b centroids become a table of 4^b pairs (c[a], c[b]) indexed by (a << b) | b', so one
@@ -233,7 +228,9 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
   }
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  if constexpr (kFusedOutliers) add_fused_outliers<B, kRows, M>(w, rows, lane, x, acc);
+  if constexpr (kFusedOutliers) {
+    if (w.rowptr != nullptr) add_outlier_partials<kRows, M>(w.rowptr, row0, n, x, w.k, M, lane, OutlierEntry<B>{w, w.lut[B]}, acc);
+  }
   store_warp_sums<kRows, M>(acc, lane, row0, n, y);
 }
 
@@ -455,8 +452,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   }
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
-                                               [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, x, k, y, OutlierEntry<B>{w, lut});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -634,8 +630,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) any
   for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
-                                               [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); });
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, x, k, y, OutlierEntry<B>{w, lut});
 }
 
 // The register-table kernel instantiation for run-time choices (kCompact only exists with kSpan = 4).
@@ -762,9 +757,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
     if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
-    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tt.row0, n, m_total, w.rowptr != nullptr, y,
-                                                     [&](int64_t row, int mm) { return outlier_lane_sum<B>(w, lut, row, x + mm * k, lane); },
-                                                     buf);
+    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tt.row0, n, m_total, w.rowptr, x, k, y,
+                                                     OutlierEntry<B>{w, lut}, buf);
     buf ^= 1;
   }
   cp_async_wait<0>();   // no copy outlives the CTA

@@ -31,6 +31,20 @@ __device__ __forceinline__ float code_minus_zero(uint32_t field, float zm) {
   return __int_as_float(0x4B000000u | field) - zm;
 }
 
+// The fused outlier entries (add_outlier_partials, store_tc_fragments): entry e adds val * x[orig(c)] (the dense code under
+// an outlier is its zero point: the dense part there is exactly 0).
+struct MixedOutlierEntry {
+  const uint16_t* col;
+  const uint16_t* perm;
+  const __half* val;
+  __device__ __forceinline__ explicit MixedOutlierEntry(const Mixed24ADevice& w) : col(w.col), perm(w.perm), val(w.val) {}
+  __device__ __forceinline__ float operator()(int64_t, int64_t e, int64_t& xcol) const {
+    const uint32_t c = __ldg(col + e);
+    xcol = 16 * static_cast<int64_t>(__ldg(perm + c / 16)) + c % 16;
+    return __half2float(val[e]);
+  }
+};
+
 // kSmemX (GemvPath::ScalarSharedX, the paper's form): the block first copies x [M, k] into shared memory and the
 // permuted gathers read it from there; otherwise they go through L1 (__ldg).
 template <int M, bool kFusedOutliers, bool kSmemX = false>
@@ -124,19 +138,8 @@ __global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevi
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
   if constexpr (kFusedOutliers) {
-    if (w.rowptr != nullptr) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        for (int e = __ldg(w.rowptr + rows[r]) + lane; e < __ldg(w.rowptr + rows[r] + 1); e += 32) {
-          const uint32_t c = __ldg(w.col + e);
-          const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
-          const float v = __half2float(w.val[e]);
-#pragma unroll
-          for (int m = 0; m < M; ++m) acc[r][m] = fmaf(v, __ldg(x_global + m * k + orig), acc[r][m]);
-        }
-    }
+    if (w.rowptr != nullptr) add_outlier_partials<kRows, M>(w.rowptr, row0, n, x_global, k, M, lane, MixedOutlierEntry{w}, acc);
   }
-
   store_warp_sums<kRows, M>(acc, lane, row0, n, y);
 }
 
@@ -288,17 +291,6 @@ __device__ __forceinline__ void mixed_group_a(const MixedUnit& q, int s, int t, 
   }
 }
 
-// Lane `lane`'s share of the outlier correction of (row, batch column mm): val * x[orig(c)] over its CSR entries.
-__device__ __forceinline__ float mixed_outlier_lane_sum(const Mixed24ADevice& w, const float* __restrict__ x, int64_t row,
-                                                        int mm, int lane) {
-  float extra = 0.0f;
-  for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
-    const uint32_t c = __ldg(w.col + e);
-    const int64_t orig = 16 * static_cast<int64_t>(__ldg(w.perm + c / 16)) + c % 16;
-    extra = fmaf(__half2float(w.val[e]), __ldg(x + mm * w.k + orig), extra);
-  }
-  return extra;
-}
 
 template <bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24ADevice w, const float* __restrict__ x,
@@ -362,8 +354,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
   }
 
   pdl_launch_dependents();
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr != nullptr, y,
-                                               [&](int64_t row, int mm) { return mixed_outlier_lane_sum(w, x, row, mm, lane); });
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, x, k, y, MixedOutlierEntry{w});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -483,9 +474,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_
       }
     }
     if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
-    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr != nullptr, y,
-                                                     [&](int64_t row, int mm) { return mixed_outlier_lane_sum(w, x, row, mm, lane); },
-                                                     buf);
+    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr, x, w.k, y,
+                                                     MixedOutlierEntry{w}, buf);
     buf ^= 1;
   }
   cp_async_wait<0>();

@@ -67,45 +67,104 @@ struct TcTile {
         row0(tile * 16), r0(row0 + g < n ? row0 + g : n - 1), r1(row0 + g + 8 < n ? row0 + g + 8 : n - 1) {}
 };
 
+// Lane partial sums of the sparse-outlier corrections of the kRows rows row_a .. row_a + kRows - 1 (those below n),
+// for batch columns 0 .. m_total - 1 (m_total <= M), added to acc[r][mm]. The rows' CSR entries are contiguous,
+// [rowptr[row_a], rowptr[row_a + kRows]): the lanes stride over that one range, so the dependent loads (row
+// pointers, then an entry's column and value, then x) form one chain per 32 entries, where a loop per row (and, in
+// the tensor-core epilogue, per batch column, each with its own warp reduction) made one chain per row (session 11:
+// outliers then cost 35-47% of the 2/4/16 tensor-core kernel at batch 5..8). entry(row, e, xcol) returns entry e's
+// coefficient and sets xcol, its column of x (the value multiplied is x[mm * k + xcol]).
+template <int kRows, int M, typename Entry>
+__device__ __forceinline__ void add_outlier_partials(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n,
+                                                     const float* __restrict__ x, int64_t k, int m_total, int lane,
+                                                     Entry entry, float (&acc)[kRows][M]) {
+  static_assert(kRows < 32, "row bounds come from one lane each");
+  if (row_a >= n) return;
+  const int rows = static_cast<int>(row_a + kRows <= n ? kRows : n - row_a);
+  const int32_t bound = lane <= rows ? __ldg(rowptr + row_a + lane) : 0;
+  int32_t lim[kRows + 1];   // lim[r]: first entry of row r (lim[rows..]: the end)
+#pragma unroll
+  for (int r = 0; r <= kRows; ++r) lim[r] = __shfl_sync(0xffffffffu, bound, r < rows ? r : rows);
+  for (int32_t e = lim[0] + lane; e < lim[kRows]; e += 32) {
+    int r = 0;
+#pragma unroll
+    for (int i = 1; i < kRows; ++i) r += e >= lim[i];
+    int64_t xcol;
+    const float coef = entry(row_a + r, static_cast<int64_t>(e), xcol);
+#pragma unroll
+    for (int mm = 0; mm < M; ++mm) {
+      if (mm >= m_total) break;
+      const float p = coef * __ldg(x + mm * k + xcol);
+#pragma unroll
+      for (int rr = 0; rr < kRows; ++rr) acc[rr][mm] += rr == r ? p : 0.0f;
+    }
+  }
+}
+
+// One step of a warp reduce-scatter over 2 * kO values (a compile-time offset, so every index is static and the
+// array stays in registers): lanes with bit kO set keep the upper kO values plus their partner's, the others the
+// lower kO.
+template <int kO>
+__device__ __forceinline__ void reduce_scatter_step(float (&v)[32], int lane) {
+  const bool upper = (lane & kO) != 0;
+#pragma unroll
+  for (int i = 0; i < kO; ++i) {
+    const float lo = v[i], hi = v[i + kO];
+    const float send = upper ? lo : hi;
+    v[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, send, kO);
+  }
+}
+
+// The tensor-core epilogue's outlier corrections of the 4 rows row_a .. row_a + 3, summed over the warp: lane
+// 4 mm + r returns the correction of (row row_a + r, batch column mm) (0 for mm >= m_total or rows past n). The lane
+// partials (add_outlier_partials) are summed by a reduce-scatter (31 shuffles, deterministic, no atomics).
+template <typename Entry>
+__device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n,
+                                                     const float* __restrict__ x, int64_t k, int m_total, int lane,
+                                                     Entry entry) {
+  float acc[4][8];
+#pragma unroll
+  for (int r = 0; r < 4; ++r)
+#pragma unroll
+    for (int mm = 0; mm < 8; ++mm) acc[r][mm] = 0.0f;
+  add_outlier_partials<4, 8>(rowptr, row_a, n, x, k, m_total, lane, entry, acc);
+  float v[32];   // index 4 mm + r
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = acc[i % 4][i / 4];
+  // At offset o, lanes with bit o set keep the upper half of their values and receive the partner's lower half.
+  reduce_scatter_step<16>(v, lane);
+  reduce_scatter_step<8>(v, lane);
+  reduce_scatter_step<4>(v, lane);
+  reduce_scatter_step<2>(v, lane);
+  reduce_scatter_step<1>(v, lane);
+  return v[0];   // index `lane`
+}
+
 // The tensor-core GEMVs' epilogue. The CTA's warps each hold an m16n8 accumulator fragment of the same 16 rows
 // (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); after one barrier warp w stores rows 4w .. 4w + 3 for
 // every batch column (lane 4 mm + r: row 4w + r, column mm, kMaxGemvBatch = 8 columns at most), each value the sum of
-// the warps' fragments read from shared memory; with outliers, row by row, plus the warp-reduced sum of
-// partial(row, mm) over the lanes (each lane returns its share of the row's outlier correction). buf: which half of
-// the double-buffered scratch (a CTA looping over tiles alternates, so that the next tile's writes never meet this
+// the warps' fragments read from shared memory, plus, with outliers, its correction from outlier_corrections (entry:
+// see there; rowptr, x, k: the weight's CSR row pointers and the activations [m, k]). buf: which half of the
+// double-buffered scratch (a CTA looping over tiles alternates, so that the next tile's writes never meet this
 // tile's reads without a second barrier).
-template <int kWarps, bool kOutliers, typename Partial>
+template <int kWarps, bool kOutliers, typename Entry>
 __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
-                                                   int m_total, bool has_outliers, float* __restrict__ y,
-                                                   Partial partial, int buf = 0) {
+                                                   int m_total, const int32_t* __restrict__ rowptr, const float* __restrict__ x,
+                                                   int64_t k, float* __restrict__ y, Entry entry, int buf = 0) {
   __shared__ float part[2][kWarps][32][4];   // each warp's fragment
+  float extra = 0.0f;
+  if constexpr (kOutliers) {   // before the barrier: the warps' outlier loads overlap the others' arrival
+    if (rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections(rowptr, row0 + 4 * warp, n, x, k, m_total, lane, entry);
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[buf][warp][lane][i] = acc[i];
   __syncthreads();
-  if (!(kOutliers && has_outliers)) {   // lane (rr = lane % 4, mm = lane / 4): one value each, all at once
-    const int lr = warp * 4 + lane % 4, mm = lane / 4;
-    const int64_t row = row0 + lr;
-    if (mm < m_total && row < n) {
-      float v = 0.0f;
-      for (int wi = 0; wi < kWarps; ++wi) v += part[buf][wi][4 * (lr % 8) + mm / 2][2 * (lr / 8) + mm % 2];
-      y[mm * n + row] = v;
-    }
-    return;
-  }
-  for (int rr = 0; rr < 4; ++rr) {
-    const int lr = warp * 4 + rr;   // row lr of the tile: lane 4 (lr % 8) + mm / 2, entry 2 (lr / 8) + mm % 2
-    const int64_t row = row0 + lr;
-    if (row >= n) break;
-    for (int mm = 0; mm < m_total; ++mm) {
-      float extra = partial(row, mm);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) extra += __shfl_xor_sync(0xffffffffu, extra, off);
-      if (lane == 0) {
-        float v = 0.0f;
-        for (int wi = 0; wi < kWarps; ++wi) v += part[buf][wi][4 * (lr % 8) + mm / 2][2 * (lr / 8) + mm % 2];
-        y[mm * n + row] = v + extra;
-      }
-    }
+  const int lr = warp * 4 + lane % 4, mm = lane / 4;   // lane (rr = lane % 4, mm = lane / 4): one value each, all at once
+  const int64_t row = row0 + lr;
+  if (mm < m_total && row < n) {
+    float v = 0.0f;
+    for (int wi = 0; wi < kWarps; ++wi) v += part[buf][wi][4 * (lr % 8) + mm / 2][2 * (lr / 8) + mm % 2];
+    y[mm * n + row] = v + extra;
   }
 }
 

@@ -353,12 +353,14 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
 // Without the pre-split, from batch 5.
 // Session 10 (H100, same runs): the streamed tensor-core kernel wins at batch 4 on all eight 7B..70B shapes (8192x28672
 // 100.9 vs 193.8 us, 28672x8192 111.0 vs 128.4, 4096x4096 16.3 vs 19.0 on CUDA cores) and at batch 8 on matrices
-// of at most 8192 rows (4096x11008 31.8 vs 76.7, 4096x4096 18.8 vs 30.3 on CUDA cores); on taller ones at batch 8
-// the per-unit kernel stays 3-8% ahead (28672x8192 133.9 vs 140.8, 12288x4096 39.3 vs 42.5). At batch 1-2 the
-// CUDA cores stay ahead (28672x8192 70.1 vs 101.2).
+// of at most 8192 rows (4096x11008 31.8 vs 76.7, 4096x4096 18.8 vs 30.3 on CUDA cores). At batch 1-2 the CUDA cores
+// stay ahead (28672x8192 70.1 vs 101.2). Session 11 (H100, after session 10's epilogue change; results/
+// issue7-mixed24a-batch5-8-h100.txt): on taller matrices too at batch 5..8 (28672x8192 114.0-114.1 vs 128.2-129.1 us,
+// 11008x4096 30.1-30.8 vs 32.8-33.1, 12288x4096 30.0-30.8 vs 32.9-33.2), 2% behind only at 14336x4096 (37.6-38.0 vs
+// 36.8-37.2), so the n <= 8192 condition of session 10 is gone.
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
   if (!presplit) return m >= 5 ? GemvPath::TensorCore : GemvPath::Scalar;
-  if (m >= 3 && mixed24a_stream_fits(n, k, m) && (m <= 4 || n <= 8192)) return GemvPath::TensorCoreStream;
+  if (m >= 3 && mixed24a_stream_fits(n, k, m)) return GemvPath::TensorCoreStream;
   return m >= 4 && n * k > 4096LL * 4096 ? GemvPath::TensorCore : GemvPath::Scalar;
 }
 
