@@ -314,6 +314,7 @@ void launch_rows(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t 
 
 template <int B, int M>
 void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
+  fused = fused && w.rowptr != nullptr;   // without outliers, the instantiation without their code (see launch_tc)
   if constexpr (M <= kNarrowMaxBatch) {
     if (narrow_rows(w.n, w.k, M, B)) return launch_rows<B, M, 1>(w, x, y, s, fused);
   }
@@ -791,6 +792,13 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     else if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4>, xgrid, 256, 0, s, w, x, m, xf, quads);
     else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads);
   }
+  // Weights without outliers run the CUDA-core and register-table kernels instantiated without the outlier code, and
+  // the shared-table tensor-core kernel with it (its outlier branch is then skipped at run time). Measured on the H100
+  // (session 11, same runs) after the fused-outlier epilogue change: the register-table / CUDA-core kernels' outlier
+  // instantiations cost 1.1% / 2.5% of 3- / 4-bit batch-1 decode, while the shared-table kernel's (80 registers
+  // against 63) ran faster at batch 8 (4-bit 4096x11008 38.3 against 47.0 us, 8-bit 67.8 against 79.1) for a reason
+  // not established (its main loop is the same source).
+  const bool fused_rt = fused && w.rowptr != nullptr;
   if constexpr (B <= 3) {
     if (is_streamed(path)) {   // requirements checked by gemv_bits
       // Four stages for grids of at most two tiles per SM with at least four groups per warp, two otherwise
@@ -800,18 +808,18 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       const bool deep = static_cast<int64_t>(grid) <= 2LL * sms && (w.words + 15) / 16 >= 4 * kStreamWarps;
       const bool hx = path == GemvPath::TensorCoreRegisterLutStreamHalfX;
       if (m == 1) {
-        if (hx) deep ? launch_stream<B, 1, 4, true>(w, x, m, y, s, fused, xf) : launch_stream<B, 1, 2, true>(w, x, m, y, s, fused, xf);
-        else deep ? launch_stream<B, 1, 4, false>(w, x, m, y, s, fused, xf) : launch_stream<B, 1, 2, false>(w, x, m, y, s, fused, xf);
+        if (hx) deep ? launch_stream<B, 1, 4, true>(w, x, m, y, s, fused_rt, xf) : launch_stream<B, 1, 2, true>(w, x, m, y, s, fused_rt, xf);
+        else deep ? launch_stream<B, 1, 4, false>(w, x, m, y, s, fused_rt, xf) : launch_stream<B, 1, 2, false>(w, x, m, y, s, fused_rt, xf);
       } else {
-        if (hx) deep ? launch_stream<B, 2, 4, true>(w, x, m, y, s, fused, xf) : launch_stream<B, 2, 2, true>(w, x, m, y, s, fused, xf);
-        else deep ? launch_stream<B, 2, 4, false>(w, x, m, y, s, fused, xf) : launch_stream<B, 2, 2, false>(w, x, m, y, s, fused, xf);
+        if (hx) deep ? launch_stream<B, 2, 4, true>(w, x, m, y, s, fused_rt, xf) : launch_stream<B, 2, 2, true>(w, x, m, y, s, fused_rt, xf);
+        else deep ? launch_stream<B, 2, 4, false>(w, x, m, y, s, fused_rt, xf) : launch_stream<B, 2, 2, false>(w, x, m, y, s, fused_rt, xf);
       }
       return;
     }
     if (register_lut) {
       static const int sms = device_sm_count();
       const bool compact = span == 4 && grid > 3u * sms && grid <= 4u * sms;   // one wave only at four CTAs per SM
-      auto kern = half_x ? reglut_kernel<B, true>(fused, span, compact) : reglut_kernel<B, false>(fused, span, compact);
+      auto kern = half_x ? reglut_kernel<B, true>(fused_rt, span, compact) : reglut_kernel<B, false>(fused_rt, span, compact);
       launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf);
       return;
     }
