@@ -34,6 +34,12 @@ namespace {
 constexpr int kWarps = 4;
 __device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+// The xfrag scratch (anyprec_xfrag_bytes): the fragments, then x transposed [k, kXtColumns] at xfrag_xt.
+size_t xfrag_part_bytes(int64_t k) { return static_cast<size_t>(4 * (((k + 31) / 32 + 15) / 16)) * 8 * 32 * sizeof(uint4); }
+float* xfrag_xt(const void* xfrag, int64_t k) {
+  return xfrag == nullptr ? nullptr : reinterpret_cast<float*>(static_cast<char*>(const_cast<void*>(xfrag)) + xfrag_part_bytes(k));
+}
+
 // One fp32 / u32 from shared memory at a 32-bit shared-window byte address: the lookup address is then one
 // IMAD/LEA (code * entry stride + the row's base), not a generic-pointer computation per lookup.
 __device__ __forceinline__ float lds_f32(uint32_t addr) {
@@ -229,7 +235,7 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
   if constexpr (kFusedOutliers) {
-    if (w.rowptr != nullptr) add_outlier_partials<kRows, M>(w.rowptr, row0, n, x, w.k, M, lane, OutlierEntry<B>{w, w.lut[B]}, acc);
+    if (w.rowptr != nullptr) add_outlier_partials<kRows, M>(w.rowptr, row0, n, OutlierX{x, w.k, 1}, M, lane, OutlierEntry<B>{w, w.lut[B]}, acc);
   }
   store_warp_sums<kRows, M>(acc, lane, row0, n, y);
 }
@@ -338,14 +344,14 @@ __host__ __device__ constexpr int64_t tc_quads(int64_t words) { return (words + 
 // The activations of every (quad, slab, lane) as the lane feeds them to mma_split: {b0 hi, b1 hi, b0 lo, b1 lo}, zero
 // past k; written only for the lanes of batch columns < m (g < m), the only ones the GEMVs read. One thread per
 // entry; the GEMV then reads one 16-byte word per slab instead of loading, bounds-checking and splitting four floats
-// (the pre-split path). Slab order: kNibble = false, slab sj takes word bits 4 sj + q (the LDS-table kernel);
-// kNibble = true, slab sj = 2 s + h takes bits 16 h + 4 q + s (the register-table kernel), q = 0..3 the k slot
-// (2t, 2t+1, 2t+8, 2t+9).
+// (the pre-split path). The entries also write x transposed into xt [k, kXtColumns] (the fused outliers' gathers).
+// Slab order: kNibble = false, slab sj takes word bits 4 sj + q (the LDS-table kernel); kNibble = true, slab
+// sj = 2 s + h takes bits 16 h + 4 q + s (the register-table kernel), q = 0..3 the k slot (2t, 2t+1, 2t+8, 2t+9).
 // Quad qi, lane t: word 4 kSpan (qi / kSpan) + kSpan t + qi % kSpan of the row (kSpan = 1: word 4 qi + t; kSpan = 4:
 // each lane reads 4 consecutive words, a group of 16 words being 4 quads).
 template <bool kNibble, int kSpan>
 __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out,
-                                     int64_t quads) {
+                                     int64_t quads, float* __restrict__ xt) {
   pdl_launch_dependents();
   pdl_wait();
   const int lanes = 4 * m_total;   // lane = 4 g + t, g < m
@@ -364,6 +370,7 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
       const int bit = kNibble ? 16 * (sj % 2) + 4 * q + sj / 2 : 4 * sj + q;
       const int64_t c = 1024 * T + static_cast<int64_t>(bit / 8) * 8 * nw + 8 * wt + bit % 8;
       xv[q] = c < k ? x[static_cast<int64_t>(g) * k + c] : 0.0f;
+      if (xt != nullptr && c < k) xt[c * kXtColumns + g] = xv[q];   // the outlier gathers' copy (OutlierX): each column once
     }
   }
   uint4 v;
@@ -375,7 +382,8 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
 template <int B, bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                         int m_total, float* __restrict__ y,
-                                                                        const uint4* __restrict__ xfrag) {
+                                                                        const uint4* __restrict__ xfrag,
+    const float* __restrict__ xt) {   // xt: x transposed (OutlierX), with xfrag
   extern __shared__ uint32_t tabs[];   // [2][2^B][8][4]
   const int64_t n = w.n, k = w.k, W = w.words;
   const TcTile tile(n);
@@ -453,7 +461,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   }
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, x, k, y, OutlierEntry<B>{w, lut});
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr,
+                                               kPreSplit ? OutlierX{xt, 1, kXtColumns} : OutlierX{x, k, 1}, y, OutlierEntry<B>{w, lut});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -568,7 +577,8 @@ struct PlaneGroups {
 template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false, bool kHalfX = false>
 __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                             int m_total, float* __restrict__ y,
-                                                                            const uint4* __restrict__ xfrag) {
+                                                                            const uint4* __restrict__ xfrag,
+    const float* __restrict__ xt) {   // xt: x transposed (OutlierX), with xfrag
   static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
   const int64_t n = w.n, k = w.k;
   const TcTile tile(n);
@@ -631,7 +641,8 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) any
   for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, x, k, y, OutlierEntry<B>{w, lut});
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, OutlierX{xt, 1, kXtColumns}, y,
+                                               OutlierEntry<B>{w, lut});
 }
 
 // The register-table kernel instantiation for run-time choices (kCompact only exists with kSpan = 4).
@@ -677,7 +688,8 @@ struct StreamStage {
 template <int B, bool kFusedOutliers, int kMX, int kStages, bool kHalfX>
 __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStages, kHalfX>::kMinBlocks)) anyprec_gemv_reglut_stream_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                                          int m_total, float* __restrict__ y,
-                                                                                         const uint4* __restrict__ xfrag) {
+                                                                                         const uint4* __restrict__ xfrag,
+    const float* __restrict__ xt) {   // xt: x transposed (OutlierX), with xfrag
   static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
   using S = StreamStage<B, kMX, kStages, kHalfX>;
   extern __shared__ __align__(16) unsigned char stream_smem[];
@@ -758,8 +770,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
     if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
-    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tt.row0, n, m_total, w.rowptr, x, k, y,
-                                                     OutlierEntry<B>{w, lut}, buf);
+    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tt.row0, n, m_total, w.rowptr,
+                                                     OutlierX{xt, 1, kXtColumns}, y, OutlierEntry<B>{w, lut}, buf);
     buf ^= 1;
   }
   cp_async_wait<0>();   // no copy outlives the CTA
@@ -772,7 +784,7 @@ void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cuda
   auto kern = fused ? anyprec_gemv_reglut_stream_kernel<B, true, kMX, kStages, kHalfX>
                     : anyprec_gemv_reglut_stream_kernel<B, false, kMX, kStages, kHalfX>;
   launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kStreamWarps * 32, smem, (w.n + 15) / 16), kStreamWarps * 32, smem, s,
-             w, x, m, y, xf);
+             w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
 }
 
 template <int B>
@@ -786,11 +798,12 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   // 4096x4096 (8192x28672: 74.4 vs 69.8 / 99.0).
   const int span = register_lut && w.words % 4 == 0 ? 4 : 1;
   if (xf != nullptr) {
+    float* xt_out = fused && w.rowptr != nullptr ? xfrag_xt(xf, w.k) : nullptr;   // only the fused outliers read it
     const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 4 * m;
     const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
-    if (!register_lut) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1>, xgrid, 256, 0, s, w, x, m, xf, quads);
-    else if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4>, xgrid, 256, 0, s, w, x, m, xf, quads);
-    else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads);
+    if (!register_lut) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
+    else if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
+    else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
   }
   // Weights without outliers run the CUDA-core and register-table kernels instantiated without the outlier code, and
   // the shared-table tensor-core kernel with it (its outlier branch is then skipped at run time). Measured on the H100
@@ -820,7 +833,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       static const int sms = device_sm_count();
       const bool compact = span == 4 && grid > 3u * sms && grid <= 4u * sms;   // one wave only at four CTAs per SM
       auto kern = half_x ? reglut_kernel<B, true>(fused_rt, span, compact) : reglut_kernel<B, false>(fused_rt, span, compact);
-      launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf);
+      launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
       return;
     }
   }
@@ -828,7 +841,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   auto kern = xf != nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>)
                             : (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>);
   if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf);
+  launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
 }
 
 template <int B, int M>
@@ -892,8 +905,9 @@ void check_width(const AnyPrecDevice& w, int bits) {
 }  // namespace
 
 
-// Quads of the widest layout: 4 per group of 16 words (>= tc_quads).
-size_t anyprec_xfrag_bytes(int64_t k) { return static_cast<size_t>(4 * (((k + 31) / 32 + 15) / 16)) * 8 * 32 * sizeof(uint4); }
+// The fragments (quads of the widest layout: 4 per group of 16 words, >= tc_quads), then x transposed [k, kXtColumns]
+// (the fused outliers' gathers, xfrag_xt).
+size_t anyprec_xfrag_bytes(int64_t k) { return xfrag_part_bytes(k) + static_cast<size_t>(k) * kXtColumns * sizeof(float); }
 
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
                   GemvPath path, void* xfrag) {

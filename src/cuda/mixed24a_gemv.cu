@@ -138,7 +138,7 @@ __global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevi
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
   if constexpr (kFusedOutliers) {
-    if (w.rowptr != nullptr) add_outlier_partials<kRows, M>(w.rowptr, row0, n, x_global, k, M, lane, MixedOutlierEntry{w}, acc);
+    if (w.rowptr != nullptr) add_outlier_partials<kRows, M>(w.rowptr, row0, n, OutlierX{x_global, k, 1}, M, lane, MixedOutlierEntry{w}, acc);
   }
   store_warp_sums<kRows, M>(acc, lane, row0, n, y);
 }
@@ -231,8 +231,10 @@ __device__ __forceinline__ uint32_t codes_minus_zero(uint32_t field_pair, __half
 
 // The activations of every (unit, group, lane) as the lane feeds them to mma_split, gathered through the group
 // permutation and split into fp16 hi + lo: {b0 hi, b1 hi, b0 lo, b1 lo}, zero for batch columns >= m. One thread per
-// entry; the GEMV then reads one 16-byte word per group (the pre-split path).
-__global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out) {
+// entry; the GEMV then reads one 16-byte word per group (the pre-split path). It also writes x transposed into xt
+// [k, kXtColumns] (batch columns < m) for the fused outliers' gathers.
+__global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out,
+                                      float* __restrict__ xt) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t U = w.k / 64, id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -242,17 +244,13 @@ __global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict_
   const int g = lane / 4, t = lane % 4;
   float xk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (g < m_total) {
-    const float* xg = x + static_cast<int64_t>(g) * w.k + 16 * static_cast<int64_t>(w.perm[4 * u + s]);
-    if (s < 3) {   // the k order of the 2-bit groups (see mixed24a_gemv_tc_kernel)
-      xk[0] = xg[2 * t];
-      xk[1] = xg[2 * t + 8];
-      xk[2] = xg[2 * t + 1];
-      xk[3] = xg[2 * t + 9];
-    } else {       // and of the 4-bit group
-      xk[0] = xg[t];
-      xk[1] = xg[t + 4];
-      xk[2] = xg[8 + t];
-      xk[3] = xg[12 + t];
+    const int64_t base = 16 * static_cast<int64_t>(w.perm[4 * u + s]);
+    // the k order of the 2-bit groups (see mixed24a_gemv_tc_kernel), and of the 4-bit group
+    const int off[4] = {s < 3 ? 2 * t : t, s < 3 ? 2 * t + 8 : t + 4, s < 3 ? 2 * t + 1 : 8 + t, s < 3 ? 2 * t + 9 : 12 + t};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      xk[q] = x[static_cast<int64_t>(g) * w.k + base + off[q]];
+      if (xt != nullptr) xt[(base + off[q]) * kXtColumns + g] = xk[q];   // the outlier gathers' copy (OutlierX)
     }
   }
   uint4 v;
@@ -295,7 +293,8 @@ __device__ __forceinline__ void mixed_group_a(const MixedUnit& q, int s, int t, 
 template <bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24ADevice w, const float* __restrict__ x,
                                                                          int m_total, float* __restrict__ y,
-                                                                         const uint4* __restrict__ xfrag) {
+                                                                         const uint4* __restrict__ xfrag,
+                                                                         const float* __restrict__ xt) {
   pdl_wait();
   const int64_t n = w.n, k = w.k, U = k / 64, rg = blockIdx.x;
   const TcTile tile(n);
@@ -354,7 +353,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24
   }
 
   pdl_launch_dependents();
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, x, k, y, MixedOutlierEntry{w});
+  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr,
+                                               kPreSplit ? OutlierX{xt, 1, kXtColumns} : OutlierX{x, k, 1}, y, MixedOutlierEntry{w});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -390,7 +390,8 @@ struct MixedStage {
 
 template <bool kFusedOutliers, int kMX>
 __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_gemv_stream_kernel(
-    Mixed24ADevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint4* __restrict__ xfrag) {
+    Mixed24ADevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint4* __restrict__ xfrag,
+    const float* __restrict__ xt) {
   using S = MixedStage<kMX>;
   constexpr int kStages = S::kStages;
   extern __shared__ __align__(16) unsigned char mixed_stream_smem[];
@@ -474,19 +475,20 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_
       }
     }
     if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
-    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr, x, w.k, y,
-                                                     MixedOutlierEntry{w}, buf);
+    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr,
+                                                     OutlierX{xt, 1, kXtColumns}, y, MixedOutlierEntry{w}, buf);
     buf ^= 1;
   }
   cp_async_wait<0>();
 }
 
 template <int kMX>
-void launch_stream(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
+void launch_stream(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf,
+                   const float* xt) {
   const size_t smem = static_cast<size_t>(kStreamWarps) * MixedStage<kMX>::kWarpBytes;
   auto kern = fused ? mixed24a_gemv_stream_kernel<true, kMX> : mixed24a_gemv_stream_kernel<false, kMX>;
   launch_pdl(kPdlMixed, kern, persistent_grid(kern, kStreamWarps * 32, smem, (w.n + 15) / 16), kStreamWarps * 32, smem, s,
-             w, x, m, y, xf);
+             w, x, m, y, xf, xt);
 }
 
 template <int M>
@@ -505,7 +507,12 @@ void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, b
 
 }  // namespace
 
-size_t mixed24a_xfrag_bytes(int64_t k) { return static_cast<size_t>(k / 64) * 4 * 32 * sizeof(uint4); }
+namespace {
+size_t frag_part_bytes(int64_t k) { return static_cast<size_t>(k / 64) * 4 * 32 * sizeof(uint4); }
+}  // namespace
+
+// The fragments, then x transposed [k, kXtColumns] (the fused outliers' gathers).
+size_t mixed24a_xfrag_bytes(int64_t k) { return frag_part_bytes(k) + static_cast<size_t>(k) * kXtColumns * sizeof(float); }
 
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
                    GemvPath path, void* xfrag) {
@@ -529,14 +536,17 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     LOWBIT_CHECK(xfrag != nullptr && mixed24a_stream_fits(w.n, w.k, m), "mixed24a GEMV: the streamed tensor-core kernel needs ",
                  "pre-split activations and k a multiple of 256, >= 1024 (asked: ", w.n, "x", w.k, xfrag == nullptr ? ", no xfrag" : "", ")");
   if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
+  uint4* xf = static_cast<uint4*>(xfrag);
+  // x transposed for the fused outliers' gathers, written by the fragment kernel only when they run
+  float* xt = xfrag != nullptr && fused && w.rowptr != nullptr ? reinterpret_cast<float*>(static_cast<char*>(xfrag) + frag_part_bytes(w.k))
+                                                               : nullptr;
   if (path == GemvPath::TensorCoreStream) {
     const int64_t entries = (w.k / 64) * 4 * 32;
-    uint4* xf = static_cast<uint4*>(xfrag);
-    launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf);
-    if (m == 1) launch_stream<1>(w, x, m, y, s, fused, xf);
-    else if (m == 2) launch_stream<2>(w, x, m, y, s, fused, xf);
-    else if (m <= 4) launch_stream<4>(w, x, m, y, s, fused, xf);
-    else launch_stream<8>(w, x, m, y, s, fused, xf);
+    launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf, xt);
+    if (m == 1) launch_stream<1>(w, x, m, y, s, fused, xf, xt);
+    else if (m == 2) launch_stream<2>(w, x, m, y, s, fused, xf, xt);
+    else if (m <= 4) launch_stream<4>(w, x, m, y, s, fused, xf, xt);
+    else launch_stream<8>(w, x, m, y, s, fused, xf, xt);
     if (!fused && w.rowptr != nullptr)
       launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
     LOWBIT_CUDA_CHECK(cudaGetLastError());
@@ -544,15 +554,15 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   }
   if (path == GemvPath::TensorCore) {
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
-    uint4* xf = static_cast<uint4*>(xfrag);
     if (xf != nullptr) {
       const int64_t entries = (w.k / 64) * 4 * 32;
-      launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf);
+      launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf, xt);
       auto kern = fused ? mixed24a_gemv_tc_kernel<true, true> : mixed24a_gemv_tc_kernel<false, true>;
-      launch_pdl(kPdlMixed, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf);
+      launch_pdl(kPdlMixed, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, static_cast<const float*>(xt));
     } else {
       auto kern = fused ? mixed24a_gemv_tc_kernel<true, false> : mixed24a_gemv_tc_kernel<false, false>;
-      launch_pdl(kPdlMixed, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, nullptr);
+      launch_pdl(kPdlMixed, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, static_cast<const uint4*>(nullptr),
+                 static_cast<const float*>(nullptr));
     }
     if (!fused && w.rowptr != nullptr)
       launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);

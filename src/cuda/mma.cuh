@@ -67,17 +67,27 @@ struct TcTile {
         row0(tile * 16), r0(row0 + g < n ? row0 + g : n - 1), r1(row0 + g + 8 < n ? row0 + g + 8 : n - 1) {}
 };
 
+// The activations the outlier corrections gather, value (mm, c) at p[mm * mm_stride + c * col_stride]: x [m, k] itself
+// (mm_stride k, col_stride 1), or its transposed copy [k, 8] written by the fragment kernels (xt_of, mm_stride 1,
+// col_stride 8), where one entry's batch columns share a 32-byte sector instead of taking one sector each (at batch
+// 8 on 70B-class shapes those gathers were 35-48% of the 2/4/16 tensor-core kernel's time, session 11).
+struct OutlierX {
+  const float* p;
+  int64_t mm_stride, col_stride;
+};
+constexpr int kXtColumns = 8;   // batch columns per row of the transposed copy (kMaxGemvBatch)
+
 // Lane partial sums of the sparse-outlier corrections of the kRows rows row_a .. row_a + kRows - 1 (those below n),
 // for batch columns 0 .. m_total - 1 (m_total <= M), added to acc[r][mm]. The rows' CSR entries are contiguous,
 // [rowptr[row_a], rowptr[row_a + kRows]): the lanes stride over that one range, so the dependent loads (row
 // pointers, then an entry's column and value, then x) form one chain per 32 entries, where a loop per row (and, in
 // the tensor-core epilogue, per batch column, each with its own warp reduction) made one chain per row (session 11:
 // outliers then cost 35-47% of the 2/4/16 tensor-core kernel at batch 5..8). entry(row, e, xcol) returns entry e's
-// coefficient and sets xcol, its column of x (the value multiplied is x[mm * k + xcol]).
+// coefficient and sets xcol, its column of x (the value multiplied is xo's (mm, xcol): OutlierX).
 template <int kRows, int M, typename Entry>
 __device__ __forceinline__ void add_outlier_partials(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n,
-                                                     const float* __restrict__ x, int64_t k, int m_total, int lane,
-                                                     Entry entry, float (&acc)[kRows][M]) {
+                                                     OutlierX xo, int m_total, int lane, Entry entry,
+                                                     float (&acc)[kRows][M]) {
   static_assert(kRows < 32, "row bounds come from one lane each");
   if (row_a >= n) return;
   const int rows = static_cast<int>(row_a + kRows <= n ? kRows : n - row_a);
@@ -94,7 +104,7 @@ __device__ __forceinline__ void add_outlier_partials(const int32_t* __restrict__
 #pragma unroll
     for (int mm = 0; mm < M; ++mm) {
       if (mm >= m_total) break;
-      const float p = coef * __ldg(x + mm * k + xcol);
+      const float p = coef * __ldg(xo.p + mm * xo.mm_stride + xcol * xo.col_stride);
 #pragma unroll
       for (int rr = 0; rr < kRows; ++rr) acc[rr][mm] += rr == r ? p : 0.0f;
     }
@@ -120,14 +130,13 @@ __device__ __forceinline__ void reduce_scatter_step(float (&v)[32], int lane) {
 // partials (add_outlier_partials) are summed by a reduce-scatter (31 shuffles, deterministic, no atomics).
 template <typename Entry>
 __device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n,
-                                                     const float* __restrict__ x, int64_t k, int m_total, int lane,
-                                                     Entry entry) {
+                                                     OutlierX xo, int m_total, int lane, Entry entry) {
   float acc[4][8];
 #pragma unroll
   for (int r = 0; r < 4; ++r)
 #pragma unroll
     for (int mm = 0; mm < 8; ++mm) acc[r][mm] = 0.0f;
-  add_outlier_partials<4, 8>(rowptr, row_a, n, x, k, m_total, lane, entry, acc);
+  add_outlier_partials<4, 8>(rowptr, row_a, n, xo, m_total, lane, entry, acc);
   float v[32];   // index 4 mm + r
 #pragma unroll
   for (int i = 0; i < 32; ++i) v[i] = acc[i % 4][i / 4];
@@ -144,17 +153,17 @@ __device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__
 // (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); after one barrier warp w stores rows 4w .. 4w + 3 for
 // every batch column (lane 4 mm + r: row 4w + r, column mm, kMaxGemvBatch = 8 columns at most), each value the sum of
 // the warps' fragments read from shared memory, plus, with outliers, its correction from outlier_corrections (entry:
-// see there; rowptr, x, k: the weight's CSR row pointers and the activations [m, k]). buf: which half of the
+// see there; rowptr, xo: the weight's CSR row pointers and the activations gathered, OutlierX). buf: which half of the
 // double-buffered scratch (a CTA looping over tiles alternates, so that the next tile's writes never meet this
 // tile's reads without a second barrier).
 template <int kWarps, bool kOutliers, typename Entry>
 __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
-                                                   int m_total, const int32_t* __restrict__ rowptr, const float* __restrict__ x,
-                                                   int64_t k, float* __restrict__ y, Entry entry, int buf = 0) {
+                                                   int m_total, const int32_t* __restrict__ rowptr, OutlierX xo,
+                                                   float* __restrict__ y, Entry entry, int buf = 0) {
   __shared__ float part[2][kWarps][32][4];   // each warp's fragment
   float extra = 0.0f;
   if constexpr (kOutliers) {   // before the barrier: the warps' outlier loads overlap the others' arrival
-    if (rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections(rowptr, row0 + 4 * warp, n, x, k, m_total, lane, entry);
+    if (rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections(rowptr, row0 + 4 * warp, n, xo, m_total, lane, entry);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[buf][warp][lane][i] = acc[i];
