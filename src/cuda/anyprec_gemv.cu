@@ -34,6 +34,7 @@ namespace {
 constexpr int kWarps = 4;
 __device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+static_assert(kXtColumns == kMaxGemvBatch, "the transposed x copy holds every batch column of a GEMV");
 // The xfrag scratch (anyprec_xfrag_bytes): the fragments, then x transposed [k, kXtColumns] at xfrag_xt.
 size_t xfrag_part_bytes(int64_t k) { return static_cast<size_t>(4 * (((k + 31) / 32 + 15) / 16)) * 8 * 32 * sizeof(uint4); }
 float* xfrag_xt(const void* xfrag, int64_t k) {
@@ -810,7 +811,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   // (session 11, same runs) after the fused-outlier epilogue change: the register-table / CUDA-core kernels' outlier
   // instantiations cost 1.1% / 2.5% of 3- / 4-bit batch-1 decode, while the shared-table kernel's (80 registers
   // against 63) ran faster at batch 8 (4-bit 4096x11008 38.3 against 47.0 us, 8-bit 67.8 against 79.1) for a reason
-  // not established (its main loop is the same source).
+  // not established (its main loop is the same source; docs/PERF.md, session 11).
   const bool fused_rt = fused && w.rowptr != nullptr;
   if constexpr (B <= 3) {
     if (is_streamed(path)) {   // requirements checked by gemv_bits
