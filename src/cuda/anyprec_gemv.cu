@@ -246,11 +246,12 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
 template <int B>
 __device__ __forceinline__ float outlier_lane_sum(const AnyPrecDevice& w, const __half* lut, int64_t row,
                                                   const float* __restrict__ xr, int lane) {
-  const __half* l = lut + row * (1 << B);
+  const OutlierEntry<B> entry{w, lut};
   float v = 0.0f;
   for (int e = __ldg(w.rowptr + row) + lane; e < __ldg(w.rowptr + row + 1); e += 32) {
-    const int64_t c = __ldg(w.col + e);
-    v = fmaf(__half2float(w.val[e]) - __half2float(l[code_at<B>(w, row, c)]), __ldg(xr + c), v);
+    int64_t c;
+    const float coef = entry(row, e, c);
+    v = fmaf(coef, __ldg(xr + c), v);
   }
   return v;
 }
@@ -384,7 +385,7 @@ template <int B, bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                         int m_total, float* __restrict__ y,
                                                                         const uint4* __restrict__ xfrag,
-    const float* __restrict__ xt) {   // xt: x transposed (OutlierX), with xfrag
+                                                                        const float* __restrict__ xt) {   // x transposed (OutlierX)
   extern __shared__ uint32_t tabs[];   // [2][2^B][8][4]
   const int64_t n = w.n, k = w.k, W = w.words;
   const TcTile tile(n);
@@ -579,7 +580,7 @@ template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false, bool kHa
 __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                             int m_total, float* __restrict__ y,
                                                                             const uint4* __restrict__ xfrag,
-    const float* __restrict__ xt) {   // xt: x transposed (OutlierX), with xfrag
+                                                                        const float* __restrict__ xt) {   // x transposed (OutlierX)
   static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
   const int64_t n = w.n, k = w.k;
   const TcTile tile(n);
@@ -690,7 +691,7 @@ template <int B, bool kFusedOutliers, int kMX, int kStages, bool kHalfX>
 __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStages, kHalfX>::kMinBlocks)) anyprec_gemv_reglut_stream_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                                          int m_total, float* __restrict__ y,
                                                                                          const uint4* __restrict__ xfrag,
-    const float* __restrict__ xt) {   // xt: x transposed (OutlierX), with xfrag
+                                                                        const float* __restrict__ xt) {   // x transposed (OutlierX)
   static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
   using S = StreamStage<B, kMX, kStages, kHalfX>;
   extern __shared__ __align__(16) unsigned char stream_smem[];

@@ -150,11 +150,13 @@ __global__ void mixed24a_outliers_kernel(Mixed24ADevice w, const float* __restri
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   if (row >= w.n) return;
+  const MixedOutlierEntry entry(w);
   for (int m = 0; m < m_total; ++m) {
     float v = 0.0f;
     for (int e = w.rowptr[row] + lane; e < w.rowptr[row + 1]; e += 32) {
-      const uint32_t c = w.col[e];
-      v = fmaf(__half2float(w.val[e]), x[m * w.k + 16 * static_cast<int64_t>(w.perm[c / 16]) + c % 16], v);
+      int64_t orig;
+      const float coef = entry(row, e, orig);
+      v = fmaf(coef, x[m * w.k + orig], v);
     }
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     if (lane == 0) y[m * w.n + row] += v;
@@ -288,7 +290,6 @@ __device__ __forceinline__ void mixed_group_a(const MixedUnit& q, int s, int t, 
     a[3] = codes_minus_zero((q.qb1 >> (4 * t)) & 0x000F000Fu, zm1);
   }
 }
-
 
 template <bool kFusedOutliers, bool kPreSplit>
 __global__ void __launch_bounds__(kTcWarps * 32) mixed24a_gemv_tc_kernel(Mixed24ADevice w, const float* __restrict__ x,
