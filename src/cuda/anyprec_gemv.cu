@@ -580,7 +580,7 @@ template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false, bool kHa
 __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                             int m_total, float* __restrict__ y,
                                                                             const uint4* __restrict__ xfrag,
-                                                                        const float* __restrict__ xt) {   // x transposed (OutlierX)
+                                                                            const float* __restrict__ xt) {   // x transposed (OutlierX)
   static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
   const int64_t n = w.n, k = w.k;
   const TcTile tile(n);
@@ -691,7 +691,7 @@ template <int B, bool kFusedOutliers, int kMX, int kStages, bool kHalfX>
 __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStages, kHalfX>::kMinBlocks)) anyprec_gemv_reglut_stream_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                                          int m_total, float* __restrict__ y,
                                                                                          const uint4* __restrict__ xfrag,
-                                                                        const float* __restrict__ xt) {   // x transposed (OutlierX)
+                                                                                         const float* __restrict__ xt) {   // x transposed (OutlierX)
   static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
   using S = StreamStage<B, kMX, kStages, kHalfX>;
   extern __shared__ __align__(16) unsigned char stream_smem[];
@@ -799,14 +799,6 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   // lane (kSpan = 1) and 8-byte loads, 3 bits batch 1: 59.2 vs 73.0 / 78.0 us at 28672x8192, 12.3 vs 14.6 / 13.5 at
   // 4096x4096 (8192x28672: 74.4 vs 69.8 / 99.0).
   const int span = register_lut && w.words % 4 == 0 ? 4 : 1;
-  if (xf != nullptr) {
-    float* xt_out = fused && w.rowptr != nullptr ? xfrag_xt(xf, w.k) : nullptr;   // only the fused outliers read it
-    const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 4 * m;
-    const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
-    if (!register_lut) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
-    else if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
-    else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
-  }
   // Weights without outliers run the CUDA-core and register-table kernels instantiated without the outlier code, and
   // the shared-table tensor-core kernel with it (its outlier branch is then skipped at run time). Measured on the H100
   // (session 11, same runs) after the fused-outlier epilogue change: the register-table / CUDA-core kernels' outlier
@@ -814,6 +806,14 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   // against 63) ran faster at batch 8 (4-bit 4096x11008 38.3 against 47.0 us, 8-bit 67.8 against 79.1) for a reason
   // not established (its main loop is the same source; docs/PERF.md, session 11).
   const bool fused_rt = fused && w.rowptr != nullptr;
+  if (xf != nullptr) {
+    float* xt_out = fused_rt ? xfrag_xt(xf, w.k) : nullptr;   // only the fused outliers read it
+    const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 4 * m;
+    const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
+    if (!register_lut) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
+    else if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
+    else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
+  }
   if constexpr (B <= 3) {
     if (is_streamed(path)) {   // requirements checked by gemv_bits
       // Four stages for grids of at most two tiles per SM with at least four groups per warp, two otherwise

@@ -510,6 +510,7 @@ void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, b
 
 namespace {
 size_t frag_part_bytes(int64_t k) { return static_cast<size_t>(k / 64) * 4 * 32 * sizeof(uint4); }
+float* frag_xt(void* xfrag, int64_t k) { return reinterpret_cast<float*>(static_cast<char*>(xfrag) + frag_part_bytes(k)); }
 }  // namespace
 
 // The fragments, then x transposed [k, kXtColumns] (the fused outliers' gathers).
@@ -539,8 +540,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
   uint4* xf = static_cast<uint4*>(xfrag);
   // x transposed for the fused outliers' gathers, written by the fragment kernel only when they run
-  float* xt = xfrag != nullptr && fused && w.rowptr != nullptr ? reinterpret_cast<float*>(static_cast<char*>(xfrag) + frag_part_bytes(w.k))
-                                                               : nullptr;
+  float* xt = xfrag != nullptr && fused && w.rowptr != nullptr ? frag_xt(xfrag, w.k) : nullptr;
   if (path == GemvPath::TensorCoreStream) {
     const int64_t entries = (w.k / 64) * 4 * 32;
     launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf, xt);
