@@ -132,7 +132,7 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
           // The CUDA-core path, the tensor-core path splitting x in its loop, and the tensor-core path reading
           // x pre-split into fragment order (scratch poisoned first: every fragment it reads must be written).
           cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
-          // And, at 3 and 4 bits and batch <= 4, the CUDA-core kernel with merged pair lookups; at 2..3 bits the tensor-core
+          // And, at 3 and 4 bits and batch <= 4, the CUDA-core kernel with merged pair lookups; at 2..4 bits the tensor-core
           // kernel with register tables (pre-split x in its own slab order).
           for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
                    {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
@@ -142,7 +142,7 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
             for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
               if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
               if (path == cuda::GemvPath::ScalarPairs && ((bits != 3 && bits != 4) || m > 4)) continue;
-              if (cuda::is_register_table(path) && bits > 3) continue;
+              if (cuda::is_register_table(path) && bits > 4) continue;
               if (cuda::is_streamed(path) && !cuda::anyprec_stream_fits(sh.n, sh.k, m)) continue;
               if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
               const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
@@ -535,9 +535,11 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 5, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::ScalarPairs); },
        "merged pair lookups serve 3 and 4 bits at batch 1..4");
   cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(64));
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 4, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  AnyPrecQuantized q5 = test::random_codes(4, 64, 5, 0x20u, 4);   // serves 5 only
+  const cuda::DevicePackedWeight dw5(pack_anyprec(q5, storage));
+  says([&] { cuda::anyprec_gemv(dw5.anyprec(), 5, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreRegisterLut, xfrag.get()); },
-       "register tables serve 2..3 bits");
+       "register tables serve 2..4 bits");
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreRegisterLut); },
        "no xfrag scratch");

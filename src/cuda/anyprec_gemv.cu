@@ -70,6 +70,33 @@ __device__ __forceinline__ uint32_t transpose_slot(const uint32_t (&p)[B], int i
   return v;
 }
 
+// All eight slots at once, idx[i] = transpose_slot<B>(p, i), as one 8x8 bit-matrix transpose per byte column (the
+// four bytes of a word in parallel): rows r = B-1-j hold plane j (rows >= B zero), three stages of delta swaps at
+// distances 4, 2, 1 (5 ops each, 12 swaps). 8 bits: 62 integer ops for 32 codes against 122 slot by slot (SASS of
+// both forms, sm_90); 5 bits 57 against 77, 4 bits 56 against 62; at 3 bits it is no better (49 / 47).
+template <int D>
+__device__ __forceinline__ void delta_swap(uint32_t& lo, uint32_t& hi, uint32_t mask) {
+  const uint32_t t = ((lo >> D) ^ hi) & mask;
+  hi ^= t;
+  lo ^= t << D;
+}
+template <int B>
+__device__ __forceinline__ void transpose_codes(const uint32_t (&p)[B], uint32_t (&idx)[8]) {
+  if constexpr (B <= 3) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) idx[i] = transpose_slot<B>(p, i);
+  } else {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) idx[r] = r < B ? p[B - 1 - r] : 0u;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) delta_swap<4>(idx[r], idx[r + 4], 0x0F0F0F0Fu);
+#pragma unroll
+    for (int r = 0; r < 8; r += (r % 2 == 1 ? 3 : 1)) delta_swap<2>(idx[r], idx[r + 2], 0x33333333u);   // rows 0, 1, 4, 5
+#pragma unroll
+    for (int r = 0; r < 8; r += 2) delta_swap<1>(idx[r], idx[r + 1], 0x55555555u);
+  }
+}
+
 template <int B>
 struct Table {
   static constexpr int kEntries = 1 << B;
@@ -198,9 +225,7 @@ __global__ void __launch_bounds__(kWarps * 32) anyprec_gemv_kernel(AnyPrecDevice
     // merged, byte u of idx[r][j] (j < 4) is the pair index of columns 2j, 2j+1 of quarter u.
     uint32_t idx[kRows][8];
 #pragma unroll
-    for (int r = 0; r < kRows; ++r)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) idx[r][i] = transpose_slot<B>(p[r], i);
+    for (int r = 0; r < kRows; ++r) transpose_codes<B>(p[r], idx[r]);
     if constexpr (kPairs) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) idx[0][j] = (idx[0][2 * j] << B) | idx[0][2 * j + 1];
@@ -282,6 +307,8 @@ __global__ void anyprec_dequant_kernel(AnyPrecDevice w, __half* __restrict__ out
   uint32_t p[B];
 #pragma unroll
   for (int j = 0; j < B; ++j) p[j] = w.plane_data[(j * w.n + row) * w.words + word];
+  uint32_t idx[8];   // byte u of idx[i]: the code of bit 8u + i
+  transpose_codes<B>(p, idx);
   const __half* l = w.lut[B] + row * (1 << B);
   __half* o = out + row * w.k;
 #pragma unroll
@@ -289,12 +316,7 @@ __global__ void anyprec_dequant_kernel(AnyPrecDevice w, __half* __restrict__ out
     const int64_t c = tile * 1024 + u * 8 * nw + 8 * t;
     alignas(16) __half v[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      int code = 0;
-#pragma unroll
-      for (int j = 0; j < B; ++j) code |= static_cast<int>((p[j] >> (8 * u + i)) & 1u) << (B - 1 - j);
-      v[i] = l[code];
-    }
+    for (int i = 0; i < 8; ++i) v[i] = l[__byte_perm(idx[i], 0u, 0x4440u + static_cast<uint32_t>(u))];
     if (w.k % 8 == 0 && c + 8 <= w.k) {
       *reinterpret_cast<uint4*>(o + c) = *reinterpret_cast<const uint4*>(v);
     } else {
@@ -421,11 +443,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
       p1[j] = word_ok ? __ldg(w.plane_data + j * plane_stride + r1 * W + 32 * T + wt) : 0u;
     }
     uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      i0[i] = transpose_slot<B>(p0, i);
-      i1[i] = transpose_slot<B>(p1, i);
-    }
+    transpose_codes<B>(p0, i0);
+    transpose_codes<B>(p1, i1);
 #pragma unroll
     for (int sj = 0; sj < 8; ++sj) {
       const int u = sj / 2, ib = (sj % 2) * 4;
@@ -468,66 +487,108 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Register-table tensor-core path, 2 and 3 bits (GemvPath::TensorCoreRegisterLut; x pre-split). The shared-memory
+// Register-table tensor-core path, 2..4 bits (GemvPath::TensorCoreRegisterLut; x pre-split). The shared-memory
 // lookups of the kernel above cost one LDS per weight: 32 weights per clock per SM, about the 85%-of-bandwidth time
-// of a 3-bit GEMV by themselves. Here a row's 2^b fp16 centroids sit in four registers of the lane (low bytes of
-// entries 0-3 and 4-7, high bytes of the same) and PRMT looks up four codes at once: a selector whose four nibbles
+// of a 3-bit GEMV by themselves. Here a row's 2^b fp16 centroids sit in registers of the lane (RegTable: the low bytes
+// of entries 0-3, 4-7, ... and their high bytes) and PRMT looks up four codes at once: a selector whose four nibbles
 // are 3-bit codes picks their four low bytes in one PRMT and their high bytes in a second; two more interleave them
 // into the two half2 A registers (k slots 2t, 2t+1 and 2t+8, 2t+9). One ALU op per weight, no shared memory. Codes
 // are built eight at a time, one per nibble (transpose_slot with the nibble mask: bit s of each nibble), and slab
 // (s, h) of a word is its bits 16h + 4q + s, so the selector of slab (s, h) is codes word s shifted by 16h.
-// The selectors' nibbles are codes of <= 3 bits (B <= 3, asserted by the kernel): bit 3 of a nibble, PRMT's
-// sign-replicate flag, is always 0. The table loads below are 16 / 8 bytes per row: each LUT part is its own
-// cudaMalloc buffer (DevicePackedWeight), so rows of 2^B halves stay aligned.
+// 4 bits: PRMT selects among 8 bytes, so the 16 entries are two tables of 8 (entries 0-7 and 8-15), both looked up
+// with the low 3 bits of the codes (planes 1..3), and a third PRMT per byte kind merges them under a selector whose
+// nibble i is i + 4 * (code i's plane-0 bit): 8 ops per four weights against 4.
+// The selectors' nibbles are codes of <= 3 bits: bit 3 of a nibble, PRMT's sign-replicate flag, is always 0. The
+// table loads below are 32 / 16 / 8 bytes per row: each LUT part is its own cudaMalloc buffer (DevicePackedWeight),
+// so rows of 2^B halves stay aligned.
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));   // generic mode: codes' nibble msb is 0
   return d;
 }
 
-// The lane's table of one row from its 2^B fp16 centroids (u: 16 / 8 bytes): lo[0] / hi[0] the low / high bytes of
-// entries 0-3, lo[1] / hi[1] of entries 4-7.
+// One row's table in registers: lo[i] / hi[i] the low / high bytes of entries 4i .. 4i+3 (2 bits: entries 4-7 zero).
 template <int B>
-__device__ __forceinline__ void register_table_from_words(const uint32_t (&u)[4], uint32_t (&lo)[2], uint32_t (&hi)[2]) {
-  lo[0] = prmt(u[0], u[1], 0x6420u); hi[0] = prmt(u[0], u[1], 0x7531u);
-  lo[1] = B == 3 ? prmt(u[2], u[3], 0x6420u) : 0u;
-  hi[1] = B == 3 ? prmt(u[2], u[3], 0x7531u) : 0u;
+struct RegTable {
+  static_assert(B >= 2 && B <= 4, "register tables: 2..4 bits");
+  static constexpr int kWords = B == 4 ? 4 : 2;   // of each byte kind
+  static constexpr int kRowWords = 1 << (B - 1);  // 32-bit words of a row's 2^B fp16 centroids
+  uint32_t lo[kWords], hi[kWords];
+};
+
+// The table of one row from its 2^B fp16 centroids (u: the row's words; words past them are ignored).
+template <int B>
+__device__ __forceinline__ void register_table_from_words(const uint32_t (&u)[2 * RegTable<B>::kWords], RegTable<B>& r) {
+#pragma unroll
+  for (int i = 0; i < RegTable<B>::kWords; ++i) {
+    const bool in = 2 * i < RegTable<B>::kRowWords;
+    r.lo[i] = in ? prmt(u[2 * i], u[2 * i + 1], 0x6420u) : 0u;
+    r.hi[i] = in ? prmt(u[2 * i], u[2 * i + 1], 0x7531u) : 0u;
+  }
 }
 template <int B>
-__device__ __forceinline__ void load_register_table(const __half* __restrict__ l, uint32_t (&lo)[2], uint32_t (&hi)[2]) {
-  uint32_t u[4] = {0u, 0u, 0u, 0u};
-  if constexpr (B == 3) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(l));
-    u[0] = v.x; u[1] = v.y; u[2] = v.z; u[3] = v.w;
-  } else {
+__device__ __forceinline__ void load_register_table(const __half* __restrict__ l, RegTable<B>& r) {
+  uint32_t u[2 * RegTable<B>::kWords] = {};
+  if constexpr (B == 2) {
     const uint2 v = __ldg(reinterpret_cast<const uint2*>(l));
     u[0] = v.x; u[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < RegTable<B>::kRowWords / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(l) + i);
+      u[4 * i] = v.x; u[4 * i + 1] = v.y; u[4 * i + 2] = v.z; u[4 * i + 3] = v.w;
+    }
   }
-  register_table_from_words<B>(u, lo, hi);
+  register_table_from_words<B>(u, r);
 }
 
-// The two half2 A registers of one row for the four codes in the low 16 bits of sel (one per nibble).
-__device__ __forceinline__ void register_lookup(const uint32_t (&lo)[2], const uint32_t (&hi)[2], uint32_t sel,
-                                                uint32_t& a_low_k, uint32_t& a_high_k) {
-  const uint32_t L = prmt(lo[0], lo[1], sel), H = prmt(hi[0], hi[1], sel);
+// The two half2 A registers of one row for the four codes in the low 16 bits of sel (one 3-bit code per nibble) and,
+// at 4 bits, msel (nibble i: i + 4 * code i's plane-0 bit).
+template <int B>
+__device__ __forceinline__ void register_lookup(const RegTable<B>& r, uint32_t sel, uint32_t msel, uint32_t& a_low_k,
+                                                uint32_t& a_high_k) {
+  uint32_t L, H;
+  if constexpr (B == 4) {
+    L = prmt(prmt(r.lo[0], r.lo[1], sel), prmt(r.lo[2], r.lo[3], sel), msel);
+    H = prmt(prmt(r.hi[0], r.hi[1], sel), prmt(r.hi[2], r.hi[3], sel), msel);
+  } else {
+    L = prmt(r.lo[0], r.lo[1], sel);
+    H = prmt(r.hi[0], r.hi[1], sel);
+  }
   a_low_k = prmt(L, H, 0x5140u);    // codes 0, 1: fp16 (lo, hi) bytes interleaved
   a_high_k = prmt(L, H, 0x7362u);   // codes 2, 3
+}
+
+// Slot s of the 3-bit selector codes (nibble q: the code of word bit 4q + s) and, at 4 bits, its merge selector:
+// planes 1..3 give the low 3 bits, plane 0's bit 4q + s is moved to bit 2 of nibble q over the nibble ids 0x3210.
+template <int B>
+__device__ __forceinline__ void register_selectors(const uint32_t (&w)[B], int s, uint32_t& sel, uint32_t& msel) {
+  if constexpr (B == 4) {
+    const uint32_t low[3] = {w[1], w[2], w[3]};
+    sel = transpose_slot<3, 0x11111111u>(low, s);
+    const uint32_t t = s >= 2 ? w[0] >> (s - 2) : w[0] << (2 - s);
+    msel = (t & 0x44444444u) | 0x32103210u;
+  } else {
+    sel = transpose_slot<B, 0x11111111u>(w, s);
+    msel = 0u;
+  }
 }
 
 // The A fragments of one word quad (w0 / w1: the lane's word of planes 0..B-1 for rows g / g + 8), slab by slab:
 // mma(a, s, h) for slab (s, h), s = 0..3 the code bit of each nibble, h = 0..1 the half-word (x fragment 2s + h).
 template <int B, typename Mma>
-__device__ __forceinline__ void register_table_slabs(const uint32_t (&lo0)[2], const uint32_t (&hi0)[2],
-                                                     const uint32_t (&lo1)[2], const uint32_t (&hi1)[2],
-                                                     const uint32_t (&w0)[B], const uint32_t (&w1)[B], Mma mma) {
+__device__ __forceinline__ void register_table_slabs(const RegTable<B>& t0, const RegTable<B>& t1, const uint32_t (&w0)[B],
+                                                     const uint32_t (&w1)[B], Mma mma) {
 #pragma unroll
   for (int s = 0; s < 4; ++s) {
-    const uint32_t v0 = transpose_slot<B, 0x11111111u>(w0, s), v1 = transpose_slot<B, 0x11111111u>(w1, s);
+    uint32_t v0, m0, v1, m1;
+    register_selectors<B>(w0, s, v0, m0);
+    register_selectors<B>(w1, s, v1, m1);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       uint32_t a[4];
-      register_lookup(lo0, hi0, h ? v0 >> 16 : v0, a[0], a[2]);   // row g
-      register_lookup(lo1, hi1, h ? v1 >> 16 : v1, a[1], a[3]);   // row g + 8
+      register_lookup<B>(t0, h ? v0 >> 16 : v0, h ? m0 >> 16 : m0, a[0], a[2]);   // row g
+      register_lookup<B>(t1, h ? v1 >> 16 : v1, h ? m1 >> 16 : m1, a[1], a[3]);   // row g + 8
       mma(a, s, h);
     }
   }
@@ -577,20 +638,19 @@ struct PlaneGroups {
 // against 75.1 / 94.5 us; the default is faster where both run the same number of waves: 4096x4096 12.4 against 13.2).
 // (minimum blocks 0 = no register constraint: the compiler's choice, 142 registers at 3 bits)
 template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false, bool kHalfX = false>
-__global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
+__global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? (B == 4 ? 3 : 4) : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                             int m_total, float* __restrict__ y,
                                                                             const uint4* __restrict__ xfrag,
                                                                             const float* __restrict__ xt) {   // x transposed (OutlierX)
-  static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
-  const int64_t n = w.n, k = w.k;
+  const int64_t n = w.n;
   const TcTile tile(n);
   const int warp = tile.warp, lane = tile.lane, g = tile.g, t = tile.t;
   const int64_t row0 = tile.row0, r0 = tile.r0, r1 = tile.r1;
   constexpr int E = 1 << B;
   const __half* lut = w.lut[B];
-  uint32_t lo0[2], hi0[2], lo1[2], hi1[2];
-  load_register_table<B>(lut + r0 * E, lo0, hi0);
-  load_register_table<B>(lut + r1 * E, lo1, hi1);
+  RegTable<B> tab0, tab1;
+  load_register_table<B>(lut + r0 * E, tab0);
+  load_register_table<B>(lut + r1 * E, tab1);
   const PlaneGroups<B, kSpan> planes(w, r0, r1, t);
   const int64_t groups = planes.groups;
   // Lanes of batch columns >= m read column 0's fragments (a broadcast, no extra traffic): their outputs are not stored.
@@ -623,7 +683,7 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? 4 : 0) any
       uint32_t w0[B], w1[B];
 #pragma unroll
       for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
-      register_table_slabs<B>(lo0, hi0, lo1, hi1, w0, w1, [&](const uint32_t (&a)[4], int s, int h) {
+      register_table_slabs<B>(tab0, tab1, w0, w1, [&](const uint32_t (&a)[4], int s, int h) {
         const XFrag b = xb[2 * s + h];
         mma_16816(acc4[2 * h], a, b.x, b.y);                                 // hi halves
         if constexpr (!kHalfX) mma_16816(acc4[2 * h + 1], a, b.z, b.w);   // lo halves
@@ -656,7 +716,7 @@ auto reglut_kernel(bool fused, int span, bool compact) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Streamed register-table path (GemvPath::TensorCoreRegisterLutStream; 2-3 bits, batch 1..2, x pre-split, rows of a
+// Streamed register-table path (GemvPath::TensorCoreRegisterLutStream; 2-4 bits, batch 1..2, x pre-split, rows of a
 // multiple of 4 words and at least kStreamWarps groups of 16 words). The same decode and mma as the kernel above,
 // with the memory side reorganised after ncu's source-level stall sampling of that kernel (3 bits, 28672x8192,
 // batch 1, H100): 20% of all warp samples sat on the first use of the planes loaded before the loop. Its CTAs live
@@ -678,13 +738,16 @@ template <int B, int kMX, int kStages, bool kHalfX>
 struct StreamStage {
   static constexpr int kPlaneBytes = 2 * B * 32 * 16;      // [row half][plane][lane] uint4
   static constexpr int kLutRowBytes = 2 << B;              // 2^B fp16 centroids
-  static constexpr int kLutBytes = 16 * 16;                // [tile row] (16-byte slots)
+  static constexpr int kLutSlotBytes = kLutRowBytes < 16 ? 16 : kLutRowBytes;
+  static constexpr int kLutChunks = kLutSlotBytes / 16;    // 16-byte copies per row
+  static constexpr int kLutBytes = 16 * kLutSlotBytes;     // [tile row] slot
   static constexpr int kXEntries = 4 * 8 * 4 * kMX;        // [quad][slab][lane < 4 kMX]
   static constexpr int kXEntryBytes = kHalfX ? 8 : 16;     // {b0 hi, b1 hi[, b0 lo, b1 lo]}
   static constexpr int kBytes = kPlaneBytes + kLutBytes + kXEntryBytes * kXEntries;
   static constexpr int kWarpBytes = kStages * kBytes;
-  // The ring's CTAs per SM: 4 at two stages (registers capped at 128), 2 deeper (the one-wave grids of few tiles).
-  static constexpr int kMinBlocks = kStages == 2 ? ((kHalfX || B == 2) && kMX == 1 ? 5 : 4) : 2;
+  // The ring's CTAs per SM: 4 at two stages (registers capped at 128; 3 at 4 bits, whose tables and planes take 16
+  // more), 2 deeper (the one-wave grids of few tiles).
+  static constexpr int kMinBlocks = kStages == 2 ? (B == 4 ? 3 : (kHalfX || B == 2) && kMX == 1 ? 5 : 4) : 2;
 };
 
 template <int B, bool kFusedOutliers, int kMX, int kStages, bool kHalfX>
@@ -692,10 +755,9 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
                                                                                          int m_total, float* __restrict__ y,
                                                                                          const uint4* __restrict__ xfrag,
                                                                                          const float* __restrict__ xt) {   // x transposed (OutlierX)
-  static_assert(B == 2 || B == 3, "register tables: 2 or 3 bits");
   using S = StreamStage<B, kMX, kStages, kHalfX>;
   extern __shared__ __align__(16) unsigned char stream_smem[];
-  const int64_t n = w.n, k = w.k, W = w.words, G = (W + 15) / 16, tiles = (n + 15) / 16;
+  const int64_t n = w.n, W = w.words, G = (W + 15) / 16, tiles = (n + 15) / 16;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   constexpr int E = 1 << B;
   const __half* lut = w.lut[B];
@@ -713,8 +775,10 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
       for (int j = 0; j < B; ++j)
         cp_async(st + ((h * B + j) * 32 + lane) * 16, w.plane_data + (j * n + row) * W + (ok ? word : 0), 16, ok);
     }
-    if (it_gi == warp && lane < 16)
-      cp_async(st + S::kPlaneBytes + 16 * lane, lut + min_i64(row0 + lane, n - 1) * E, S::kLutRowBytes);
+    if (it_gi == warp && lane < 16 * S::kLutChunks) {   // row lane / chunks, its 16-byte chunk lane % chunks
+      const int64_t row = min_i64(row0 + lane / S::kLutChunks, n - 1);
+      cp_async(st + S::kPlaneBytes + 16 * lane, lut + row * E + 8 * (lane % S::kLutChunks), S::kLutRowBytes < 16 ? S::kLutRowBytes : 16);
+    }
   };
   auto issue_x = [&] {   // the group's x fragments of the lanes < 4 kMX (one stage entry per lane and slab)
     const uint32_t st = ring.issue_stage() + S::kPlaneBytes + S::kLutBytes;
@@ -730,16 +794,21 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
   int buf = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const TcTile tt(n, tile);
-    uint32_t lo0[2], hi0[2], lo1[2], hi1[2];
+    RegTable<B> tab0, tab1;
     float acc4[4][4] = {};
     for (int64_t gi = warp; gi < G; gi += kStreamWarps) {
       const uint32_t st = ring.next(issue_weights, issue_x);
       if (gi == warp) {   // the tile's first group: its tables
-        uint32_t l0[4], l1[4];
-        lds_u32x4(st + S::kPlaneBytes + 16 * g, l0);
-        lds_u32x4(st + S::kPlaneBytes + 16 * (g + 8), l1);
-        register_table_from_words<B>(l0, lo0, hi0);
-        register_table_from_words<B>(l1, lo1, hi1);
+        uint32_t l0[2 * RegTable<B>::kWords], l1[2 * RegTable<B>::kWords];
+#pragma unroll
+        for (int c = 0; c < S::kLutChunks; ++c) {
+          uint32_t (&d0)[4] = *reinterpret_cast<uint32_t (*)[4]>(l0 + 4 * c);
+          uint32_t (&d1)[4] = *reinterpret_cast<uint32_t (*)[4]>(l1 + 4 * c);
+          lds_u32x4(st + S::kPlaneBytes + S::kLutSlotBytes * g + 16 * c, d0);
+          lds_u32x4(st + S::kPlaneBytes + S::kLutSlotBytes * (g + 8) + 16 * c, d1);
+        }
+        register_table_from_words<B>(l0, tab0);
+        register_table_from_words<B>(l1, tab1);
       }
       uint32_t p0[B][4], p1[B][4];
 #pragma unroll
@@ -753,7 +822,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
         uint32_t w0[B], w1[B];
 #pragma unroll
         for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
-        register_table_slabs<B>(lo0, hi0, lo1, hi1, w0, w1, [&](const uint32_t (&a)[4], int s, int h) {
+        register_table_slabs<B>(tab0, tab1, w0, w1, [&](const uint32_t (&a)[4], int s, int h) {
           const uint32_t xa = xs + S::kXEntryBytes * 4 * kMX * (8 * e + 2 * s + h);
           if constexpr (kHalfX) {
             uint32_t b[2];
@@ -814,7 +883,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     else if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
     else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
   }
-  if constexpr (B <= 3) {
+  if constexpr (B <= 4) {
     if (is_streamed(path)) {   // requirements checked by gemv_bits
       // Four stages for grids of at most two tiles per SM with at least four groups per warp, two otherwise
       // (measured on the H100, 3 bits batch 1: 4096x11008 18.7 against 20.4 us; 4096x4096, two groups per warp,
@@ -833,7 +902,9 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
     if (register_lut) {
       static const int sms = device_sm_count();
-      const bool compact = span == 4 && grid > 3u * sms && grid <= 4u * sms;   // one wave only at four CTAs per SM
+      // One wave only at four CTAs per SM; 4 bits: 3 CTAs per SM under the cap (their tables and planes take 16 more
+      // registers; 128 spilled 64-112 bytes), so no compact form.
+      const bool compact = B <= 3 && span == 4 && grid > 3u * sms && grid <= 4u * sms;
       auto kern = half_x ? reglut_kernel<B, true>(fused_rt, span, compact) : reglut_kernel<B, false>(fused_rt, span, compact);
       launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
       return;
@@ -873,7 +944,7 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     LOWBIT_CHECK(path != GemvPath::TensorCoreStream, "anyprec GEMV: the streamed tensor-core kernel is a 2/4/16 path "
                  "(any-precision: TensorCoreRegisterLutStream)");
     if (is_register_table(path))
-      LOWBIT_CHECK(B <= 3 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..3 bits with pre-split activations (asked: ",
+      LOWBIT_CHECK(B <= 4 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..4 bits with pre-split activations (asked: ",
                    B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
     if (is_streamed(path))
       LOWBIT_CHECK(anyprec_stream_fits(w.n, w.k, m), "anyprec GEMV: the streamed register-table kernel needs k a multiple of 128 and >= ",

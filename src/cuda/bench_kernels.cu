@@ -144,7 +144,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           const GemvPath runtime = anyprec_auto_path(n, k, static_cast<int>(m), b, kPreSplitInRuntime);
           for (const Variant& v : variants) {
             if (v.path == GemvPath::ScalarPairs && ((b != 3 && b != 4) || m > 4)) continue;   // merged pair lookups: 3-4 bits, batch 1..4
-            if (is_register_table(v.path) && b > 3) continue;
+            if (is_register_table(v.path) && b > 4) continue;
             if (is_streamed(v.path) && !anyprec_stream_fits(n, k, static_cast<int>(m))) continue;
             const double us = median_us(o.iters, [&](int i) {
               anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,

@@ -338,9 +338,9 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
 // 4096x4096, 54.7 vs 59.1 at 28672x8192, 52.0 vs 62.6 at 8192x28672, the 7B shapes even or up to 7% faster). At 2
 // bits it loses on two of the five 7B shapes (4096x11008 19.3 vs 16.7 us), so Auto keeps it to 3 bits.
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
-  if (presplit && bits == 3 && anyprec_stream_fits(n, k, m))
+  if (presplit && (bits == 3 || bits == 4) && anyprec_stream_fits(n, k, m))
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutStreamHalfX : GemvPath::TensorCoreRegisterLutStream;
-  if (presplit && bits <= 3 && m >= kRegisterLutMinBatch)
+  if (presplit && bits <= 4 && m >= kRegisterLutMinBatch)
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutHalfX : GemvPath::TensorCoreRegisterLut;
   // >= 6 bits on long rows (k > 16384): the CUDA-core kernel falls behind from batch 3 (8-bit 8192x28672: 417 vs 298
   // us at batch 3, 437 vs 298 at batch 4).

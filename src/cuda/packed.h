@@ -91,7 +91,7 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 // GEMV kernels: CUDA-core FMAs or tensor-core mma.sync.
 //   Scalar                 CUDA cores, centroids from shared-memory tables (any width, any batch 1..8);
 //   TensorCore             mma.sync, A from shared-memory tables; x split in the loop, or pre-split (xfrag given);
-//   TensorCoreRegisterLut  mma.sync, A looked up from registers by PRMT (any-precision 2..3 bits; xfrag required);
+//   TensorCoreRegisterLut  mma.sync, A looked up from registers by PRMT (any-precision 2..4 bits; xfrag required);
 //   TensorCoreRegisterLutHalfX  the same with x rounded to fp16 (its hi half only, as cuBLAS fp16 rounds it): half the
 //                          mma and fragment loads, fp16-rounding accuracy instead of fp32;
 //   TensorCoreRegisterLutStream  the register-table kernel with persistent CTAs streaming each warp's plane words,
@@ -109,7 +109,7 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX, TensorCoreRegisterLutHalfX,
                       TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX, TensorCoreStream };
 constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
-// The register-table kernels (any-precision 2..3 bits, x pre-split), and every tensor-core path.
+// The register-table kernels (any-precision 2..4 bits, x pre-split), and every tensor-core path.
 constexpr bool is_register_table(GemvPath p) {
   return p == GemvPath::TensorCoreRegisterLut || p == GemvPath::TensorCoreRegisterLutHalfX ||
          p == GemvPath::TensorCoreRegisterLutStream || p == GemvPath::TensorCoreRegisterLutStreamHalfX;
@@ -124,7 +124,7 @@ constexpr bool anyprec_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 
 constexpr bool mixed24a_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 256 == 0 && k >= 1024 && m <= 8; }
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
-constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..3 bits, pre-split x)
+constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..4 bits, pre-split x)
 // Whether Auto runs the register-table kernel with x rounded to fp16 (TensorCoreRegisterLutHalfX, as the fp16 cuBLAS
 // paths round it) rather than x carried as fp16 hi + lo (fp32-accurate). Off unless LOWBIT_GEMV_HALF_X=1 in the
 // environment (read once): on the H100 the kernel alone is 2-6% faster on 7B shapes and 6-14% on 70B shapes, but
