@@ -408,40 +408,50 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
                                                                         int m_total, float* __restrict__ y,
                                                                         const uint4* __restrict__ xfrag,
                                                                         const float* __restrict__ xt) {   // x transposed (OutlierX)
-  extern __shared__ uint32_t tabs[];   // [2][2^B][8][4]
+  extern __shared__ uint32_t tabs[];   // [2^B][8][4]: rows g (low half) and g + 8 (high half)
   const int64_t n = w.n, k = w.k, W = w.words;
   const TcTile tile(n);
   const int warp = tile.warp, lane = tile.lane, g = tile.g, t = tile.t;
   const int64_t row0 = tile.row0, r0 = tile.r0, r1 = tile.r1;
   const __half* lut = w.lut[B];
   constexpr int E = 1 << B;
-  for (int q = static_cast<int>(threadIdx.x); q < 2 * E * 32; q += kTcWarps * 32) {
-    const int l = q % 32, e = (q / 32) % E, h = q / (32 * E);
-    const int64_t row = min_i64(row0 + l / 4 + 8 * h, n - 1);
-    tabs[q] = __half_as_ushort(lut[row * E + e]);
+  for (int q = static_cast<int>(threadIdx.x); q < E * 32; q += kTcWarps * 32) {
+    const int l = q % 32, e = q / 32;
+    const int64_t row_lo = min_i64(row0 + l / 4, n - 1), row_hi = min_i64(row0 + l / 4 + 8, n - 1);
+    tabs[q] = static_cast<uint32_t>(__half_as_ushort(lut[row_lo * E + e])) | static_cast<uint32_t>(__half_as_ushort(lut[row_hi * E + e])) << 16;
   }
   __syncthreads();
   pdl_wait();   // the tables came from the weights; x, xfrag and y belong to the kernels before
-  const uint32_t t0 = static_cast<uint32_t>(__cvta_generic_to_shared(tabs)) + 4u * lane;   // row g: entry e at t0 + 128 e
-  const uint32_t t1 = t0 + 128u * E;                                                          // row g + 8
+  const uint32_t t0 = static_cast<uint32_t>(__cvta_generic_to_shared(tabs)) + 4u * lane;   // entry e at t0 + 128 e
   const bool col_ok = g < m_total;
   const float* xg = x + static_cast<int64_t>(col_ok ? g : 0) * k;
   const bool vec = (k % 4) == 0;
   const int64_t plane_stride = n * W;
   const int64_t quads = tc_quads(W);
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  // The lane's plane words of quad qi (zero past the row or past the last quad). The next quad's are loaded while
+  // this one is computed (register double buffer): without it every quad waited a DRAM round trip, and at 8 bits
+  // (32 KB of tables per CTA) too few warps share an SM to hide it.
+  auto load_planes = [&](int64_t qi, uint32_t (&p0)[B], uint32_t (&p1)[B]) {
+    const int64_t T = qi / 8;
+    const int wt = static_cast<int>(4 * (qi % 8)) + t;
+    const bool ok = qi < quads && wt < min_i64(32, W - 32 * T);
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      p0[j] = ok ? __ldg(w.plane_data + j * plane_stride + r0 * W + 32 * T + wt) : 0u;
+      p1[j] = ok ? __ldg(w.plane_data + j * plane_stride + r1 * W + 32 * T + wt) : 0u;
+    }
+  };
+  uint32_t p0[B], p1[B];
+  load_planes(warp, p0, p1);
 
   for (int64_t qi = warp; qi < quads; qi += kTcWarps) {
     const int64_t T = qi / 8, wq = qi % 8;
     const int nw = static_cast<int>(min_i64(32, W - 32 * T));
     const int wt = static_cast<int>(4 * wq) + t;   // word within the tile
     const bool word_ok = wt < nw;
-    uint32_t p0[B], p1[B];
-#pragma unroll
-    for (int j = 0; j < B; ++j) {
-      p0[j] = word_ok ? __ldg(w.plane_data + j * plane_stride + r0 * W + 32 * T + wt) : 0u;
-      p1[j] = word_ok ? __ldg(w.plane_data + j * plane_stride + r1 * W + 32 * T + wt) : 0u;
-    }
+    uint32_t n0[B], n1[B];
+    load_planes(qi + kTcWarps, n0, n1);
     uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
     transpose_codes<B>(p0, i0);
     transpose_codes<B>(p1, i1);
@@ -456,9 +466,9 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
       }
       uint32_t a[4];
       a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g,   bits 4sj, 4sj+1
-      a[1] = __byte_perm(lds_u32(t1 + e1[0] * 128u), lds_u32(t1 + e1[1] * 128u), 0x5410u);   // row g + 8
+      a[1] = __byte_perm(lds_u32(t0 + e1[0] * 128u), lds_u32(t0 + e1[1] * 128u), 0x7632u);   // row g + 8 (high halves)
       a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
-      a[3] = __byte_perm(lds_u32(t1 + e1[2] * 128u), lds_u32(t1 + e1[3] * 128u), 0x5410u);
+      a[3] = __byte_perm(lds_u32(t0 + e1[2] * 128u), lds_u32(t0 + e1[3] * 128u), 0x7632u);
       if constexpr (kPreSplit) {
         // Lanes of batch columns >= m read column 0's fragment (written; a broadcast): their outputs are not stored.
         const uint4 xb = __ldg(xfrag + (qi * 8 + sj) * 32 + (col_ok ? lane : t));
@@ -479,6 +489,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
         mma_split(acc, a, xv[0], xv[1], xv[2], xv[3]);
       }
     }
+#pragma unroll
+    for (int j = 0; j < B; ++j) { p0[j] = n0[j]; p1[j] = n1[j]; }
   }
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
@@ -910,7 +922,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       return;
     }
   }
-  const size_t smem = sizeof(uint32_t) * 2 * (1u << B) * 32;
+  const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
   auto kern = xf != nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>)
                             : (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>);
   if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -336,15 +336,26 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
 // shape (3 bits, batch 1: 12.3 vs 13.1 us at 4096x4096, 59.2 vs 78.7 at 28672x8192; batch 8: 76.4 vs 110.9), and
 // at batch 1..2 its streamed form beats it where it runs (session 10, H100, 3 bits batch 1: 9.8 vs 11.4 us at
 // 4096x4096, 54.7 vs 59.1 at 28672x8192, 52.0 vs 62.6 at 8192x28672, the 7B shapes even or up to 7% faster). At 2
-// bits it loses on two of the five 7B shapes (4096x11008 19.3 vs 16.7 us), so Auto keeps it to 3 bits.
+// bits it loses on two of the five 7B shapes (4096x11008 19.3 vs 16.7 us), so Auto keeps it to 3 and 4 bits.
+// Session 13 (H200, results/issue7-bench-kernels-v13-h200.txt, same run): 4 bits on register tables (new) beat the
+// CUDA cores at batch 1-2 and the shared-table kernel at batch 8 on all six shapes (28672x8192 batch 1 75.5 vs 90.3
+// us, batch 8 87.5 vs 113.0). The streamed form loses to the plain one on long rows (8192x28672: 4 bits batch 1
+// 89.0 vs 85.4, batch 2 92.9 vs 85.7; 3 bits batch 2 62.5 vs 57.1, while 3 bits batch 1 wins, 50.0 vs 57.4) and at
+// batch 2 on 4096x4096 (3 bits 10.6 vs 9.8, 4 bits 13.4 vs 12.0); it wins everywhere else at batch 1-2.
+static bool anyprec_stream_preferred(int64_t n, int64_t k, int m, int bits) {
+  if (m == 1) return bits == 3 || k <= 16384;
+  return k <= 16384 && n * k > 4096LL * 4096;
+}
+
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
-  if (presplit && (bits == 3 || bits == 4) && anyprec_stream_fits(n, k, m))
+  if (presplit && (bits == 3 || bits == 4) && anyprec_stream_fits(n, k, m) && anyprec_stream_preferred(n, k, m, bits))
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutStreamHalfX : GemvPath::TensorCoreRegisterLutStream;
   if (presplit && bits <= 4 && m >= kRegisterLutMinBatch)
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutHalfX : GemvPath::TensorCoreRegisterLut;
-  // >= 6 bits on long rows (k > 16384): the CUDA-core kernel falls behind from batch 3 (8-bit 8192x28672: 417 vs 298
-  // us at batch 3, 437 vs 298 at batch 4).
-  const int tc_from = !presplit ? 6 : bits <= 5 ? 3 : k > 16384 ? 3 : 5;
+  // >= 6 bits: session 13's shared-table kernel (two rows per table word, 32 KB per CTA at 8 bits) wins from batch 3
+  // on every shape (H200, 8 bits batch 4: 28672x8192 206.0 vs 278.2 us, 4096x4096 29.1 vs 37.3) and is even at batch 2
+  // (197.2 vs 201.5, 23.6 vs 28.8 for the CUDA cores; results/issue7-bench-kernels-v13b-h200.txt).
+  const int tc_from = !presplit ? 6 : 3;
   return m >= tc_from ? GemvPath::TensorCore : GemvPath::Scalar;
 }
 
