@@ -352,10 +352,11 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutStreamHalfX : GemvPath::TensorCoreRegisterLutStream;
   if (presplit && bits <= 4 && m >= kRegisterLutMinBatch)
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutHalfX : GemvPath::TensorCoreRegisterLut;
-  // >= 6 bits: session 13's shared-table kernel (two rows per table word, 32 KB per CTA at 8 bits) wins from batch 3
-  // on every shape (H200, 8 bits batch 4: 28672x8192 206.0 vs 278.2 us, 4096x4096 29.1 vs 37.3) and is even at batch 2
-  // (197.2 vs 201.5, 23.6 vs 28.8 for the CUDA cores; results/issue7-bench-kernels-v13b-h200.txt).
-  const int tc_from = !presplit ? 6 : 3;
+  // >= 6 bits: session 13's shared-table kernel (two rows per table word, 32 KB per CTA at 8 bits, plane words
+  // double-buffered) wins from batch 3 on every shape (H200, 8 bits batch 3: 28672x8192 193.5 vs 222.7 us, 4096x4096
+  // 29.2 vs 33.0) and at batch 2 from 8192x8192 up (28672x8192 188.8 vs 191.6, 8192x28672 193.8 vs 249.5), not on
+  // the 7B shapes (4096x4096 29.0 vs 23.6; results/issue7-bench-kernels-v13c-h200.txt).
+  const int tc_from = !presplit ? 6 : bits <= 5 ? 3 : n * k >= 8192LL * 8192 ? 2 : 3;
   return m >= tc_from ? GemvPath::TensorCore : GemvPath::Scalar;
 }
 
