@@ -362,8 +362,6 @@ void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t 
 // at a time as in the CUDA-core kernel. The LUTs of the 16 rows sit in shared memory as 32-bit words at
 // ((h·2^b + e)·8 + g)·4 + t (h: row g or g + 8), so a warp-wide lookup for one row half reads 32 different banks.
 constexpr int kTcWarps = 4;
-// Quads of 4 plane words (128 columns) in a row of `words` words, the last one partial.
-__host__ __device__ constexpr int64_t tc_quads(int64_t words) { return (words + 3) / 4; }
 
 // The activations of every (quad, slab, lane) as the lane feeds them to mma_split: {b0 hi, b1 hi, b0 lo, b1 lo}, zero
 // past k; written only for the lanes of batch columns < m (g < m), the only ones the GEMVs read. One thread per
@@ -371,7 +369,8 @@ __host__ __device__ constexpr int64_t tc_quads(int64_t words) { return (words + 
 // (the pre-split path). The entries also write x transposed into xt [k, kXtColumns] (the fused outliers' gathers).
 // Slab order: kNibble = false, slab sj takes word bits 4 sj + q (the LDS-table kernel); kNibble = true, slab
 // sj = 2 s + h takes bits 16 h + 4 q + s (the register-table kernel), q = 0..3 the k slot (2t, 2t+1, 2t+8, 2t+9).
-// Quad qi, lane t: word 4 kSpan (qi / kSpan) + kSpan t + qi % kSpan of the row (kSpan = 1: word 4 qi + t; kSpan = 4:
+// Quad qi, lane t: word 4 kSpan (qi / kSpan) + kSpan t + qi % kSpan of the row (kSpan = 1: word 4 qi + t; kSpan = 2: the
+// shared-table kernel's 8-byte loads; kSpan = 4:
 // each lane reads 4 consecutive words, a group of 16 words being 4 quads).
 template <bool kNibble, int kSpan>
 __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out,
@@ -403,7 +402,11 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
   out[(qi * 8 + sj) * 32 + lane] = v;
 }
 
-template <int B, bool kFusedOutliers, bool kPreSplit>
+// kSpan: plane words per lane and load. 1: lane t's word of quad qi is 4 qi + t. 2 (rows of an even number of words,
+// x pre-split in anyprec_xfrag_kernel<false, 2> order): words 8 gi + 2t and + 1 of load group gi, quads 2 gi and
+// 2 gi + 1, from one 8-byte load. ncu (H200, 8 bits, 28672x8192, batch 1, kSpan 1): L1/TEX 87% busy, the 4-byte
+// plane loads of 8 rows per warp instruction taking 8 wavefronts each, more than the table lookups; kSpan 2 halves them.
+template <int B, bool kFusedOutliers, bool kPreSplit, int kSpan = 1>
 __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                         int m_total, float* __restrict__ y,
                                                                         const uint4* __restrict__ xfrag,
@@ -427,70 +430,88 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   const float* xg = x + static_cast<int64_t>(col_ok ? g : 0) * k;
   const bool vec = (k % 4) == 0;
   const int64_t plane_stride = n * W;
-  const int64_t quads = tc_quads(W);
+  static_assert(kSpan == 1 || kSpan == 2, "one or two plane words per lane and load");
+  const int64_t groups = (W + 4 * kSpan - 1) / (4 * kSpan);   // load groups of kSpan quads
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  // The lane's plane words of quad qi (zero past the row or past the last quad). The next quad's are loaded while
-  // this one is computed (register double buffer): without it every quad waited a DRAM round trip, and at 8 bits
-  // (32 KB of tables per CTA) too few warps share an SM to hide it.
-  auto load_planes = [&](int64_t qi, uint32_t (&p0)[B], uint32_t (&p1)[B]) {
-    const int64_t T = qi / 8;
-    const int wt = static_cast<int>(4 * (qi % 8)) + t;
-    const bool ok = qi < quads && wt < min_i64(32, W - 32 * T);
+  // The lane's plane words of load group gi (zero past the row or past the last group). The next group's are loaded
+  // while this one is computed (register double buffer): without it every quad waited a DRAM round trip, and at 8
+  // bits (32 KB of tables per CTA) too few warps share an SM to hide it.
+  auto load_planes = [&](int64_t gi, uint32_t (&p0)[B][kSpan], uint32_t (&p1)[B][kSpan]) {
+    const int64_t word = 4 * kSpan * gi + kSpan * t;
+    const bool ok = gi < groups && word < W;   // kSpan 2: W even, so word + 1 < W too
 #pragma unroll
     for (int j = 0; j < B; ++j) {
-      p0[j] = ok ? __ldg(w.plane_data + j * plane_stride + r0 * W + 32 * T + wt) : 0u;
-      p1[j] = ok ? __ldg(w.plane_data + j * plane_stride + r1 * W + 32 * T + wt) : 0u;
+      const uint32_t* q0 = w.plane_data + j * plane_stride + r0 * W + (ok ? word : 0);
+      const uint32_t* q1 = w.plane_data + j * plane_stride + r1 * W + (ok ? word : 0);
+      if constexpr (kSpan == 2) {
+        const uint2 v0 = ok ? __ldg(reinterpret_cast<const uint2*>(q0)) : make_uint2(0u, 0u);
+        const uint2 v1 = ok ? __ldg(reinterpret_cast<const uint2*>(q1)) : make_uint2(0u, 0u);
+        p0[j][0] = v0.x; p0[j][1] = v0.y; p1[j][0] = v1.x; p1[j][1] = v1.y;
+      } else {
+        p0[j][0] = ok ? __ldg(q0) : 0u;
+        p1[j][0] = ok ? __ldg(q1) : 0u;
+      }
     }
   };
-  uint32_t p0[B], p1[B];
-  load_planes(warp, p0, p1);
+  uint32_t pg0[B][kSpan], pg1[B][kSpan];
+  load_planes(warp, pg0, pg1);
 
-  for (int64_t qi = warp; qi < quads; qi += kTcWarps) {
-    const int64_t T = qi / 8, wq = qi % 8;
-    const int nw = static_cast<int>(min_i64(32, W - 32 * T));
-    const int wt = static_cast<int>(4 * wq) + t;   // word within the tile
-    const bool word_ok = wt < nw;
-    uint32_t n0[B], n1[B];
-    load_planes(qi + kTcWarps, n0, n1);
-    uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
-    transpose_codes<B>(p0, i0);
-    transpose_codes<B>(p1, i1);
+  for (int64_t gi = warp; gi < groups; gi += kTcWarps) {
+    uint32_t n0[B][kSpan], n1[B][kSpan];
+    load_planes(gi + kTcWarps, n0, n1);
 #pragma unroll
-    for (int sj = 0; sj < 8; ++sj) {
-      const int u = sj / 2, ib = (sj % 2) * 4;
-      uint32_t e0[4], e1[4];
+    for (int e = 0; e < kSpan; ++e) {
+      const int64_t qi = kSpan * gi + e;
+      const int64_t word = 4 * kSpan * gi + kSpan * t + e;
+      const int64_t T = word / 32;   // a group's words lie in one 32-word tile
+      const int nw = static_cast<int>(min_i64(32, W - 32 * T));
+      const int wt = static_cast<int>(word % 32);   // word within the tile
+      const bool word_ok = word < W;
+      uint32_t p0[B], p1[B];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        e0[q] = __byte_perm(i0[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
-        e1[q] = __byte_perm(i1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
-      }
-      uint32_t a[4];
-      a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g,   bits 4sj, 4sj+1
-      a[1] = __byte_perm(lds_u32(t0 + e1[0] * 128u), lds_u32(t0 + e1[1] * 128u), 0x7632u);   // row g + 8 (high halves)
-      a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
-      a[3] = __byte_perm(lds_u32(t0 + e1[2] * 128u), lds_u32(t0 + e1[3] * 128u), 0x7632u);
-      if constexpr (kPreSplit) {
-        // Lanes of batch columns >= m read column 0's fragment (written; a broadcast): their outputs are not stored.
-        const uint4 xb = __ldg(xfrag + (qi * 8 + sj) * 32 + (col_ok ? lane : t));
-        mma_16816(acc, a, xb.x, xb.y);   // hi halves
-        mma_16816(acc, a, xb.z, xb.w);   // lo halves
-      } else {
-        float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (col_ok && word_ok) {
-          const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
-          if (vec && c + 4 <= k) {
-            const float4 v = __ldg(reinterpret_cast<const float4*>(xg + c));
-            xv[0] = v.x; xv[1] = v.y; xv[2] = v.z; xv[3] = v.w;
-          } else {
+      for (int j = 0; j < B; ++j) { p0[j] = pg0[j][e]; p1[j] = pg1[j][e]; }
+      uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
+      transpose_codes<B>(p0, i0);
+      transpose_codes<B>(p1, i1);
 #pragma unroll
-            for (int q = 0; q < 4; ++q) xv[q] = c + q < k ? __ldg(xg + c + q) : 0.0f;
-          }
+      for (int sj = 0; sj < 8; ++sj) {
+        const int u = sj / 2, ib = (sj % 2) * 4;
+        uint32_t e0[4], e1[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          e0[q] = __byte_perm(i0[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
+          e1[q] = __byte_perm(i1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
         }
-        mma_split(acc, a, xv[0], xv[1], xv[2], xv[3]);
+        uint32_t a[4];
+        a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g,   bits 4sj, 4sj+1
+        a[1] = __byte_perm(lds_u32(t0 + e1[0] * 128u), lds_u32(t0 + e1[1] * 128u), 0x7632u);   // row g + 8 (high halves)
+        a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
+        a[3] = __byte_perm(lds_u32(t0 + e1[2] * 128u), lds_u32(t0 + e1[3] * 128u), 0x7632u);
+        if constexpr (kPreSplit) {
+          // Lanes of batch columns >= m read column 0's fragment (written; a broadcast): their outputs are not stored.
+          const uint4 xb = __ldg(xfrag + (qi * 8 + sj) * 32 + (col_ok ? lane : t));
+          mma_16816(acc, a, xb.x, xb.y);   // hi halves
+          mma_16816(acc, a, xb.z, xb.w);   // lo halves
+        } else {
+          float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          if (col_ok && word_ok) {
+            const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
+            if (vec && c + 4 <= k) {
+              const float4 v = __ldg(reinterpret_cast<const float4*>(xg + c));
+              xv[0] = v.x; xv[1] = v.y; xv[2] = v.z; xv[3] = v.w;
+            } else {
+#pragma unroll
+              for (int q = 0; q < 4; ++q) xv[q] = c + q < k ? __ldg(xg + c + q) : 0.0f;
+            }
+          }
+          mma_split(acc, a, xv[0], xv[1], xv[2], xv[3]);
+        }
       }
     }
 #pragma unroll
-    for (int j = 0; j < B; ++j) { p0[j] = n0[j]; p1[j] = n1[j]; }
+    for (int j = 0; j < B; ++j)
+#pragma unroll
+      for (int e = 0; e < kSpan; ++e) { pg0[j][e] = n0[j][e]; pg1[j][e] = n1[j][e]; }
   }
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
@@ -879,7 +900,13 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   // 16-byte plane loads (kSpan = 4) when rows are a multiple of 4 words: measured on the H100 against one word per
   // lane (kSpan = 1) and 8-byte loads, 3 bits batch 1: 59.2 vs 73.0 / 78.0 us at 28672x8192, 12.3 vs 14.6 / 13.5 at
   // 4096x4096 (8192x28672: 74.4 vs 69.8 / 99.0).
-  const int span = register_lut && w.words % 4 == 0 ? 4 : 1;
+  // The shared-table kernel (pre-split x): 8-byte plane loads (kSpan = 2) on rows of an even number of words, except
+  // at 8 bits on matrices of more than 8192 rows. Measured on the H200 (v13d against v13c, batch 1 / 8): 5 bits
+  // faster on all six shapes (28672x8192 97.2 / 100.7 against 120.1 / 127.9 us); 8 bits faster up to 8192 rows
+  // (8192x28672 168.2 / 179.1 against 192.9 / 217.4) but slower on taller ones (28672x8192 198.2 / 216.2 against
+  // 188.2 / 200.9), where its 110 registers (4 CTAs per SM, 6 at kSpan = 1) cost more than the loads save.
+  const bool span2 = xf != nullptr && w.words % 2 == 0 && !(B == 8 && w.n > 8192);
+  const int span = register_lut ? (w.words % 4 == 0 ? 4 : 1) : span2 ? 2 : 1;
   // Weights without outliers run the CUDA-core and register-table kernels instantiated without the outlier code, and
   // the shared-table tensor-core kernel with it (its outlier branch is then skipped at run time). Measured on the H100
   // (session 11, same runs) after the fused-outlier epilogue change: the register-table / CUDA-core kernels' outlier
@@ -891,7 +918,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     float* xt_out = fused_rt ? xfrag_xt(xf, w.k) : nullptr;   // only the fused outliers read it
     const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 4 * m;
     const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
-    if (!register_lut) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
+    if (!register_lut) launch_pdl(kPdlXfrag, span == 2 ? anyprec_xfrag_kernel<false, 2> : anyprec_xfrag_kernel<false, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
     else if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
     else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1>, xgrid, 256, 0, s, w, x, m, xf, quads, xt_out);
   }
@@ -923,8 +950,9 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
   }
   const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
-  auto kern = xf != nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>)
-                            : (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>);
+  auto kern = xf == nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>)
+              : span == 2   ? (fused ? anyprec_gemv_tc_kernel<B, true, true, 2> : anyprec_gemv_tc_kernel<B, false, true, 2>)
+                            : (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>);
   if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
 }
@@ -990,7 +1018,7 @@ void check_width(const AnyPrecDevice& w, int bits) {
 }  // namespace
 
 
-// The fragments (quads of the widest layout: 4 per group of 16 words, >= tc_quads), then x transposed [k, kXtColumns]
+// The fragments (quads of the widest layout: 4 per group of 16 words, >= one per 4 words), then x transposed [k, kXtColumns]
 // (the fused outliers' gathers, xfrag_xt).
 size_t anyprec_xfrag_bytes(int64_t k) { return xfrag_part_bytes(k) + static_cast<size_t>(k) * kXtColumns * sizeof(float); }
 
