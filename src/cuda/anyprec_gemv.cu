@@ -404,8 +404,9 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
 
 // kSpan: plane words per lane and load. 1: lane t's word of quad qi is 4 qi + t. 2 (rows of an even number of words,
 // x pre-split in anyprec_xfrag_kernel<false, 2> order): words 8 gi + 2t and + 1 of load group gi, quads 2 gi and
-// 2 gi + 1, from one 8-byte load. ncu (H200, 8 bits, 28672x8192, batch 1, kSpan 1): L1/TEX 87% busy, the 4-byte
-// plane loads of 8 rows per warp instruction taking 8 wavefronts each, more than the table lookups; kSpan 2 halves them.
+// 2 gi + 1, from one 8-byte load. ncu (H200, 8 bits, 28672x8192, batch 1, kSpan 1; results/issue7-ncu-8bit-b1-h200.txt):
+// L1/TEX 87% busy with conflict-free table lookups. By our count (not ncu's per-instruction figures) a warp's 4-byte
+// plane load touches 8 rows' lines, about 8 wavefronts, which per quad outnumber the 64 lookups; kSpan 2 halves them.
 template <int B, bool kFusedOutliers, bool kPreSplit, int kSpan = 1>
 __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                         int m_total, float* __restrict__ y,
