@@ -407,7 +407,8 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
 // 2 gi + 1, from one 8-byte load. ncu (H200, 8 bits, 28672x8192, batch 1, kSpan 1; results/issue7-ncu-8bit-b1-h200.txt):
 // L1/TEX 87% busy with conflict-free table lookups. By our count (not ncu's per-instruction figures) a warp's 4-byte
 // plane load touches 8 rows' lines, about 8 wavefronts, which per quad outnumber the 64 lookups; kSpan 2 halves them.
-template <int B, bool kFusedOutliers, bool kPreSplit, int kSpan = 1>
+// kPrefetch = false: no register double buffer (the group's planes loaded at its start): fewer registers, more CTAs.
+template <int B, bool kFusedOutliers, bool kPreSplit, int kSpan = 1, bool kPrefetch = true>
 __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                         int m_total, float* __restrict__ y,
                                                                         const uint4* __restrict__ xfrag,
@@ -455,11 +456,12 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
     }
   };
   uint32_t pg0[B][kSpan], pg1[B][kSpan];
-  load_planes(warp, pg0, pg1);
+  if constexpr (kPrefetch) load_planes(warp, pg0, pg1);
 
   for (int64_t gi = warp; gi < groups; gi += kTcWarps) {
     uint32_t n0[B][kSpan], n1[B][kSpan];
-    load_planes(gi + kTcWarps, n0, n1);
+    if constexpr (kPrefetch) load_planes(gi + kTcWarps, n0, n1);
+    else load_planes(gi, pg0, pg1);
 #pragma unroll
     for (int e = 0; e < kSpan; ++e) {
       const int64_t qi = kSpan * gi + e;
@@ -509,10 +511,12 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
         }
       }
     }
+    if constexpr (kPrefetch) {
 #pragma unroll
-    for (int j = 0; j < B; ++j)
+      for (int j = 0; j < B; ++j)
 #pragma unroll
-      for (int e = 0; e < kSpan; ++e) { pg0[j][e] = n0[j][e]; pg1[j][e] = n1[j][e]; }
+        for (int e = 0; e < kSpan; ++e) { pg0[j][e] = n0[j][e]; pg1[j][e] = n1[j][e]; }
+    }
   }
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
@@ -901,12 +905,14 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   // 16-byte plane loads (kSpan = 4) when rows are a multiple of 4 words: measured on the H100 against one word per
   // lane (kSpan = 1) and 8-byte loads, 3 bits batch 1: 59.2 vs 73.0 / 78.0 us at 28672x8192, 12.3 vs 14.6 / 13.5 at
   // 4096x4096 (8192x28672: 74.4 vs 69.8 / 99.0).
-  // The shared-table kernel (pre-split x): 8-byte plane loads (kSpan = 2) on rows of an even number of words, except
-  // at 8 bits on matrices of more than 8192 rows. Measured on the H200 (v13d against v13c, batch 1 / 8): 5 bits
-  // faster on all six shapes (28672x8192 97.2 / 100.7 against 120.1 / 127.9 us); 8 bits faster up to 8192 rows
-  // (8192x28672 168.2 / 179.1 against 192.9 / 217.4) but slower on taller ones (28672x8192 198.2 / 216.2 against
-  // 188.2 / 200.9), where its 110 registers (4 CTAs per SM, 6 at kSpan = 1) cost more than the loads save.
-  const bool span2 = xf != nullptr && w.words % 2 == 0 && !(B == 8 && w.n > 8192);
+  // The shared-table kernel (pre-split x): 8-byte plane loads (kSpan = 2) on rows of an even number of words. Measured
+  // on the H200 (v13d against v13c, batch 1 / 8): 5 bits faster on all six shapes (28672x8192 97.2 / 100.7 against
+  // 120.1 / 127.9 us); 8 bits faster up to 8192 rows (8192x28672 168.2 / 179.1 against 192.9 / 217.4) but slower on
+  // taller ones (28672x8192 198.2 / 216.2 against 188.2 / 200.9): 110 registers with the double buffer, 4 CTAs per
+  // SM. Without it (kPrefetch = false, 88 registers, 5 CTAs) the tall 8-bit matrices gain instead (v13f: 28672x8192
+  // 148.0 / 152.7, 22016x4096 batch 8 83.3), so that is their form.
+  const bool span2 = xf != nullptr && w.words % 2 == 0;
+  const bool tall8 = B == 8 && w.n > 8192;
   const int span = register_lut ? (w.words % 4 == 0 ? 4 : 1) : span2 ? 2 : 1;
   // Weights without outliers run the CUDA-core and register-table kernels instantiated without the outlier code, and
   // the shared-table tensor-core kernel with it (its outlier branch is then skipped at run time). Measured on the H100
@@ -952,6 +958,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   }
   const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
   auto kern = xf == nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>)
+              : span == 2 && tall8 ? (fused ? anyprec_gemv_tc_kernel<B, true, true, 2, false> : anyprec_gemv_tc_kernel<B, false, true, 2, false>)
               : span == 2   ? (fused ? anyprec_gemv_tc_kernel<B, true, true, 2> : anyprec_gemv_tc_kernel<B, false, true, 2>)
                             : (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>);
   if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));

@@ -353,17 +353,18 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
   if (presplit && bits <= 4 && m >= kRegisterLutMinBatch)
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutHalfX : GemvPath::TensorCoreRegisterLut;
   // 5..8 bits (session 13, H200, results/issue7-bench-kernels-v13d-h200.txt, same run): the shared-table kernel
-  // (two rows per table word, plane words double-buffered, 8-byte plane loads) wins from batch 2 on every shape at 5
-  // and 6 bits (5 bits 11008x4096 28.1 vs 41.6 us) and at batch 1 on all but 4096x4096 (5 bits 28672x8192 97.2 vs
-  // 112.3, 4096x4096 16.1 vs 14.3; 6 bits 11008x4096 34.8 vs 33.7, within 3%). 7 bits is assumed to follow 6 (not
-  // measured). At 8 bits (more registers, 4 CTAs per SM) it wins at batch 1 only on matrices of at least 8192x8192
-  // with at most 8192 rows (8192x28672 168.2 vs 179.6; 28672x8192 188.2 vs 162.2), at batch 2 from 8192x8192 up,
-  // and from batch 3 everywhere (28672x8192 batch 3 193.5 vs 222.7; results/issue7-bench-kernels-v13c-h200.txt).
+  // (two rows per table word, 8-byte plane loads) wins from batch 2 on every shape at 5 and 6 bits (5 bits 11008x4096
+  // 28.1 vs 41.6 us) and at batch 1 on all but 4096x4096 (5 bits 28672x8192 97.2 vs 112.3, 4096x4096 16.1 vs 14.3;
+  // 6 bits 11008x4096 34.8 vs 33.7, within 3%). 7 bits is assumed to follow 6 (not measured). At 8 bits it wins at
+  // batch 1 on matrices of at least 8192x8192 with rows of at least 8192 (28672x8192 148.0 vs 161.3, v13f;
+  // 8192x28672 168.2 vs 179.6, v13d), not on 4096-wide ones (22016x4096 81.7 vs 78.7, 12288x4096 53.8 vs 44.6,
+  // v13f); from batch 2 on all but 4096x4096 (12288x4096 54.0 vs 58.0, 11008x4096 52.7 vs 53.1; 4096x4096 28.0 vs
+  // 23.6, v13e).
   if (!presplit) return m >= 6 ? GemvPath::TensorCore : GemvPath::Scalar;
-  const bool large = n * k >= 8192LL * 8192;
+  const bool over_4096sq = n * k > 4096LL * 4096;
   bool tc;
-  if (bits <= 7) tc = m >= 2 || n * k > 4096LL * 4096;
-  else tc = m >= 3 || (m == 2 && large) || (large && n <= 8192);
+  if (bits <= 7) tc = m >= 2 || over_4096sq;
+  else tc = m >= 3 || (m == 2 && over_4096sq) || (n * k >= 8192LL * 8192 && k >= 8192);
   return tc ? GemvPath::TensorCore : GemvPath::Scalar;
 }
 
