@@ -352,15 +352,18 @@ void launch_gemv(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t 
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Tensor-core path (batch 2..8 by default): mma.sync m16n8k16 with A = the rows' fp16 LUT values (exact: the LUTs
-// are stored in fp16) and B = the activations split into hi + lo fp16 halves, fp32 accumulation.
+// Tensor-core path with shared-memory tables (any width when asked; Auto's choice at 5..8 bits, anyprec_auto_path):
+// mma.sync m16n8k16 with A = the rows' fp16 LUT values (exact: the LUTs are stored in fp16) and B = the activations
+// split into hi + lo fp16 halves, fp32 accumulation.
 //
-// A CTA is one block of 16 rows and 4 warps that split the row's word quads between them. Lane (g, t) loads word
-// 4q + t of a tile from planes 0..b-1 of rows g and g + 8, so a quad of 4 words (128 columns) is 8 k16 slabs; in
-// slab j the lane feeds word bits 4j .. 4j+3 (k = 2t, 2t+1, 2t+8, 2t+9), i.e. columns u·8nw + 8w + 4(j&1) + 0..3 of
+// A CTA is one block of 16 rows and 4 warps that split the row's word quads between them. Lane (g, t) takes word
+// 4q + t of quad q (with kSpan = 1; see kSpan below) from planes 0..b-1 of rows g and g + 8, so a quad of 4 words
+// (128 columns) is 8 k16 slabs; in slab j the lane feeds word bits 4j .. 4j+3 (k = 2t, 2t+1, 2t+8, 2t+9), i.e. columns u·8nw + 8w + 4(j&1) + 0..3 of
 // its word w, quarter u = j/2: one 16-byte activation load per slab and batch column. Codes are built four quarters
 // at a time as in the CUDA-core kernel. The LUTs of the 16 rows sit in shared memory as 32-bit words at
-// ((h·2^b + e)·8 + g)·4 + t (h: row g or g + 8), so a warp-wide lookup for one row half reads 32 different banks.
+// (e·8 + g)·4 + t, entry e of row g in the low half and of row g + 8 in the high half (the merging PRMT takes one or
+// the other), so a warp-wide lookup reads 32 different banks, and a CTA's tables take 2^b · 128 bytes (32 KB at
+// 8 bits; one fp16 per word, as before session 13, took twice that and held 8-bit CTAs to 3 per SM).
 constexpr int kTcWarps = 4;
 
 // The activations of every (quad, slab, lane) as the lane feeds them to mma_split: {b0 hi, b1 hi, b0 lo, b1 lo}, zero
