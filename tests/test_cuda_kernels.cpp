@@ -334,6 +334,64 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// The fused any-precision GEMM (batches above 8, 2..4 bits) against the CPU reference on the same packed bytes:
+// without outliers, against the reference fed x rounded to fp16 (what the kernel multiplies), within the GEMV's
+// fp32-accumulation budget; with outliers (added in fp32 by the CSR pass), against the fp32 reference within the
+// x-rounding budget. Shapes: rows of a multiple of 4 words (16-byte plane copies) and not (1100 columns: 35 words),
+// n not a multiple of the CTA's 128 rows, a split-k shape (few rows, long rows); batches across the 16 / 32 / 64-token
+// tiles and several token blocks.
+TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  cudaStream_t s;
+  LOWBIT_CUDA_CHECK(cudaStreamCreate(&s));
+  {
+    cuda::GemmContext ctx(s);
+    const struct {
+      Shape sh;
+      bool outliers;
+    } cases[] = {{{96, 1100}, false}, {{300, 4096}, false}, {{136, 8192}, false}, {{200, 1100}, true}, {{130, 2048}, true}};
+    for (const auto& cs : cases) {
+      const int64_t n = cs.sh.n, k = cs.sh.k;
+      const AnyPrecQuantized q = anyprec_weight(n, k, cs.outliers, static_cast<uint32_t>(n + k));
+      const PackedWeight p = pack_anyprec(q, storage);
+      const cuda::DevicePackedWeight dw(p);
+      const auto lin = make_packed_linear(p, nullptr, "t");
+      for (int bits : {2, 3, 4}) {
+        std::vector<float> wd(static_cast<size_t>(n * k));
+        q.dequantize(bits, wd.data());
+        for (int64_t m : {9, 16, 17, 33, 64, 70, 150}) {
+          if (k > 4096 && m > 64) continue;   // the CPU reference's time
+          const auto x = random_x(m, k, static_cast<uint32_t>(7 * m + bits));
+          std::vector<float> xr = x;
+          if (!cs.outliers)
+            for (float& v : xr) v = f16_to_f32(f32_to_f16(v));
+          std::vector<float> want(static_cast<size_t>(m * n));
+          lin->forward_ref(xr.data(), m, want.data(), bits);
+          const auto scale = abs_scale(xr, wd, m, n, k);
+          for (cuda::GemmKernel kind : {cuda::GemmKernel::Staged, cuda::GemmKernel::TwoTiles}) {
+            if (kind == cuda::GemmKernel::TwoTiles && m > 16) continue;
+            const auto got = run_poisoned(x, m * n, [&](const float* xd, float* yd) {
+              cuda::anyprec_gemm(dw.anyprec(), bits, xd, m, yd, ctx, kind);
+              LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
+            });
+            const std::string what = std::string(kind == cuda::GemmKernel::Staged ? "staged" : "two-tile") + " GEMM " +
+                                     std::to_string(n) + "x" + std::to_string(k) + " " + std::to_string(bits) + "-bit m" +
+                                     std::to_string(m) + (cs.outliers ? " outliers" : "");
+            expect_close(got, want, scale, cs.outliers ? kHalfXBudget : kGemvBudget, what);
+          }
+        }
+      }
+    }
+    // Widths the fused GEMM does not serve are refused, not run.
+    const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(16, 256, false, 5), storage));
+    cuda::DeviceBuffer<float> xd(static_cast<size_t>(16 * 256)), yd(static_cast<size_t>(16 * 16));
+    EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx), Error);
+    EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 3, xd.get(), 8, yd.get(), ctx, cuda::GemmKernel::TwoTiles), Error);
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 // The CPU Sampler's rules, exactly, as probabilities: temperature, top-k (ties by the lower index), then the smallest
 // descending prefix whose mass reaches top-p (all ties at its boundary kept, as the GPU does).
 std::vector<double> kept_distribution(const std::vector<float>& logits, const cuda::GpuSamplingParams& p) {

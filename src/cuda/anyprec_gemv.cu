@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "cuda/anyprec_codes.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
@@ -52,49 +53,6 @@ __device__ __forceinline__ float2 lds_f32x2(uint32_t addr) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr));
   return v;
-}
-
-// Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
-// plane 0 the most significant bit. Plane j's bit is moved from position i to position B-1-j of each byte by one
-// funnel shift and merged by one LOP3 ((t & mask) | v): 2B operations for four codes.
-// kMask = 0x11111111: the same per nibble (slot i in 0..3, eight codes of B <= 3 bits, one per nibble).
-template <int B, uint32_t kMask = 0x01010101u>
-__device__ __forceinline__ uint32_t transpose_slot(const uint32_t (&p)[B], int i) {
-  uint32_t v = 0;
-#pragma unroll
-  for (int j = 0; j < B; ++j) {
-    const int sh = i - (B - 1 - j);
-    const uint32_t t = sh >= 0 ? p[j] >> sh : p[j] << -sh;
-    v |= t & (kMask << (B - 1 - j));
-  }
-  return v;
-}
-
-// All eight slots at once, idx[i] = transpose_slot<B>(p, i), as one 8x8 bit-matrix transpose per byte column (the
-// four bytes of a word in parallel): rows r = B-1-j hold plane j (rows >= B zero), three stages of delta swaps at
-// distances 4, 2, 1 (5 ops each, 12 swaps). 8 bits: 62 integer ops for 32 codes against 122 slot by slot (SASS of
-// both forms, sm_90); 5 bits 57 against 77, 4 bits 56 against 62; at 3 bits it is no better (49 / 47).
-template <int D>
-__device__ __forceinline__ void delta_swap(uint32_t& lo, uint32_t& hi, uint32_t mask) {
-  const uint32_t t = ((lo >> D) ^ hi) & mask;
-  hi ^= t;
-  lo ^= t << D;
-}
-template <int B>
-__device__ __forceinline__ void transpose_codes(const uint32_t (&p)[B], uint32_t (&idx)[8]) {
-  if constexpr (B <= 3) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) idx[i] = transpose_slot<B>(p, i);
-  } else {
-#pragma unroll
-    for (int r = 0; r < 8; ++r) idx[r] = r < B ? p[B - 1 - r] : 0u;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) delta_swap<4>(idx[r], idx[r + 4], 0x0F0F0F0Fu);
-#pragma unroll
-    for (int r = 0; r < 8; r += (r % 2 == 1 ? 3 : 1)) delta_swap<2>(idx[r], idx[r + 2], 0x33333333u);   // rows 0, 1, 4, 5
-#pragma unroll
-    for (int r = 0; r < 8; r += 2) delta_swap<1>(idx[r], idx[r + 1], 0x55555555u);
-  }
 }
 
 template <int B>
@@ -375,12 +333,14 @@ constexpr int kTcWarps = 4;
 // Quad qi, lane t: word 4 kSpan (qi / kSpan) + kSpan t + qi % kSpan of the row (kSpan = 1: word 4 qi + t; kSpan = 2: the
 // shared-table kernel's 8-byte loads; kSpan = 4:
 // each lane reads 4 consecutive words, a group of 16 words being 4 quads).
-template <bool kNibble, int kSpan>
+// kTwoTiles (batch 9..16, the register-table kernel's two-tile form): every lane's entry holds x rounded to fp16 for
+// two batch columns, {b0, b1} of column g and {b0, b1} of column g + 8 (zero for columns >= m), in place of hi / lo.
+template <bool kNibble, int kSpan, bool kTwoTiles = false>
 __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out,
                                      int64_t quads, float* __restrict__ xt) {
   pdl_launch_dependents();
   pdl_wait();
-  const int lanes = 4 * m_total;   // lane = 4 g + t, g < m
+  const int lanes = kTwoTiles ? 32 : 4 * m_total;   // lane = 4 g + t, g < m
   const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (id >= quads * 8 * lanes) return;
   const int lane = static_cast<int>(id % lanes), sj = static_cast<int>((id / lanes) % 8);
@@ -389,19 +349,29 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
   const int64_t word = 4 * kSpan * (qi / kSpan) + kSpan * t + qi % kSpan, T = word / 32;
   const int nw = static_cast<int>(min_i64(32, w.words - 32 * T));
   const int wt = static_cast<int>(word % 32);
-  float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f}, xv2[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // xv2: column g + 8 (kTwoTiles)
   if (word < w.words) {
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int bit = kNibble ? 16 * (sj % 2) + 4 * q + sj / 2 : 4 * sj + q;
       const int64_t c = 1024 * T + static_cast<int64_t>(bit / 8) * 8 * nw + 8 * wt + bit % 8;
-      xv[q] = c < k ? x[static_cast<int64_t>(g) * k + c] : 0.0f;
-      if (xt != nullptr && c < k) xt[c * kXtColumns + g] = xv[q];   // the outlier gathers' copy (OutlierX): each column once
+      if constexpr (kTwoTiles) {
+        xv[q] = c < k && g < m_total ? x[static_cast<int64_t>(g) * k + c] : 0.0f;
+        xv2[q] = c < k && g + 8 < m_total ? x[static_cast<int64_t>(g + 8) * k + c] : 0.0f;
+      } else {
+        xv[q] = c < k ? x[static_cast<int64_t>(g) * k + c] : 0.0f;
+        if (xt != nullptr && c < k) xt[c * kXtColumns + g] = xv[q];   // the outlier gathers' copy (OutlierX): each column once
+      }
     }
   }
   uint4 v;
-  split_pair(xv[0], xv[1], v.x, v.z);
-  split_pair(xv[2], xv[3], v.y, v.w);
+  if constexpr (kTwoTiles) {
+    v = make_uint4(half2_bits(__floats2half2_rn(xv[0], xv[1])), half2_bits(__floats2half2_rn(xv[2], xv[3])),
+                   half2_bits(__floats2half2_rn(xv2[0], xv2[1])), half2_bits(__floats2half2_rn(xv2[2], xv2[3])));
+  } else {
+    split_pair(xv[0], xv[1], v.x, v.z);
+    split_pair(xv[2], xv[3], v.y, v.w);
+  }
   out[(qi * 8 + sj) * 32 + lane] = v;
 }
 
@@ -542,79 +512,6 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
 // The selectors' nibbles are codes of <= 3 bits: bit 3 of a nibble, PRMT's sign-replicate flag, is always 0. The
 // table loads below are 32 / 16 / 8 bytes per row: each LUT part is its own cudaMalloc buffer (DevicePackedWeight),
 // so rows of 2^B halves stay aligned.
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));   // generic mode: codes' nibble msb is 0
-  return d;
-}
-
-// One row's table in registers: lo[i] / hi[i] the low / high bytes of entries 4i .. 4i+3 (2 bits: entries 4-7 zero).
-template <int B>
-struct RegTable {
-  static_assert(B >= 2 && B <= 4, "register tables: 2..4 bits");
-  static constexpr int kWords = B == 4 ? 4 : 2;   // of each byte kind
-  static constexpr int kRowWords = 1 << (B - 1);  // 32-bit words of a row's 2^B fp16 centroids
-  uint32_t lo[kWords], hi[kWords];
-};
-
-// The table of one row from its 2^B fp16 centroids (u: the row's words; words past them are ignored).
-template <int B>
-__device__ __forceinline__ void register_table_from_words(const uint32_t (&u)[2 * RegTable<B>::kWords], RegTable<B>& r) {
-#pragma unroll
-  for (int i = 0; i < RegTable<B>::kWords; ++i) {
-    const bool in = 2 * i < RegTable<B>::kRowWords;
-    r.lo[i] = in ? prmt(u[2 * i], u[2 * i + 1], 0x6420u) : 0u;
-    r.hi[i] = in ? prmt(u[2 * i], u[2 * i + 1], 0x7531u) : 0u;
-  }
-}
-template <int B>
-__device__ __forceinline__ void load_register_table(const __half* __restrict__ l, RegTable<B>& r) {
-  uint32_t u[2 * RegTable<B>::kWords] = {};
-  if constexpr (B == 2) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(l));
-    u[0] = v.x; u[1] = v.y;
-  } else {
-#pragma unroll
-    for (int i = 0; i < RegTable<B>::kRowWords / 4; ++i) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(l) + i);
-      u[4 * i] = v.x; u[4 * i + 1] = v.y; u[4 * i + 2] = v.z; u[4 * i + 3] = v.w;
-    }
-  }
-  register_table_from_words<B>(u, r);
-}
-
-// The two half2 A registers of one row for the four codes in the low 16 bits of sel (one 3-bit code per nibble) and,
-// at 4 bits, msel (nibble i: i + 4 * code i's plane-0 bit).
-template <int B>
-__device__ __forceinline__ void register_lookup(const RegTable<B>& r, uint32_t sel, uint32_t msel, uint32_t& a_low_k,
-                                                uint32_t& a_high_k) {
-  uint32_t L, H;
-  if constexpr (B == 4) {
-    L = prmt(prmt(r.lo[0], r.lo[1], sel), prmt(r.lo[2], r.lo[3], sel), msel);
-    H = prmt(prmt(r.hi[0], r.hi[1], sel), prmt(r.hi[2], r.hi[3], sel), msel);
-  } else {
-    L = prmt(r.lo[0], r.lo[1], sel);
-    H = prmt(r.hi[0], r.hi[1], sel);
-  }
-  a_low_k = prmt(L, H, 0x5140u);    // codes 0, 1: fp16 (lo, hi) bytes interleaved
-  a_high_k = prmt(L, H, 0x7362u);   // codes 2, 3
-}
-
-// Slot s of the 3-bit selector codes (nibble q: the code of word bit 4q + s) and, at 4 bits, its merge selector:
-// planes 1..3 give the low 3 bits, plane 0's bit 4q + s is moved to bit 2 of nibble q over the nibble ids 0x3210.
-template <int B>
-__device__ __forceinline__ void register_selectors(const uint32_t (&w)[B], int s, uint32_t& sel, uint32_t& msel) {
-  if constexpr (B == 4) {
-    const uint32_t low[3] = {w[1], w[2], w[3]};
-    sel = transpose_slot<3, 0x11111111u>(low, s);
-    const uint32_t t = s >= 2 ? w[0] >> (s - 2) : w[0] << (2 - s);
-    msel = (t & 0x44444444u) | 0x32103210u;
-  } else {
-    sel = transpose_slot<B, 0x11111111u>(w, s);
-    msel = 0u;
-  }
-}
-
 // The A fragments of one word quad (w0 / w1: the lane's word of planes 0..B-1 for rows g / g + 8), slab by slab:
 // mma(a, s, h) for slab (s, h), s = 0..3 the code bit of each nibble, h = 0..1 the half-word (x fragment 2s + h).
 template <int B, typename Mma>
@@ -678,11 +575,15 @@ struct PlaneGroups {
 // per SM (three otherwise): for grids that then fit one wave (measured, 3 bits 8192x28672 batch 1 / 8: 66.1 / 73.2
 // against 75.1 / 94.5 us; the default is faster where both run the same number of waves: 4096x4096 12.4 against 13.2).
 // (minimum blocks 0 = no register constraint: the compiler's choice, 142 registers at 3 bits)
-template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false, bool kHalfX = false>
+// kTwoTiles: batch 9..16 (anyprec_gemv_two_tiles): the x entries hold columns g and g + 8 rounded to fp16 (xfrag
+// kernel's kTwoTiles form), so the second mma of each A fragment computes the second 8-column tile instead of the lo
+// halves: the work of a batch-8 call, for twice the columns. Outliers run as the separate CSR pass.
+template <int B, bool kFusedOutliers, int kSpan, bool kCompact = false, bool kHalfX = false, bool kTwoTiles = false>
 __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? (B == 4 ? 3 : 4) : 0) anyprec_gemv_reglut_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                             int m_total, float* __restrict__ y,
                                                                             const uint4* __restrict__ xfrag,
                                                                             const float* __restrict__ xt) {   // x transposed (OutlierX)
+  static_assert(!kTwoTiles || (!kFusedOutliers && !kHalfX), "two tiles: fp16 x entries of two columns, outliers apart");
   const int64_t n = w.n;
   const TcTile tile(n);
   const int warp = tile.warp, lane = tile.lane, g = tile.g, t = tile.t;
@@ -739,13 +640,27 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? (B == 4 ? 
 #pragma unroll
       for (int e = 0; e < kSpan; ++e) { p0[j][e] = n0[j][e]; p1[j][e] = n1[j][e]; }
   }
-  float acc[4];
+  if constexpr (kTwoTiles) {
+    float acc_a[4], acc_b[4];   // columns 0..7 (acc4[0], [2]) and 8..15 (acc4[1], [3])
 #pragma unroll
-  for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
+    for (int i = 0; i < 4; ++i) {
+      acc_a[i] = acc4[0][i] + acc4[2][i];
+      acc_b[i] = acc4[1][i] + acc4[3][i];
+    }
+    pdl_launch_dependents();
+    store_tc_fragments<kTcWarps, false>(acc_a, warp, lane, row0, n, m_total < 8 ? m_total : 8, nullptr, OutlierX{}, y,
+                                        OutlierEntry<B>{w, lut}, 0);
+    store_tc_fragments<kTcWarps, false>(acc_b, warp, lane, row0, n, m_total - 8, nullptr, OutlierX{}, y + 8 * n,
+                                        OutlierEntry<B>{w, lut}, 1);
+  } else {
+    float acc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
 
-  pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, OutlierX{xt, 1, kXtColumns}, y,
-                                               OutlierEntry<B>{w, lut});
+    pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
+    store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, OutlierX{xt, 1, kXtColumns}, y,
+                                                 OutlierEntry<B>{w, lut});
+  }
 }
 
 // The register-table kernel instantiation for run-time choices (kCompact only exists with kSpan = 4).
@@ -968,6 +883,29 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
 }
 
+// Batch 9..16 on the register-table kernel in its two-tile form (2..4 bits): the fragment kernel writes both
+// columns' fp16 entries, the GEMV runs as at batch 8, the outliers follow as the CSR pass.
+template <int B>
+void launch_two_tiles(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, void* xfrag) {
+  if constexpr (B <= 4) {
+    const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
+    uint4* xf = static_cast<uint4*>(xfrag);
+    const int span = w.words % 4 == 0 ? 4 : 1;
+    const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 32;
+    const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
+    if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4, true>, xgrid, 256, 0, s, w, x, m, xf, quads, nullptr);
+    else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1, true>, xgrid, 256, 0, s, w, x, m, xf, quads, nullptr);
+    static const int sms = device_sm_count();
+    const bool compact = B <= 3 && span == 4 && grid > 3u * sms && grid <= 4u * sms;   // as launch_tc
+    auto kern = span == 1 ? anyprec_gemv_reglut_kernel<B, false, 1, false, false, true>
+                : compact ? anyprec_gemv_reglut_kernel<B, false, 4, true, false, true>
+                          : anyprec_gemv_reglut_kernel<B, false, 4, false, false, true>;
+    launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, static_cast<const float*>(nullptr));
+    if (w.rowptr != nullptr)
+      launch_pdl(kPdlScalar, anyprec_outliers_kernel<B>, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+  }
+}
+
 template <int B, int M>
 void launch_pairs(const AnyPrecDevice& w, const float* x, float* y, cudaStream_t s, bool fused) {
   const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
@@ -1047,6 +985,35 @@ void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float
     case 7: gemv_bits<7>(w, x, m, y, s, fused, path, xfrag); break;
     case 8: gemv_bits<8>(w, x, m, y, s, fused, path, xfrag); break;
     default: break;
+  }
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void anyprec_gemv_two_tiles(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, void* xfrag) {
+  check_width(w, bits);
+  LOWBIT_CHECK(bits <= 4 && m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch && xfrag != nullptr,
+               "anyprec two-tile GEMV: 2..4 bits, batch 9..16 and an xfrag scratch (asked: ", bits, " bits, batch ", m, ")");
+  switch (bits) {
+    case 2: launch_two_tiles<2>(w, x, m, y, s, xfrag); break;
+    case 3: launch_two_tiles<3>(w, x, m, y, s, xfrag); break;
+    default: launch_two_tiles<4>(w, x, m, y, s, xfrag); break;
+  }
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void anyprec_outliers_add(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, cudaStream_t s) {
+  check_width(w, bits);
+  if (w.rowptr == nullptr) return;
+  const unsigned grid = static_cast<unsigned>((w.n + 7) / 8);
+  const int mm = static_cast<int>(m);
+  switch (bits) {
+    case 2: anyprec_outliers_kernel<2><<<grid, 256, 0, s>>>(w, x, mm, y); break;
+    case 3: anyprec_outliers_kernel<3><<<grid, 256, 0, s>>>(w, x, mm, y); break;
+    case 4: anyprec_outliers_kernel<4><<<grid, 256, 0, s>>>(w, x, mm, y); break;
+    case 5: anyprec_outliers_kernel<5><<<grid, 256, 0, s>>>(w, x, mm, y); break;
+    case 6: anyprec_outliers_kernel<6><<<grid, 256, 0, s>>>(w, x, mm, y); break;
+    case 7: anyprec_outliers_kernel<7><<<grid, 256, 0, s>>>(w, x, mm, y); break;
+    default: anyprec_outliers_kernel<8><<<grid, 256, 0, s>>>(w, x, mm, y); break;
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }

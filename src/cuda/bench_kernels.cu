@@ -123,12 +123,24 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
         for (size_t bi = 0; bi < o.batches.size(); ++bi) {
           const int64_t m = o.batches[bi];
           if (m > kMaxGemvBatch) {
+            const bool fused = anyprec_gemm_preferred(n, k, m, b);
             __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
             const double us = median_us(o.iters, [&](int i) {
               anyprec_dequant_f16(w[static_cast<size_t>(i % rot)].anyprec(), b, wd, s);
               dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
             });
-            row("anyprec " + std::to_string(b) + "-bit (dequant+cuBLAS) *", m, us, base[bi], w[0].bytes_read(b));
+            row("anyprec " + std::to_string(b) + "-bit (dequant+cuBLAS)" + (fused ? "" : " *"), m, us, base[bi], w[0].bytes_read(b));
+            if (anyprec_gemm_serves(b)) {
+              // Both fused kernels where both run (batch 9..16); * on Auto's.
+              const bool tiles = m <= 2 * kMaxGemvBatch;
+              for (GemmKernel kind : {GemmKernel::TwoTiles, GemmKernel::Staged}) {
+                if (kind == GemmKernel::TwoTiles && !tiles) continue;
+                const double fus = median_us(o.iters, [&](int i) { anyprec_gemm(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), m, yf.get(), ctx, kind); });
+                const bool star = fused && (kind == GemmKernel::TwoTiles) == tiles;
+                row("anyprec " + std::to_string(b) + "-bit (fused GEMM, " + (kind == GemmKernel::TwoTiles ? "two-tile GEMV" : "staged") + ")" +
+                    (star ? " *" : ""), m, fus, base[bi], w[0].bytes_read(b));
+              }
+            }
             continue;
           }
           // Every GEMV path, each labelled; * marks the one the runtime takes (packed_matmul: anyprec_auto_path with

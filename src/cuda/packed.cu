@@ -323,6 +323,7 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
     }
     return;
   }
+  if (ap && anyprec_gemm_preferred(w.n(), w.k(), m, b)) return anyprec_gemm(w.anyprec(), b, x, m, y, ctx);
   __half* wh = ctx.weight_scratch(static_cast<size_t>(w.n() * w.k()));
   if (ap) anyprec_dequant_f16(w.anyprec(), b, wh, ctx.stream());
   else mixed24a_dequant_f16(w.mixed24a(), wh, ctx.stream());
@@ -366,6 +367,19 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
   if (bits <= 7) tc = m >= 2 || over_4096sq;
   else tc = m >= 3 || (m == 2 && over_4096sq) || (n * k >= 8192LL * 8192 && k >= 8192);
   return tc ? GemvPath::TensorCore : GemvPath::Scalar;
+}
+
+// The fused GEMM against dequantize + cuBLAS (H200, session 14, results/issue7-fused-gemm-v14b-h200.txt, same run, 3
+// and 4 bits on the five TARGETS.md shapes): faster on every shape up to batch 64 (batch 16, two-tile GEMV:
+// 28672x8192 3-bit 61.8 vs 274.4 us; batch 64, staged: 126.3 vs 276.3); at batch 128 faster at 3 bits on all five
+// (28672x8192 232.3 vs 285.8, 4096x4096 30.4 vs 31.5) and at 4 bits on rows of more than 4096 (8192x28672 276.5 vs
+// 309.4; 11008x4096 79.2 vs 66.5, 4096x4096 32.4 vs 32.3); from batch 256 slower on every shape (28672x8192 3-bit
+// 381.8 vs 342.9; 512 tokens 727.0 vs 486.9): there mma.sync with the lookups in the issue stream loses to cuBLAS's
+// wgmma. 2 bits is assumed to follow 3 (not measured).
+bool anyprec_gemm_preferred(int64_t n, int64_t k, int64_t m, int bits) {
+  (void)n;
+  if (m <= kMaxGemvBatch || !anyprec_gemm_serves(bits)) return false;
+  return m <= 64 || (m <= 128 && (bits <= 3 || k > 4096));
 }
 
 // 2/4/16, x pre-split: the tensor cores win from batch 4 on matrices larger than 4096x4096 (11008x4096 batch 4: 35.9 vs

@@ -64,6 +64,8 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_flag("--e2e", *e2e, "GPU end-to-end prefill/decode on random-weight model shapes (no model)");
   sub->add_option("--model-shapes", *e2e_shapes, "--e2e: llama2-7b, llama3-8b, llama2-70b")->delimiter(',');
   sub->add_option("--weights", *e2e_kinds, "--e2e: fp16, anyprec, mixed24a")->delimiter(',');
+  auto e2e_batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 8});
+  sub->add_option("--decode-batches", *e2e_batches, "--e2e: decode batch sizes (sequences)")->delimiter(',')->check(CLI::Range(1, 256));
   sub->add_option("--shapes", *shapes, "--kernels: weight shapes NxK (N outputs, K inputs)")->delimiter(',');
   sub->add_option("--kernel-bits", *kbits, "--kernels: any-precision widths")->delimiter(',')->check(CLI::Range(2, 8));
   sub->add_option("--batch", *batches, "--kernels: batch sizes (tokens)")->delimiter(',')->check(CLI::Range(1, 65536));
@@ -85,6 +87,7 @@ void register_bench(CLI::App& app, Common& common) {
       o.shapes = *e2e_shapes;
       o.kinds = *e2e_kinds;
       o.bits = *kbits;
+      o.batches = *e2e_batches;
       cuda::run_e2e_bench(o, std::cout);
       return;
 #else

@@ -1,0 +1,127 @@
+// The any-precision code builders and register tables shared by the GEMV (anyprec_gemv.cu) and the fused GEMM
+// (anyprec_gemm.cu): bit transposes of plane words into b-bit codes, and the PRMT lookups of a row's fp16 centroids
+// held in registers (the register-table tensor-core kernels' A fragments, mma.sync m16n8k16 layout).
+#pragma once
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace lowbit::cuda {
+
+// Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
+// plane 0 the most significant bit. Plane j's bit is moved from position i to position B-1-j of each byte by one
+// funnel shift and merged by one LOP3 ((t & mask) | v): 2B operations for four codes.
+// kMask = 0x11111111: the same per nibble (slot i in 0..3, eight codes of B <= 3 bits, one per nibble).
+template <int B, uint32_t kMask = 0x01010101u>
+__device__ __forceinline__ uint32_t transpose_slot(const uint32_t (&p)[B], int i) {
+  uint32_t v = 0;
+#pragma unroll
+  for (int j = 0; j < B; ++j) {
+    const int sh = i - (B - 1 - j);
+    const uint32_t t = sh >= 0 ? p[j] >> sh : p[j] << -sh;
+    v |= t & (kMask << (B - 1 - j));
+  }
+  return v;
+}
+
+// All eight slots at once, idx[i] = transpose_slot<B>(p, i), as one 8x8 bit-matrix transpose per byte column (the
+// four bytes of a word in parallel): rows r = B-1-j hold plane j (rows >= B zero), three stages of delta swaps at
+// distances 4, 2, 1 (5 ops each, 12 swaps). 8 bits: 62 integer ops for 32 codes against 122 slot by slot (SASS of
+// both forms, sm_90); 5 bits 57 against 77, 4 bits 56 against 62; at 3 bits it is no better (49 / 47).
+template <int D>
+__device__ __forceinline__ void delta_swap(uint32_t& lo, uint32_t& hi, uint32_t mask) {
+  const uint32_t t = ((lo >> D) ^ hi) & mask;
+  hi ^= t;
+  lo ^= t << D;
+}
+template <int B>
+__device__ __forceinline__ void transpose_codes(const uint32_t (&p)[B], uint32_t (&idx)[8]) {
+  if constexpr (B <= 3) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) idx[i] = transpose_slot<B>(p, i);
+  } else {
+#pragma unroll
+    for (int r = 0; r < 8; ++r) idx[r] = r < B ? p[B - 1 - r] : 0u;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) delta_swap<4>(idx[r], idx[r + 4], 0x0F0F0F0Fu);
+#pragma unroll
+    for (int r = 0; r < 8; r += (r % 2 == 1 ? 3 : 1)) delta_swap<2>(idx[r], idx[r + 2], 0x33333333u);   // rows 0, 1, 4, 5
+#pragma unroll
+    for (int r = 0; r < 8; r += 2) delta_swap<1>(idx[r], idx[r + 1], 0x55555555u);
+  }
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));   // generic mode: codes' nibble msb is 0
+  return d;
+}
+
+// One row's table in registers: lo[i] / hi[i] the low / high bytes of entries 4i .. 4i+3 (2 bits: entries 4-7 zero).
+template <int B>
+struct RegTable {
+  static_assert(B >= 2 && B <= 4, "register tables: 2..4 bits");
+  static constexpr int kWords = B == 4 ? 4 : 2;   // of each byte kind
+  static constexpr int kRowWords = 1 << (B - 1);  // 32-bit words of a row's 2^B fp16 centroids
+  uint32_t lo[kWords], hi[kWords];
+};
+
+// The table of one row from its 2^B fp16 centroids (u: the row's words; words past them are ignored).
+template <int B>
+__device__ __forceinline__ void register_table_from_words(const uint32_t (&u)[2 * RegTable<B>::kWords], RegTable<B>& r) {
+#pragma unroll
+  for (int i = 0; i < RegTable<B>::kWords; ++i) {
+    const bool in = 2 * i < RegTable<B>::kRowWords;
+    r.lo[i] = in ? prmt(u[2 * i], u[2 * i + 1], 0x6420u) : 0u;
+    r.hi[i] = in ? prmt(u[2 * i], u[2 * i + 1], 0x7531u) : 0u;
+  }
+}
+template <int B>
+__device__ __forceinline__ void load_register_table(const __half* __restrict__ l, RegTable<B>& r) {
+  uint32_t u[2 * RegTable<B>::kWords] = {};
+  if constexpr (B == 2) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(l));
+    u[0] = v.x; u[1] = v.y;
+  } else {
+#pragma unroll
+    for (int i = 0; i < RegTable<B>::kRowWords / 4; ++i) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(l) + i);
+      u[4 * i] = v.x; u[4 * i + 1] = v.y; u[4 * i + 2] = v.z; u[4 * i + 3] = v.w;
+    }
+  }
+  register_table_from_words<B>(u, r);
+}
+
+// The two half2 A registers of one row for the four codes in the low 16 bits of sel (one 3-bit code per nibble) and,
+// at 4 bits, msel (nibble i: i + 4 * code i's plane-0 bit).
+template <int B>
+__device__ __forceinline__ void register_lookup(const RegTable<B>& r, uint32_t sel, uint32_t msel, uint32_t& a_low_k,
+                                                uint32_t& a_high_k) {
+  uint32_t L, H;
+  if constexpr (B == 4) {
+    L = prmt(prmt(r.lo[0], r.lo[1], sel), prmt(r.lo[2], r.lo[3], sel), msel);
+    H = prmt(prmt(r.hi[0], r.hi[1], sel), prmt(r.hi[2], r.hi[3], sel), msel);
+  } else {
+    L = prmt(r.lo[0], r.lo[1], sel);
+    H = prmt(r.hi[0], r.hi[1], sel);
+  }
+  a_low_k = prmt(L, H, 0x5140u);    // codes 0, 1: fp16 (lo, hi) bytes interleaved
+  a_high_k = prmt(L, H, 0x7362u);   // codes 2, 3
+}
+
+// Slot s of the 3-bit selector codes (nibble q: the code of word bit 4q + s) and, at 4 bits, its merge selector:
+// planes 1..3 give the low 3 bits, plane 0's bit 4q + s is moved to bit 2 of nibble q over the nibble ids 0x3210.
+template <int B>
+__device__ __forceinline__ void register_selectors(const uint32_t (&w)[B], int s, uint32_t& sel, uint32_t& msel) {
+  if constexpr (B == 4) {
+    const uint32_t low[3] = {w[1], w[2], w[3]};
+    sel = transpose_slot<3, 0x11111111u>(low, s);
+    const uint32_t t = s >= 2 ? w[0] >> (s - 2) : w[0] << (2 - s);
+    msel = (t & 0x44444444u) | 0x32103210u;
+  } else {
+    sel = transpose_slot<B, 0x11111111u>(w, s);
+    msel = 0u;
+  }
+}
+
+}  // namespace lowbit::cuda
