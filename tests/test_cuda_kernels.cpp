@@ -334,7 +334,8 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
-// The fused any-precision GEMM (batches above 8, 2..4 bits) against the CPU reference on the same packed bytes:
+// The fused any-precision GEMM (batches above 8: the staged kernel at 2..4 bits, the two-tile GEMVs at 2..8 bits and
+// batch 9..16) against the CPU reference on the same packed bytes:
 // without outliers, against the reference fed x rounded to fp16 (what the kernel multiplies), within the GEMV's
 // fp32-accumulation budget; with outliers (added in fp32 by the CSR pass), against the fp32 reference within the
 // x-rounding budget. Shapes: rows of a multiple of 4 words (16-byte plane copies) and not (1100 columns: 35 words),
@@ -357,11 +358,12 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
       const PackedWeight p = pack_anyprec(q, storage);
       const cuda::DevicePackedWeight dw(p);
       const auto lin = make_packed_linear(p, nullptr, "t");
-      for (int bits : {2, 3, 4}) {
+      for (int bits : {2, 3, 4, 5, 8}) {
         std::vector<float> wd(static_cast<size_t>(n * k));
         q.dequantize(bits, wd.data());
         for (int64_t m : {9, 16, 17, 33, 64, 70, 150}) {
           if (k > 4096 && m > 64) continue;   // the CPU reference's time
+          if (!cuda::anyprec_gemm_serves(bits, cuda::GemmKernel::Staged) && m > 16) continue;   // two tiles only
           const auto x = random_x(m, k, static_cast<uint32_t>(7 * m + bits));
           std::vector<float> xr = x;
           if (!cs.outliers)
@@ -370,7 +372,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
           lin->forward_ref(xr.data(), m, want.data(), bits);
           const auto scale = abs_scale(xr, wd, m, n, k);
           for (cuda::GemmKernel kind : {cuda::GemmKernel::Staged, cuda::GemmKernel::TwoTiles}) {
-            if (kind == cuda::GemmKernel::TwoTiles && m > 16) continue;
+            if ((kind == cuda::GemmKernel::TwoTiles && m > 16) || !cuda::anyprec_gemm_serves(bits, kind)) continue;
             const auto got = run_poisoned(x, m * n, [&](const float* xd, float* yd) {
               cuda::anyprec_gemm(dw.anyprec(), bits, xd, m, yd, ctx, kind);
               LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
@@ -386,7 +388,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
     // Widths the fused GEMM does not serve are refused, not run.
     const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(16, 256, false, 5), storage));
     cuda::DeviceBuffer<float> xd(static_cast<size_t>(16 * 256)), yd(static_cast<size_t>(16 * 16));
-    EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx), Error);
+    EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx, cuda::GemmKernel::Staged), Error);
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 3, xd.get(), 8, yd.get(), ctx, cuda::GemmKernel::TwoTiles), Error);
   }
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));

@@ -1,4 +1,4 @@
-// The fused any-precision GEMM for batches above 8 (2..4 bits): y [m, n] = x [m, k] · W_bᵀ with the b-bit weights
+// The fused any-precision GEMM for batches above 8 (staged kernel: 2..4 bits; batch 9..16: anyprec_gemv_two_tiles): y [m, n] = x [m, k] · W_bᵀ with the b-bit weights
 // decoded from their bitplanes in registers and fed straight to mma.sync m16n8k16, so no fp16 copy of W is written
 // or read (the dequantize + cuBLAS path writes and reads back n·k·2 bytes, more than the GEMM itself moves at 512
 // tokens on a 28672x8192 layer: docs/PERF.md).
@@ -29,7 +29,11 @@ namespace lowbit::cuda {
 namespace {
 
 constexpr int kQuadCols = 128;     // columns of one word quad
-constexpr int kMinSplitQuads = 4;  // split-k never cuts a row into pieces of fewer quads
+// Split-k never cuts a row into pieces of fewer quads. Measured on the H200 (results/issue7-fused-gemm-tuning-v14-h200.txt,
+// 3 and 4 bits, batch 32..128, 4096x4096 .. 28672x8192): 8 and 16 quads were even or slower (4096x4096 3-bit batch 64
+// 20.0 / 27.4 us against 20.2), no split 1.3-2.6x slower on the 4096-row shapes; 32-token tiles at batch 64..128 were
+// slower than 64-token ones (28672x8192 3-bit batch 64 160.3 against 125.8).
+constexpr int kMinSplitQuads = 4;
 
 __device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -247,15 +251,19 @@ void gemm_bits(const AnyPrecDevice& w, const __half* xp, int64_t m, int64_t quad
 
 }  // namespace
 
-bool anyprec_gemm_serves(int bits) { return bits >= 2 && bits <= 4; }
+bool anyprec_gemm_serves(int bits, GemmKernel kind) {
+  return kind == GemmKernel::TwoTiles ? bits >= 2 && bits <= 8 : bits >= 2 && bits <= 4;
+}
 
 void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx, GemmKernel kind) {
-  LOWBIT_CHECK(anyprec_gemm_serves(bits) && bits <= w.planes && ((w.widths >> bits) & 1u) != 0,
-               "anyprec GEMM: the fused GEMM serves widths 2..4 that the weight serves (asked: ", bits, " bits)");
   LOWBIT_CHECK(m >= 1, "anyprec GEMM: batch ", m);
   const bool two_tiles_fit = m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch;
   LOWBIT_CHECK(kind != GemmKernel::TwoTiles || two_tiles_fit, "anyprec GEMM: the two-tile GEMV serves batch 9..16 (asked: ", m, ")");
-  if (kind == GemmKernel::TwoTiles || (kind == GemmKernel::Auto && two_tiles_fit)) {
+  if (kind == GemmKernel::Auto) kind = two_tiles_fit ? GemmKernel::TwoTiles : GemmKernel::Staged;
+  LOWBIT_CHECK(anyprec_gemm_serves(bits, kind) && bits <= w.planes && ((w.widths >> bits) & 1u) != 0, "anyprec GEMM: width ",
+               bits, " is not served by ", kind == GemmKernel::TwoTiles ? "the two-tile GEMV (2..8" : "the staged GEMM (2..4",
+               " bits that the weight serves)");
+  if (kind == GemmKernel::TwoTiles) {
     void* xfrag = ctx.act_scratch((anyprec_xfrag_bytes(w.k) + 1) / 2);
     anyprec_gemv_two_tiles(w, bits, x, static_cast<int>(m), y, ctx.stream(), xfrag);
     return;

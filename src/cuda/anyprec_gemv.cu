@@ -381,7 +381,9 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
 // L1/TEX 87% busy with conflict-free table lookups. By our count (not ncu's per-instruction figures) a warp's 4-byte
 // plane load touches 8 rows' lines, about 8 wavefronts, which per quad outnumber the 64 lookups; kSpan 2 halves them.
 // kPrefetch = false: no register double buffer (the group's planes loaded at its start): fewer registers, more CTAs.
-template <int B, bool kFusedOutliers, bool kPreSplit, int kSpan = 1, bool kPrefetch = true>
+// kTwoTiles: batch 9..16 (anyprec_gemv_two_tiles), x entries of columns g and g + 8 in fp16 in place of hi / lo (as
+// the register-table kernel's two-tile form), the second mma into the second tile's accumulators; outliers apart.
+template <int B, bool kFusedOutliers, bool kPreSplit, int kSpan = 1, bool kPrefetch = true, bool kTwoTiles = false>
 __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecDevice w, const float* __restrict__ x,
                                                                         int m_total, float* __restrict__ y,
                                                                         const uint4* __restrict__ xfrag,
@@ -407,7 +409,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   const int64_t plane_stride = n * W;
   static_assert(kSpan == 1 || kSpan == 2, "one or two plane words per lane and load");
   const int64_t groups = (W + 4 * kSpan - 1) / (4 * kSpan);   // load groups of kSpan quads
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  static_assert(!kTwoTiles || (kPreSplit && !kFusedOutliers), "two tiles: pre-split fp16 x of two columns, outliers apart");
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_b[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // acc_b: columns 8..15 (kTwoTiles)
   // The lane's plane words of load group gi (zero past the row or past the last group). The next group's are loaded
   // while this one is computed (register double buffer): without it every quad waited a DRAM round trip, and at 8
   // bits (32 KB of tables per CTA) too few warps share an SM to hide it.
@@ -466,8 +469,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
         if constexpr (kPreSplit) {
           // Lanes of batch columns >= m read column 0's fragment (written; a broadcast): their outputs are not stored.
           const uint4 xb = __ldg(xfrag + (qi * 8 + sj) * 32 + (col_ok ? lane : t));
-          mma_16816(acc, a, xb.x, xb.y);   // hi halves
-          mma_16816(acc, a, xb.z, xb.w);   // lo halves
+          mma_16816(acc, a, xb.x, xb.y);                           // hi halves (kTwoTiles: column g)
+          mma_16816(kTwoTiles ? acc_b : acc, a, xb.z, xb.w);   // lo halves (kTwoTiles: column g + 8)
         } else {
           float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           if (col_ok && word_ok) {
@@ -493,8 +496,15 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
   }
 
   pdl_launch_dependents();   // late: dependents launched earlier would sit in pdl_wait() holding SM slots
-  store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr,
-                                               kPreSplit ? OutlierX{xt, 1, kXtColumns} : OutlierX{x, k, 1}, y, OutlierEntry<B>{w, lut});
+  if constexpr (kTwoTiles) {
+    store_tc_fragments<kTcWarps, false>(acc, warp, lane, row0, n, m_total < 8 ? m_total : 8, nullptr, OutlierX{}, y,
+                                        OutlierEntry<B>{w, lut}, 0);
+    store_tc_fragments<kTcWarps, false>(acc_b, warp, lane, row0, n, m_total - 8, nullptr, OutlierX{}, y + 8 * n,
+                                        OutlierEntry<B>{w, lut}, 1);
+  } else {
+    store_tc_fragments<kTcWarps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr,
+                                                 kPreSplit ? OutlierX{xt, 1, kXtColumns} : OutlierX{x, k, 1}, y, OutlierEntry<B>{w, lut});
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -883,13 +893,15 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
 }
 
-// Batch 9..16 on the register-table kernel in its two-tile form (2..4 bits): the fragment kernel writes both
-// columns' fp16 entries, the GEMV runs as at batch 8, the outliers follow as the CSR pass.
+// Batch 9..16 in the two-tile form of the GEMV kernels: the fragment kernel writes both columns' fp16 entries, the
+// GEMV runs as at batch 8 (2..4 bits the register-table kernel, 5..8 the shared-table one with launch_tc's plane-load
+// choices), the outliers follow as the CSR pass.
 template <int B>
 void launch_two_tiles(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, void* xfrag) {
+  const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
+  uint4* xf = static_cast<uint4*>(xfrag);
+  const float* no_xt = nullptr;
   if constexpr (B <= 4) {
-    const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
-    uint4* xf = static_cast<uint4*>(xfrag);
     const int span = w.words % 4 == 0 ? 4 : 1;
     const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 32;
     const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
@@ -900,10 +912,23 @@ void launch_two_tiles(const AnyPrecDevice& w, const float* x, int m, float* y, c
     auto kern = span == 1 ? anyprec_gemv_reglut_kernel<B, false, 1, false, false, true>
                 : compact ? anyprec_gemv_reglut_kernel<B, false, 4, true, false, true>
                           : anyprec_gemv_reglut_kernel<B, false, 4, false, false, true>;
-    launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, static_cast<const float*>(nullptr));
-    if (w.rowptr != nullptr)
-      launch_pdl(kPdlScalar, anyprec_outliers_kernel<B>, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+    launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, no_xt);
+  } else {
+    const int span = w.words % 2 == 0 ? 2 : 1;
+    const int64_t quads = span * ((w.words + 4 * span - 1) / (4 * span)), entries = quads * 8 * 32;
+    const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
+    if (span == 2) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 2, true>, xgrid, 256, 0, s, w, x, m, xf, quads, nullptr);
+    else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1, true>, xgrid, 256, 0, s, w, x, m, xf, quads, nullptr);
+    const bool tall8 = B == 8 && w.n > 8192;
+    auto kern = span == 2 && tall8 ? anyprec_gemv_tc_kernel<B, false, true, 2, false, true>
+                : span == 2       ? anyprec_gemv_tc_kernel<B, false, true, 2, true, true>
+                                  : anyprec_gemv_tc_kernel<B, false, true, 1, true, true>;
+    const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
+    if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf, no_xt);
   }
+  if (w.rowptr != nullptr)
+    launch_pdl(kPdlScalar, anyprec_outliers_kernel<B>, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
 }
 
 template <int B, int M>
@@ -991,12 +1016,16 @@ void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float
 
 void anyprec_gemv_two_tiles(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, void* xfrag) {
   check_width(w, bits);
-  LOWBIT_CHECK(bits <= 4 && m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch && xfrag != nullptr,
-               "anyprec two-tile GEMV: 2..4 bits, batch 9..16 and an xfrag scratch (asked: ", bits, " bits, batch ", m, ")");
+  LOWBIT_CHECK(m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch && xfrag != nullptr,
+               "anyprec two-tile GEMV: batch 9..16 and an xfrag scratch (asked: batch ", m, ")");
   switch (bits) {
     case 2: launch_two_tiles<2>(w, x, m, y, s, xfrag); break;
     case 3: launch_two_tiles<3>(w, x, m, y, s, xfrag); break;
-    default: launch_two_tiles<4>(w, x, m, y, s, xfrag); break;
+    case 4: launch_two_tiles<4>(w, x, m, y, s, xfrag); break;
+    case 5: launch_two_tiles<5>(w, x, m, y, s, xfrag); break;
+    case 6: launch_two_tiles<6>(w, x, m, y, s, xfrag); break;
+    case 7: launch_two_tiles<7>(w, x, m, y, s, xfrag); break;
+    default: launch_two_tiles<8>(w, x, m, y, s, xfrag); break;
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }

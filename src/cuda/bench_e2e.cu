@@ -103,10 +103,12 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
          "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh);\n"
          "'other x': at 2..3 bits, the same decode timed in the same run with the register-table GEMV's other activation\n"
          "precision (x rounded to fp16 when the run carries it as fp16 hi + lo, the default, and the reverse under\n"
-         "LOWBIT_GEMV_HALF_X=1; '-' where the width does not use that kernel)\n";
+         "LOWBIT_GEMV_HALF_X=1; '-' where the width does not use that kernel); 'dequant+cuBLAS': any-precision above batch 8,\n"
+         "the same decode timed in the same run with the fused GEMM off (LOWBIT_FUSED_GEMM=0: every linear dequantized\n"
+         "to fp16, then cuBLAS)\n";
   const bool pdl = pdl_enabled();
   out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
-         " | decode tok/s, no PDL | decode tok/s, other x | KV cache GB\n";
+         " | decode tok/s, no PDL | decode tok/s, other x | KV cache GB | decode tok/s, dequant+cuBLAS\n";
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
     for (const std::string& kind : o.kinds) {
@@ -145,10 +147,17 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             set_half_x_gemv(half_x);
             other_x = line;
           }
-          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %.2f\n", shape.c_str(),
+          std::string dequant = "-";   // the large-batch path the fused GEMM replaced, same run
+          if (kind == "anyprec" && batch > kMaxGemvBatch && fused_gemm_enabled()) {
+            set_fused_gemm(false);
+            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
+            set_fused_gemm(true);
+            dequant = line;
+          }
+          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %.2f | %s\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
-                        plain_tok_s, other_x.c_str(), kv_bytes / 1e9);
+                        plain_tok_s, other_x.c_str(), kv_bytes / 1e9, dequant.c_str());
           out << line << std::flush;
         }
         // Where the time of a decode step goes: batch 1, 16 replays of the step's graph with an event node at the

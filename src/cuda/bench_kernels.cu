@@ -130,11 +130,11 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
             });
             row("anyprec " + std::to_string(b) + "-bit (dequant+cuBLAS)" + (fused ? "" : " *"), m, us, base[bi], w[0].bytes_read(b));
-            if (anyprec_gemm_serves(b)) {
+            {
               // Both fused kernels where both run (batch 9..16); * on Auto's.
               const bool tiles = m <= 2 * kMaxGemvBatch;
               for (GemmKernel kind : {GemmKernel::TwoTiles, GemmKernel::Staged}) {
-                if (kind == GemmKernel::TwoTiles && !tiles) continue;
+                if ((kind == GemmKernel::TwoTiles && !tiles) || !anyprec_gemm_serves(b, kind)) continue;
                 const double fus = median_us(o.iters, [&](int i) { anyprec_gemm(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), m, yf.get(), ctx, kind); });
                 const bool star = fused && (kind == GemmKernel::TwoTiles) == tiles;
                 row("anyprec " + std::to_string(b) + "-bit (fused GEMM, " + (kind == GemmKernel::TwoTiles ? "two-tile GEMV" : "staged") + ")" +

@@ -24,7 +24,9 @@ int splits_for(int span, int rows, int heads, int sms) {
 
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes and the register-table
 // GEMV's activation precision (packed.h: half_x_gemv_enabled).
-unsigned graph_launch_key() { return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u); }
+unsigned graph_launch_key() {
+  return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u);
+}
 
 }  // namespace
 

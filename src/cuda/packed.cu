@@ -378,7 +378,9 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
 // wgmma. 2 bits is assumed to follow 3 (not measured).
 bool anyprec_gemm_preferred(int64_t n, int64_t k, int64_t m, int bits) {
   (void)n;
-  if (m <= kMaxGemvBatch || !anyprec_gemm_serves(bits)) return false;
+  if (m <= kMaxGemvBatch || !fused_gemm_enabled()) return false;
+  if (m <= 2 * kMaxGemvBatch) return anyprec_gemm_serves(bits, GemmKernel::TwoTiles);
+  if (!anyprec_gemm_serves(bits, GemmKernel::Staged)) return false;
   return m <= 64 || (m <= 128 && (bits <= 3 || k > 4096));
 }
 
@@ -406,8 +408,17 @@ bool& half_x_state() {   // from the environment on first use
   }();
   return on;
 }
+bool& fused_gemm_state() {   // from the environment on first use
+  static bool on = [] {
+    const char* env = std::getenv("LOWBIT_FUSED_GEMM");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
 }  // namespace
 
+bool fused_gemm_enabled() { return fused_gemm_state(); }
+void set_fused_gemm(bool on) { fused_gemm_state() = on; }
 bool half_x_gemv_enabled() { return half_x_state(); }
 void set_half_x_gemv(bool on) { half_x_state() = on; }
 

@@ -190,21 +190,24 @@ void dense_f16_matmul(const __half* w, int64_t n, int64_t k, const float* x, int
 // The same with the activations already in fp16 (xh [m, k]): no conversion kernel.
 void dense_f16_matmul_h(const __half* w, int64_t n, int64_t k, const __half* xh, int64_t m, float* y, GemmContext& ctx);
 
-// The fused any-precision GEMM (anyprec_gemm.cu) for batches above 8 at widths 2..4 (anyprec_gemm_serves): the
-// planes decoded into register tables' mma fragments, no fp16 copy of W; activations rounded to fp16 (as the cuBLAS
-// path rounds them), fp32 accumulation, outliers added by the CSR pass. Any m >= 1; scratch from ctx (the permuted
-// fp16 activations in act_scratch, split-k partials in weight_scratch).
-// kind: Auto = the register-table GEMV in its two-tile form at batch 9..16 (anyprec_gemv_two_tiles), else Staged: the
-// cp.async-staged GEMM kernel (any batch); the benchmark and tests name each.
+// The fused any-precision GEMM (anyprec_gemm.cu) for batches above 8: no fp16 copy of W; activations rounded to fp16
+// (as the cuBLAS path rounds them), fp32 accumulation, outliers added by the CSR pass in fp32. kind: TwoTiles = the
+// GEMV kernels in their two-tile form (batch 9..16, widths 2..8: anyprec_gemv_two_tiles); Staged = the cp.async-
+// staged mma.sync GEMM with register tables (any batch, widths 2..4); Auto = TwoTiles at batch 9..16, else Staged.
+// Scratch from ctx (fragments or permuted fp16 activations in act_scratch, split-k partials in weight_scratch).
 enum class GemmKernel { Auto, Staged, TwoTiles };
-bool anyprec_gemm_serves(int bits);
+bool anyprec_gemm_serves(int bits, GemmKernel kind);
 void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
                   GemmKernel kind = GemmKernel::Auto);
-// Batch 9..16 at 2..4 bits: the register-table GEMV with x entries of two fp16 columns in place of hi / lo (the work
-// of a batch-8 call), outliers as the CSR pass; xfrag as for anyprec_gemv.
+// Batch 9..16, widths 2..8: the register-table (2..4 bits) or shared-table (5..8) tensor-core GEMV with x entries of
+// two fp16 columns in place of hi / lo (the work of a batch-8 call), outliers as the CSR pass; xfrag as for anyprec_gemv.
 void anyprec_gemv_two_tiles(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, void* xfrag);
-// Whether packed_matmul takes the fused GEMM over dequantize + cuBLAS for this shape, width and batch (> 8).
+// Whether packed_matmul takes the fused GEMM over dequantize + cuBLAS for this shape, width and batch (> 8); never
+// while fused_gemm_enabled() is false (LOWBIT_FUSED_GEMM=0 in the environment, read once; set_fused_gemm() overrides
+// it: bench --e2e times both in one run, and a captured decode graph is keyed on it).
 bool anyprec_gemm_preferred(int64_t n, int64_t k, int64_t m, int bits);
+bool fused_gemm_enabled();
+void set_fused_gemm(bool on);
 // y [m, n] += the sparse outliers' corrections (val - lut[code]) * x over each row's CSR entries (fp32 x [m, k]).
 void anyprec_outliers_add(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, cudaStream_t s);
 
