@@ -284,6 +284,12 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
     EXPECT_NEAR(gpu_ppl / cpu_ppl, 1.0, kPplBudget) << "width " << b;
     expect_forward_matches(*ap, gpu, windows[0], b, "stories260K anyprec " + std::to_string(b) + "-bit");
     const std::vector<int32_t>& w0 = windows[0];
+    // Prompts of 16 and 64 tokens run their linears through the fused paths above batch 8 (packed_matmul: the
+    // two-tile GEMV at 9..16 tokens, every width; the staged GEMM at 64 tokens, 2..4 bits; dequantize + cuBLAS
+    // otherwise), against the CPU model.
+    for (int len : {16, 64})
+      expect_forward_matches(*ap, gpu, std::vector<int32_t>(w0.begin(), w0.begin() + len), b,
+                             "stories260K anyprec " + std::to_string(b) + "-bit, " + std::to_string(len) + "-token prefill");
     expect_decode_matches(*ap, gpu, w0, 8, 24, b, "stories260K anyprec width " + std::to_string(b));
     expect_generation_near_greedy(*ap, gpu, std::vector<int32_t>(w0.begin(), w0.begin() + 12), b,
                                   "stories260K anyprec " + std::to_string(b) + "-bit generation");
