@@ -1,7 +1,8 @@
-// The fused any-precision GEMM for batches above 8 (staged kernel: 2..4 bits; batch 9..16: anyprec_gemv_two_tiles): y [m, n] = x [m, k] · W_bᵀ with the b-bit weights
-// decoded from their bitplanes in registers and fed straight to mma.sync m16n8k16, so no fp16 copy of W is written
-// or read (the dequantize + cuBLAS path writes and reads back n·k·2 bytes, more than the GEMM itself moves at 512
-// tokens on a 28672x8192 layer: docs/PERF.md).
+// The fused any-precision GEMM for batches above 8: y [m, n] = x [m, k] · W_bᵀ with the b-bit weights decoded from
+// their bitplanes in registers and fed straight to mma.sync m16n8k16, so no fp16 copy of W is written or read
+// (batch 9..16 runs the GEMVs' two-tile form, anyprec_gemv_two_tiles; this file's staged kernel serves 2..4 bits).
+// The dequantize + cuBLAS path writes and reads back n·k·2 bytes, 2.3-2.4x the fp16 GEMM's own time at batch 16..64
+// (docs/PERF.md, session 14).
 //
 // A CTA computes kRows = 32 · kWarps weight rows for 8 · NT tokens over a range of word quads (split-k over the
 // grid's z when the row and token blocks alone would leave SMs idle; the splits' partial sums are then added in
@@ -271,6 +272,8 @@ void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, f
   const int64_t quads = (w.words + 3) / 4;
   __half* xp = ctx.act_scratch(static_cast<size_t>(m * quads * kQuadCols));
   const int64_t threads = m * quads * 16;
+  LOWBIT_CHECK((threads + 255) / 256 < (1LL << 31) && (w.n + 127) / 128 <= 65535,
+               "anyprec GEMM: ", m, " x ", w.k, " activations or ", w.n, " rows exceed one launch's grid");
   anyprec_gemm_xperm_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, ctx.stream()>>>(w, x, m, xp, quads);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   switch (bits) {

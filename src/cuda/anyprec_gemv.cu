@@ -508,7 +508,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Register-table tensor-core path, 2..4 bits (GemvPath::TensorCoreRegisterLut; x pre-split). The shared-memory
+// Register-table tensor-core path, 2..4 bits (GemvPath::TensorCoreRegisterLut; x pre-split; the tables, selectors
+// and lookups are in anyprec_codes.cuh, shared with the fused GEMM). The shared-memory
 // lookups of the kernel above cost one LDS per weight: 32 weights per clock per SM, about the 85%-of-bandwidth time
 // of a 3-bit GEMV by themselves. Here a row's 2^b fp16 centroids sit in registers of the lane (RegTable: the low bytes
 // of entries 0-3, 4-7, ... and their high bytes) and PRMT looks up four codes at once: a selector whose four nibbles
