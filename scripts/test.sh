@@ -7,7 +7,7 @@ scripts/setup.sh || { echo "[test] setup failed"; exit 1; }
 scripts/build.sh || { echo "[test] build failed"; exit 1; }
 ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}" 2>&1 | tee build/ctest.log
 rc=${PIPESTATUS[0]}
-skipped=$(grep -c "Skipped" build/ctest.log || true)
+skipped=$(grep -cE "^[[:space:]]+[0-9]+ - .*\(Skipped\)" build/ctest.log || true)   # the summary list (each test once)
 echo
 echo "================ lowbit test summary ================"
 grep -E "tests passed|tests failed" build/ctest.log | tail -1

@@ -394,6 +394,52 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// The 2/4/16 two-tile GEMV (batch 9..16: the streamed tensor-core kernel with x entries of two fp16 columns) against
+// the CPU reference on the same packed bytes: without outliers against the reference fed fp16-rounded x within the
+// GEMV budget, with outliers (the CSR pass, fp32) against the fp32 reference within the x-rounding budget. k of 1024
+// and 2048 (the streamed kernel's multiples of 256), n not a multiple of 16.
+TEST(CudaKernels, Mixed24aTwoTileGemvMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  cudaStream_t s;
+  LOWBIT_CUDA_CHECK(cudaStreamCreate(&s));
+  {
+    const struct {
+      Shape sh;
+      bool outliers;
+    } cases[] = {{{100, 1024}, false}, {{300, 2048}, false}, {{130, 1024}, true}};
+    for (const auto& cs : cases) {
+      const int64_t n = cs.sh.n, k = cs.sh.k;
+      const Mixed24AQuantized q = test::random_mixed24a(n, k, cs.outliers, static_cast<uint32_t>(n + k));
+      const PackedWeight p = pack_mixed24a(q, storage);
+      const cuda::DevicePackedWeight dw(p);
+      std::vector<float> wd(static_cast<size_t>(n * k));
+      q.dequantize(wd.data());
+      cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(k));
+      for (int64_t m : {9, 13, 16}) {
+        const auto x = random_x(m, k, static_cast<uint32_t>(3 * m + k));
+        std::vector<float> xr = x;
+        if (!cs.outliers)
+          for (float& v : xr) v = f16_to_f32(f32_to_f16(v));
+        std::vector<float> want(static_cast<size_t>(m * n));
+        mixed24a_gemm_packed_ref(p, xr.data(), m, nullptr, want.data());
+        const auto got = run_poisoned(x, m * n, [&](const float* xd, float* yd) {
+          cuda::mixed24a_gemv_two_tiles(dw.mixed24a(), xd, static_cast<int>(m), yd, s, xfrag.get());
+          LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
+        });
+        expect_close(got, want, abs_scale(xr, wd, m, n, k), cs.outliers ? kHalfXBudget : kGemvBudget,
+                     "mixed24a two-tile " + std::to_string(n) + "x" + std::to_string(k) + " m" + std::to_string(m) +
+                         (cs.outliers ? " outliers" : ""));
+      }
+    }
+    const cuda::DevicePackedWeight dw(pack_mixed24a(test::random_mixed24a(16, 640, false, 9), storage));
+    cuda::DeviceBuffer<float> xd(static_cast<size_t>(16 * 640)), yd(static_cast<size_t>(16 * 16));
+    cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(640));
+    EXPECT_THROW(cuda::mixed24a_gemv_two_tiles(dw.mixed24a(), xd.get(), 16, yd.get(), s, xfrag.get()), Error) << "k 640";
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 // The CPU Sampler's rules, exactly, as probabilities: temperature, top-k (ties by the lower index), then the smallest
 // descending prefix whose mass reaches top-p (all ties at its boundary kept, as the GPU does).
 std::vector<double> kept_distribution(const std::vector<float>& logits, const cuda::GpuSamplingParams& p) {

@@ -217,7 +217,14 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             mixed24a_dequant_f16(full[static_cast<size_t>(i % rot)], wd, s);
             dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
           });
-          row("2/4/16 + outliers (dequant+cuBLAS) *", m, us, base[bi], all_bytes);
+          const bool tiles = m <= 2 * kMaxGemvBatch && mixed24a_stream_fits(n, k, kMaxGemvBatch);
+          row(std::string("2/4/16 + outliers (dequant+cuBLAS)") + (tiles ? "" : " *"), m, us, base[bi], all_bytes);
+          if (tiles) {
+            const double t_us = median_us(o.iters, [&](int i) {
+              mixed24a_gemv_two_tiles(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, xfrag.get());
+            });
+            row("2/4/16 + outliers (fused, two-tile GEMV) *", m, t_us, base[bi], all_bytes);
+          }
         }
       }
     }

@@ -235,6 +235,9 @@ __device__ __forceinline__ uint32_t codes_minus_zero(uint32_t field_pair, __half
 // permutation and split into fp16 hi + lo: {b0 hi, b1 hi, b0 lo, b1 lo}, zero for batch columns >= m. One thread per
 // entry; the GEMV then reads one 16-byte word per group (the pre-split path). It also writes x transposed into xt
 // [k, kXtColumns] (batch columns < m) for the fused outliers' gathers.
+// kTwoTiles (batch 9..16, mixed24a_gemv_two_tiles): each entry holds two batch columns rounded to fp16, {b0, b1} of
+// column g and of column g + 8 (zero for columns >= m), in place of hi / lo; xt is not written.
+template <bool kTwoTiles = false>
 __global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out,
                                       float* __restrict__ xt) {
   pdl_launch_dependents();
@@ -244,7 +247,7 @@ __global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict_
   const int lane = static_cast<int>(id % 32), s = static_cast<int>((id / 32) % 4);
   const int64_t u = id / 128;
   const int g = lane / 4, t = lane % 4;
-  float xk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float xk[4] = {0.0f, 0.0f, 0.0f, 0.0f}, xk2[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // xk2: column g + 8 (kTwoTiles)
   if (g < m_total) {
     const int64_t base = 16 * static_cast<int64_t>(w.perm[4 * u + s]);
     // the k order of the 2-bit groups (see mixed24a_gemv_tc_kernel), and of the 4-bit group
@@ -252,12 +255,21 @@ __global__ void mixed24a_xfrag_kernel(Mixed24ADevice w, const float* __restrict_
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       xk[q] = x[static_cast<int64_t>(g) * w.k + base + off[q]];
-      if (xt != nullptr) xt[(base + off[q]) * kXtColumns + g] = xk[q];   // the outlier gathers' copy (OutlierX)
+      if constexpr (kTwoTiles) {
+        if (g + 8 < m_total) xk2[q] = x[static_cast<int64_t>(g + 8) * w.k + base + off[q]];
+      } else {
+        if (xt != nullptr) xt[(base + off[q]) * kXtColumns + g] = xk[q];   // the outlier gathers' copy (OutlierX)
+      }
     }
   }
   uint4 v;
-  split_pair(xk[0], xk[1], v.x, v.z);
-  split_pair(xk[2], xk[3], v.y, v.w);
+  if constexpr (kTwoTiles) {
+    v = make_uint4(half2_bits(__floats2half2_rn(xk[0], xk[1])), half2_bits(__floats2half2_rn(xk[2], xk[3])),
+                   half2_bits(__floats2half2_rn(xk2[0], xk2[1])), half2_bits(__floats2half2_rn(xk2[2], xk2[3])));
+  } else {
+    split_pair(xk[0], xk[1], v.x, v.z);
+    split_pair(xk[2], xk[3], v.y, v.w);
+  }
   out[id] = v;
 }
 
@@ -389,10 +401,13 @@ struct MixedStage {
   static_assert(kX % 16 == 0, "x fragments 16-byte aligned");
 };
 
-template <bool kFusedOutliers, int kMX>
+// kTwoTiles (kMX = 8; batch 9..16): the x entries hold columns g and g + 8 in fp16 (mixed24a_xfrag_kernel<true>), the
+// second mma of each group accumulates the second 8-column tile; outliers run as the separate CSR pass.
+template <bool kFusedOutliers, int kMX, bool kTwoTiles = false>
 __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_gemv_stream_kernel(
     Mixed24ADevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint4* __restrict__ xfrag,
     const float* __restrict__ xt) {
+  static_assert(!kTwoTiles || (kMX == 8 && !kFusedOutliers), "two tiles: every lane's entries, outliers apart");
   using S = MixedStage<kMX>;
   constexpr int kStages = S::kStages;
   extern __shared__ __align__(16) unsigned char mixed_stream_smem[];
@@ -439,7 +454,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_
   const int xl = g < m_total ? lane : t;   // lanes of batch columns >= m read column 0's fragments (not stored)
   int buf = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc2[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // acc2: columns 8..15 (kTwoTiles)
     for (int64_t ci = warp; ci < C; ci += kStreamWarps) {
       const uint32_t st = ring.next(issue_weights, issue_x);
 #pragma unroll
@@ -466,8 +481,17 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_
           uint32_t b[4];
           lds_u32x4(st + S::kX + 16 * ((uu * 4 + s) * 4 * kMX + xl), b);
           float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          mma_16816(c, a, b[0], b[1]);   // hi halves
-          mma_16816(c, a, b[2], b[3]);   // lo halves
+          mma_16816(c, a, b[0], b[1]);   // hi halves (kTwoTiles: column g)
+          if constexpr (kTwoTiles) {
+            float c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_16816(c2, a, b[2], b[3]);   // column g + 8
+            acc2[0] = fmaf(scale0, c2[0], acc2[0]);
+            acc2[1] = fmaf(scale0, c2[1], acc2[1]);
+            acc2[2] = fmaf(scale1, c2[2], acc2[2]);
+            acc2[3] = fmaf(scale1, c2[3], acc2[3]);
+          } else {
+            mma_16816(c, a, b[2], b[3]);   // lo halves
+          }
           acc[0] = fmaf(scale0, c[0], acc[0]);
           acc[1] = fmaf(scale0, c[1], acc[1]);
           acc[2] = fmaf(scale1, c[2], acc[2]);
@@ -476,9 +500,18 @@ __global__ void __launch_bounds__(kStreamWarps * 32, kMX <= 2 ? 4 : 2) mixed24a_
       }
     }
     if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
-    store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr,
-                                                     OutlierX{xt, 1, kXtColumns}, y, MixedOutlierEntry{w}, buf);
-    buf ^= 1;
+    if constexpr (kTwoTiles) {
+      // Buffers 0 then 1 every tile: a buffer's next write comes after the barrier of the other's store, which every
+      // warp reaches only after reading it.
+      store_tc_fragments<kStreamWarps, false>(acc, warp, lane, tile * 16, n, m_total < 8 ? m_total : 8, nullptr, OutlierX{},
+                                              y, MixedOutlierEntry{w}, 0);
+      store_tc_fragments<kStreamWarps, false>(acc2, warp, lane, tile * 16, n, m_total - 8, nullptr, OutlierX{}, y + 8 * n,
+                                              MixedOutlierEntry{w}, 1);
+    } else {
+      store_tc_fragments<kStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr,
+                                                       OutlierX{xt, 1, kXtColumns}, y, MixedOutlierEntry{w}, buf);
+      buf ^= 1;
+    }
   }
   cp_async_wait<0>();
 }
@@ -543,7 +576,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   float* xt = xfrag != nullptr && fused && w.rowptr != nullptr ? frag_xt(xfrag, w.k) : nullptr;
   if (path == GemvPath::TensorCoreStream) {
     const int64_t entries = (w.k / 64) * 4 * 32;
-    launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf, xt);
+    launch_pdl(kPdlMixed, mixed24a_xfrag_kernel<false>, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf, xt);
     if (m == 1) launch_stream<1>(w, x, m, y, s, fused, xf, xt);
     else if (m == 2) launch_stream<2>(w, x, m, y, s, fused, xf, xt);
     else if (m <= 4) launch_stream<4>(w, x, m, y, s, fused, xf, xt);
@@ -557,7 +590,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     const unsigned grid = static_cast<unsigned>((w.n + 15) / 16);
     if (xf != nullptr) {
       const int64_t entries = (w.k / 64) * 4 * 32;
-      launch_pdl(kPdlMixed, mixed24a_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf, xt);
+      launch_pdl(kPdlMixed, mixed24a_xfrag_kernel<false>, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf, xt);
       auto kern = fused ? mixed24a_gemv_tc_kernel<true, true> : mixed24a_gemv_tc_kernel<false, true>;
       launch_pdl(kPdlMixed, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, static_cast<const float*>(xt));
     } else {
@@ -582,6 +615,23 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     default: fail("mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   }
   if (!fused && w.rowptr != nullptr)
+    launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void mixed24a_gemv_two_tiles(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, void* xfrag) {
+  LOWBIT_CHECK(m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch && xfrag != nullptr && mixed24a_stream_fits(w.n, w.k, kMaxGemvBatch),
+               "mixed24a two-tile GEMV: batch 9..16, an xfrag scratch and k a multiple of 256, >= 1024 (asked: ", w.n, "x",
+               w.k, ", batch ", m, ")");
+  uint4* xf = static_cast<uint4*>(xfrag);
+  const int64_t entries = (w.k / 64) * 4 * 32;
+  launch_pdl(kPdlMixed, mixed24a_xfrag_kernel<true>, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf,
+             static_cast<float*>(nullptr));
+  const size_t smem = static_cast<size_t>(kStreamWarps) * MixedStage<8>::kWarpBytes;
+  auto kern = mixed24a_gemv_stream_kernel<false, 8, true>;
+  launch_pdl(kPdlMixed, kern, persistent_grid(kern, kStreamWarps * 32, smem, (w.n + 15) / 16), kStreamWarps * 32, smem, s,
+             w, x, m, y, static_cast<const uint4*>(xf), static_cast<const float*>(nullptr));
+  if (w.rowptr != nullptr)
     launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }

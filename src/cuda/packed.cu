@@ -324,6 +324,10 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
     return;
   }
   if (ap && anyprec_gemm_preferred(w.n(), w.k(), m, b)) return anyprec_gemm(w.anyprec(), b, x, m, y, ctx);
+  if (!ap && fused_gemm_enabled() && m <= 2 * kMaxGemvBatch && mixed24a_stream_fits(w.n(), w.k(), kMaxGemvBatch)) {
+    void* xfrag = ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2);
+    return mixed24a_gemv_two_tiles(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), xfrag);
+  }
   __half* wh = ctx.weight_scratch(static_cast<size_t>(w.n() * w.k()));
   if (ap) anyprec_dequant_f16(w.anyprec(), b, wh, ctx.stream());
   else mixed24a_dequant_f16(w.mixed24a(), wh, ctx.stream());

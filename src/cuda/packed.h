@@ -160,6 +160,10 @@ size_t mixed24a_xfrag_bytes(int64_t k);
 // The whole matrix [n, k] in fp16, original column order, outliers included (the large-batch path's first step).
 void anyprec_dequant_f16(const AnyPrecDevice& w, int bits, __half* out, cudaStream_t s);
 void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s);
+// Batch 9..16 (k a multiple of 256, >= 1024: mixed24a_stream_fits): the streamed 2/4/16 tensor-core GEMV with x entries
+// of two fp16 columns in place of hi / lo (the work of a batch-8 call), outliers as the CSR pass; xfrag of
+// mixed24a_xfrag_bytes(k). packed_matmul takes it over dequantize + cuBLAS while fused_gemm_enabled().
+void mixed24a_gemv_two_tiles(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, void* xfrag);
 void f32_to_f16(const float* in, __half* out, int64_t count, cudaStream_t s);
 
 // Scratch for the large-batch path (grown on demand, reused across calls) and the cuBLAS handle.
