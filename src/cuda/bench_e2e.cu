@@ -103,7 +103,7 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
          "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh);\n"
          "'other x': at 2..3 bits, the same decode timed in the same run with the register-table GEMV's other activation\n"
          "precision (x rounded to fp16 when the run carries it as fp16 hi + lo, the default, and the reverse under\n"
-         "LOWBIT_GEMV_HALF_X=1; '-' where the width does not use that kernel); 'dequant+cuBLAS': any-precision above batch 8,\n"
+         "LOWBIT_GEMV_HALF_X=1; '-' where the width does not use that kernel); 'dequant+cuBLAS': packed weights above batch 8,\n"
          "the same decode timed in the same run with the fused GEMM off (LOWBIT_FUSED_GEMM=0: every linear dequantized\n"
          "to fp16, then cuBLAS)\n";
   const bool pdl = pdl_enabled();
@@ -148,7 +148,7 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             other_x = line;
           }
           std::string dequant = "-";   // the large-batch path the fused GEMM replaced, same run
-          if (kind == "anyprec" && batch > kMaxGemvBatch && fused_gemm_enabled()) {
+          if (kind != "fp16" && batch > kMaxGemvBatch && fused_gemm_enabled()) {
             set_fused_gemm(false);
             std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
             set_fused_gemm(true);
