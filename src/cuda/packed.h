@@ -1,6 +1,7 @@
 // Packed weights on the GPU, stored exactly as in the file (no dequantized copy is kept), and the kernels that
 // read them: the any-precision bitplane GEMV (any served width, chosen per call, from the same planes), the
-// 2/4/16 mixed24a GEMV, and for batches above 8 a dequantize-to-fp16 kernel feeding cuBLAS.
+// 2/4/16 mixed24a GEMV, and for batches above 8 the fused GEMM paths (two-tile GEMVs, the staged any-precision GEMM)
+// or, where those measured slower, a dequantize-to-fp16 kernel feeding cuBLAS.
 // Each kernel's CPU twin is the format's reference GEMM (formats/*/): tests/test_cuda_kernels.cpp compares them on
 // the same packed bytes.
 #pragma once
@@ -19,7 +20,7 @@
 
 namespace lowbit::cuda {
 
-inline constexpr int kMaxGemvBatch = 8;   // above this, dequantize + cuBLAS
+inline constexpr int kMaxGemvBatch = 8;   // above this, the fused GEMM paths or dequantize + cuBLAS (packed_matmul)
 
 // Device views (non-owning) of one packed weight, one per format.
 struct AnyPrecDevice {
@@ -215,9 +216,9 @@ void set_fused_gemm(bool on);
 // y [m, n] += the sparse outliers' corrections (val - lut[code]) * x over each row's CSR entries (fp32 x [m, k]).
 void anyprec_outliers_add(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, cudaStream_t s);
 
-// y [m, n] fp32 = x [m, k] fp32 · Wᵀ for any m >= 1: the GEMV for m <= 8, else the fused GEMM
-// (anyprec_gemm_preferred) or dequantize + cuBLAS (fp16 inputs,
-// fp32 accumulation and output). bits: the anyprec width (0 = widest); ignored by single-width formats.
+// y [m, n] fp32 = x [m, k] fp32 · Wᵀ for any m >= 1: the GEMV for m <= 8; above, the fused paths where they measured
+// faster (anyprec_gemm_preferred; 2/4/16 at batch 9..16 mixed24a_gemv_two_tiles), else dequantize + cuBLAS (fp16
+// inputs, fp32 accumulation and output). bits: the anyprec width (0 = widest); ignored by single-width formats.
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
                    OutlierMode mode = OutlierMode::Fused);
 
