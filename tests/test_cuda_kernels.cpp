@@ -348,10 +348,14 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
   LOWBIT_CUDA_CHECK(cudaStreamCreate(&s));
   {
     cuda::GemmContext ctx(s);
+    // 8000 rows: 500 register-table CTAs, the compact form at 2..3 bits (3..4 CTAs per SM); 8200 rows: the tall 8-bit
+    // shared-table form (> 8192 rows); both at batch 9..16 only (the CPU reference's time).
     const struct {
       Shape sh;
       bool outliers;
-    } cases[] = {{{96, 1100}, false}, {{300, 4096}, false}, {{136, 8192}, false}, {{200, 1100}, true}, {{130, 2048}, true}};
+      int64_t max_m;
+    } cases[] = {{{96, 1100}, false, 150}, {{300, 4096}, false, 150}, {{136, 8192}, false, 150}, {{200, 1100}, true, 150},
+                 {{130, 2048}, true, 150},  {{8000, 512}, false, 16},  {{8200, 512}, false, 16}};
     for (const auto& cs : cases) {
       const int64_t n = cs.sh.n, k = cs.sh.k;
       const AnyPrecQuantized q = anyprec_weight(n, k, cs.outliers, static_cast<uint32_t>(n + k));
@@ -362,7 +366,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
         std::vector<float> wd(static_cast<size_t>(n * k));
         q.dequantize(bits, wd.data());
         for (int64_t m : {9, 16, 17, 33, 64, 70, 150}) {
-          if (k > 4096 && m > 64) continue;   // the CPU reference's time
+          if ((k > 4096 && m > 64) || m > cs.max_m) continue;   // the CPU reference's time
           if (!cuda::anyprec_gemm_serves(bits, cuda::GemmKernel::Staged) && m > 16) continue;   // two tiles only
           const auto x = random_x(m, k, static_cast<uint32_t>(7 * m + bits));
           std::vector<float> xr = x;
@@ -397,7 +401,8 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
 // The 2/4/16 two-tile GEMV (batch 9..16: the streamed tensor-core kernel with x entries of two fp16 columns) against
 // the CPU reference on the same packed bytes: without outliers against the reference fed fp16-rounded x within the
 // GEMV budget, with outliers (the CSR pass, fp32) against the fp32 reference within the x-rounding budget. k of 1024
-// and 2048 (the streamed kernel's multiples of 256), n not a multiple of 16.
+// and 2048 (the streamed kernel's multiples of 256), n not a multiple of 16, and 4500 rows (282 tiles: more than the
+// persistent grid's CTAs, so CTAs loop over tiles and reuse the epilogue's two buffers).
 TEST(CudaKernels, Mixed24aTwoTileGemvMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
@@ -407,7 +412,7 @@ TEST(CudaKernels, Mixed24aTwoTileGemvMatchesCpuTwin) {
     const struct {
       Shape sh;
       bool outliers;
-    } cases[] = {{{100, 1024}, false}, {{300, 2048}, false}, {{130, 1024}, true}};
+    } cases[] = {{{100, 1024}, false}, {{300, 2048}, false}, {{130, 1024}, true}, {{4500, 1024}, true}};
     for (const auto& cs : cases) {
       const int64_t n = cs.sh.n, k = cs.sh.k;
       const Mixed24AQuantized q = test::random_mixed24a(n, k, cs.outliers, static_cast<uint32_t>(n + k));

@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(32 * kWarps) anyprec_gemm_kernel(AnyPrecDevice
   // Copy assignments (kRows == kThreads): thread tid copies row tid of every plane, and chunk tid % 16 of tokens
   // tid / 16 + 8 i, whose swizzled slot (c ^ (token % 8)) is the same for every i.
   static_assert(G::kRows == G::kThreads && G::kTokens % 8 == 0, "one row per thread; tokens in steps of 8");
+  static_assert(G::kThreads == 128, "16 chunks x 8 tokens per pass: xt0 = tid / 16 < 8 is also the token's swizzle");
   const int64_t plane_stride = n * W;
   const uint32_t* wsrc = w.plane_data + min64(rowc + tid, n - 1) * W;
   const int xc = tid % 16, xt0 = tid / 16;
@@ -272,7 +273,7 @@ void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, f
   const int64_t quads = (w.words + 3) / 4;
   __half* xp = ctx.act_scratch(static_cast<size_t>(m * quads * kQuadCols));
   const int64_t threads = m * quads * 16;
-  LOWBIT_CHECK((threads + 255) / 256 < (1LL << 31) && (w.n + 127) / 128 <= 65535,
+  LOWBIT_CHECK((threads + 255) / 256 < (1LL << 31) && (w.n + 32 * kGemmWarps - 1) / (32 * kGemmWarps) <= 65535,
                "anyprec GEMM: ", m, " x ", w.k, " activations or ", w.n, " rows exceed one launch's grid");
   anyprec_gemm_xperm_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, ctx.stream()>>>(w, x, m, xp, quads);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
