@@ -365,7 +365,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
       for (int bits : {2, 3, 4, 5, 8}) {
         std::vector<float> wd(static_cast<size_t>(n * k));
         q.dequantize(bits, wd.data());
-        for (int64_t m : {9, 16, 17, 33, 64, 70, 150}) {
+        for (int64_t m : {9, 16, 17, 29, 33, 64, 70, 150}) {
           if ((k > 4096 && m > 64) || m > cs.max_m) continue;   // the CPU reference's time
           if (!cuda::anyprec_gemm_serves(bits, cuda::GemmKernel::Staged) && m > 16) continue;   // two tiles only
           const auto x = random_x(m, k, static_cast<uint32_t>(7 * m + bits));
