@@ -8,6 +8,8 @@
 
 namespace lowbit::cuda {
 
+__device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
 // Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
 // plane 0 the most significant bit. Plane j's bit is moved from position i to position B-1-j of each byte by one
 // funnel shift and merged by one LOP3 ((t & mask) | v): 2B operations for four codes.

@@ -36,8 +36,6 @@ constexpr int kQuadCols = 128;     // columns of one word quad
 // slower than 64-token ones (28672x8192 3-bit batch 64 160.3 against 125.8).
 constexpr int kMinSplitQuads = 4;
 
-__device__ __forceinline__ int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
@@ -64,7 +62,7 @@ __global__ void anyprec_gemm_xperm_kernel(AnyPrecDevice w, const float* __restri
     const int bit = 16 * h + 4 * q + s;
     float val = 0.0f;
     if (word < w.words) {
-      const int64_t T = word / 32, nw = min64(32, w.words - 32 * T);
+      const int64_t T = word / 32, nw = min_i64(32, w.words - 32 * T);
       const int64_t c = 1024 * T + (bit / 8) * 8 * nw + 8 * (word % 32) + bit % 8;
       if (c < w.k) val = __ldg(xr + c);
     }
@@ -96,7 +94,7 @@ __global__ void __launch_bounds__(32 * kWarps) anyprec_gemm_kernel(AnyPrecDevice
   const int64_t tok0 = static_cast<int64_t>(blockIdx.x) * G::kTokens;
   const int64_t rowc = static_cast<int64_t>(blockIdx.y) * G::kRows;
   const int64_t q0 = static_cast<int64_t>(blockIdx.z) * split_quads;
-  const int nq = static_cast<int>(min64(quads, q0 + split_quads) - q0);
+  const int nq = static_cast<int>(min_i64(quads, q0 + split_quads) - q0);
   constexpr int E = 1 << B;
 
   RegTable<B> tab[2][2];   // [m tile][row g, g + 8]
@@ -104,7 +102,7 @@ __global__ void __launch_bounds__(32 * kWarps) anyprec_gemm_kernel(AnyPrecDevice
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int hf = 0; hf < 2; ++hf)
-      load_register_table<B>(w.lut[B] + min64(rowc + 32 * warp + 16 * mt + 8 * hf + g, n - 1) * E, tab[mt][hf]);
+      load_register_table<B>(w.lut[B] + min_i64(rowc + 32 * warp + 16 * mt + 8 * hf + g, n - 1) * E, tab[mt][hf]);
 
   const uint32_t smem0 = static_cast<uint32_t>(__cvta_generic_to_shared(gemm_smem));
   const bool vec_w = W % 4 == 0;
@@ -114,9 +112,9 @@ __global__ void __launch_bounds__(32 * kWarps) anyprec_gemm_kernel(AnyPrecDevice
   static_assert(G::kRows == G::kThreads && G::kTokens % 8 == 0, "one row per thread; tokens in steps of 8");
   static_assert(G::kThreads == 128, "16 chunks x 8 tokens per pass: xt0 = tid / 16 < 8 is also the token's swizzle");
   const int64_t plane_stride = n * W;
-  const uint32_t* wsrc = w.plane_data + min64(rowc + tid, n - 1) * W;
+  const uint32_t* wsrc = w.plane_data + min_i64(rowc + tid, n - 1) * W;
   const int xc = tid % 16, xt0 = tid / 16;
-  const __half* xsrc = xp + min64(tok0 + xt0, m - 1) * xrow + 8 * xc;
+  const __half* xsrc = xp + min_i64(tok0 + xt0, m - 1) * xrow + 8 * xc;
   const uint32_t xdst = static_cast<uint32_t>(G::kWBytes + xt0 * 256 + ((xc ^ xt0) * 16));
   auto issue = [&](int i) {   // quad q0 + i into stage i % kStages
     if (i < nq) {

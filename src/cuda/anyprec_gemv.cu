@@ -33,7 +33,6 @@ namespace lowbit::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-__device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 static_assert(kXtColumns == kMaxGemvBatch, "the transposed x copy holds every batch column of a GEMV");
 // The xfrag scratch (anyprec_xfrag_bytes): the fragments, then x transposed [k, kXtColumns] at xfrag_xt.
@@ -675,11 +674,36 @@ __global__ void __launch_bounds__(kTcWarps * 32, kCompact || kHalfX ? (B == 4 ? 
 }
 
 // The register-table kernel instantiation for run-time choices (kCompact only exists with kSpan = 4).
+template <int B, bool kFused, bool kHalfX, bool kTwoTiles = false>
+auto reglut_form(int span, bool compact) {
+  if (span == 1) return anyprec_gemv_reglut_kernel<B, kFused, 1, false, kHalfX, kTwoTiles>;
+  if (compact) return anyprec_gemv_reglut_kernel<B, kFused, 4, true, kHalfX, kTwoTiles>;
+  return anyprec_gemv_reglut_kernel<B, kFused, 4, false, kHalfX, kTwoTiles>;
+}
 template <int B, bool kHalfX>
 auto reglut_kernel(bool fused, int span, bool compact) {
-  if (span == 1) return fused ? anyprec_gemv_reglut_kernel<B, true, 1, false, kHalfX> : anyprec_gemv_reglut_kernel<B, false, 1, false, kHalfX>;
-  if (compact) return fused ? anyprec_gemv_reglut_kernel<B, true, 4, true, kHalfX> : anyprec_gemv_reglut_kernel<B, false, 4, true, kHalfX>;
-  return fused ? anyprec_gemv_reglut_kernel<B, true, 4, false, kHalfX> : anyprec_gemv_reglut_kernel<B, false, 4, false, kHalfX>;
+  return fused ? reglut_form<B, true, kHalfX>(span, compact) : reglut_form<B, false, kHalfX>(span, compact);
+}
+// Grids that fit one wave only at four CTAs per SM run the compact form (2..3 bits, 16-byte plane loads); 4 bits:
+// 3 CTAs per SM under the cap (their tables and planes take 16 more registers; 128 spilled 64-112 bytes), so no
+// compact form.
+template <int B>
+bool reglut_compact(int span, unsigned grid) {
+  static const int sms = device_sm_count();
+  return B <= 3 && span == 4 && grid > 3u * sms && grid <= 4u * sms;
+}
+// The shared-table kernel's form for pre-split x (launch_tc's plane-load choice): 8-byte plane loads (span 2), without
+// the register double buffer on 8-bit matrices of more than 8192 rows; one word per lane otherwise.
+template <int B, bool kFused, bool kTwoTiles = false>
+auto tc_table_form(int span, int64_t n) {
+  if (span == 2 && B == 8 && n > 8192) return anyprec_gemv_tc_kernel<B, kFused, true, 2, false, kTwoTiles>;
+  if (span == 2) return anyprec_gemv_tc_kernel<B, kFused, true, 2, true, kTwoTiles>;
+  return anyprec_gemv_tc_kernel<B, kFused, true, 1, true, kTwoTiles>;
+}
+// The separate outlier pass (CSR, any batch) after a dense kernel.
+template <int B>
+void launch_outliers(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s) {
+  launch_pdl(kPdlScalar, anyprec_outliers_kernel<B>, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -841,7 +865,6 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   // SM. Without it (kPrefetch = false, 88 registers, 5 CTAs) the tall 8-bit matrices gain instead (v13f: 28672x8192
   // 148.0 / 152.7, 22016x4096 batch 8 83.3), so that is their form.
   const bool span2 = xf != nullptr && w.words % 2 == 0;
-  const bool tall8 = B == 8 && w.n > 8192;
   const int span = register_lut ? (w.words % 4 == 0 ? 4 : 1) : span2 ? 2 : 1;
   // Weights without outliers run the CUDA-core and register-table kernels instantiated without the outlier code, and
   // the shared-table tensor-core kernel with it (its outlier branch is then skipped at run time). Measured on the H100
@@ -876,10 +899,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       return;
     }
     if (register_lut) {
-      static const int sms = device_sm_count();
-      // One wave only at four CTAs per SM; 4 bits: 3 CTAs per SM under the cap (their tables and planes take 16 more
-      // registers; 128 spilled 64-112 bytes), so no compact form.
-      const bool compact = B <= 3 && span == 4 && grid > 3u * sms && grid <= 4u * sms;
+      const bool compact = reglut_compact<B>(span, grid);
       auto kern = half_x ? reglut_kernel<B, true>(fused_rt, span, compact) : reglut_kernel<B, false>(fused_rt, span, compact);
       launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
       return;
@@ -887,9 +907,8 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   }
   const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
   auto kern = xf == nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>)
-              : span == 2 && tall8 ? (fused ? anyprec_gemv_tc_kernel<B, true, true, 2, false> : anyprec_gemv_tc_kernel<B, false, true, 2, false>)
-              : span == 2   ? (fused ? anyprec_gemv_tc_kernel<B, true, true, 2> : anyprec_gemv_tc_kernel<B, false, true, 2>)
-                            : (fused ? anyprec_gemv_tc_kernel<B, true, true> : anyprec_gemv_tc_kernel<B, false, true>);
+              : fused       ? tc_table_form<B, true>(span, w.n)
+                            : tc_table_form<B, false>(span, w.n);
   if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
 }
@@ -908,11 +927,7 @@ void launch_two_tiles(const AnyPrecDevice& w, const float* x, int m, float* y, c
     const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
     if (span == 4) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 4, true>, xgrid, 256, 0, s, w, x, m, xf, quads, nullptr);
     else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<true, 1, true>, xgrid, 256, 0, s, w, x, m, xf, quads, nullptr);
-    static const int sms = device_sm_count();
-    const bool compact = B <= 3 && span == 4 && grid > 3u * sms && grid <= 4u * sms;   // as launch_tc
-    auto kern = span == 1 ? anyprec_gemv_reglut_kernel<B, false, 1, false, false, true>
-                : compact ? anyprec_gemv_reglut_kernel<B, false, 4, true, false, true>
-                          : anyprec_gemv_reglut_kernel<B, false, 4, false, false, true>;
+    auto kern = reglut_form<B, false, false, true>(span, reglut_compact<B>(span, grid));
     launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, no_xt);
   } else {
     const int span = w.words % 2 == 0 ? 2 : 1;
@@ -920,16 +935,12 @@ void launch_two_tiles(const AnyPrecDevice& w, const float* x, int m, float* y, c
     const unsigned xgrid = static_cast<unsigned>((entries + 255) / 256);
     if (span == 2) launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 2, true>, xgrid, 256, 0, s, w, x, m, xf, quads, nullptr);
     else launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1, true>, xgrid, 256, 0, s, w, x, m, xf, quads, nullptr);
-    const bool tall8 = B == 8 && w.n > 8192;
-    auto kern = span == 2 && tall8 ? anyprec_gemv_tc_kernel<B, false, true, 2, false, true>
-                : span == 2       ? anyprec_gemv_tc_kernel<B, false, true, 2, true, true>
-                                  : anyprec_gemv_tc_kernel<B, false, true, 1, true, true>;
+    auto kern = tc_table_form<B, false, true>(span, w.n);
     const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
     if (smem > 40 * 1024) LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     launch_pdl(kPdlTcTable, kern, grid, kTcWarps * 32, smem, s, w, x, m, y, xf, no_xt);
   }
-  if (w.rowptr != nullptr)
-    launch_pdl(kPdlScalar, anyprec_outliers_kernel<B>, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+  if (w.rowptr != nullptr) launch_outliers<B>(w, x, m, y, s);
 }
 
 template <int B, int M>
@@ -981,8 +992,7 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       }
     }
   }
-  if (!fused && w.rowptr != nullptr)   // the outliers as a separate CSR pass after whichever kernel ran
-    launch_pdl(kPdlScalar, anyprec_outliers_kernel<B>, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+  if (!fused && w.rowptr != nullptr) launch_outliers<B>(w, x, m, y, s);   // a separate CSR pass after whichever kernel ran
 }
 
 void check_width(const AnyPrecDevice& w, int bits) {
@@ -1034,16 +1044,15 @@ void anyprec_gemv_two_tiles(const AnyPrecDevice& w, int bits, const float* x, in
 void anyprec_outliers_add(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, cudaStream_t s) {
   check_width(w, bits);
   if (w.rowptr == nullptr) return;
-  const unsigned grid = static_cast<unsigned>((w.n + 7) / 8);
   const int mm = static_cast<int>(m);
   switch (bits) {
-    case 2: anyprec_outliers_kernel<2><<<grid, 256, 0, s>>>(w, x, mm, y); break;
-    case 3: anyprec_outliers_kernel<3><<<grid, 256, 0, s>>>(w, x, mm, y); break;
-    case 4: anyprec_outliers_kernel<4><<<grid, 256, 0, s>>>(w, x, mm, y); break;
-    case 5: anyprec_outliers_kernel<5><<<grid, 256, 0, s>>>(w, x, mm, y); break;
-    case 6: anyprec_outliers_kernel<6><<<grid, 256, 0, s>>>(w, x, mm, y); break;
-    case 7: anyprec_outliers_kernel<7><<<grid, 256, 0, s>>>(w, x, mm, y); break;
-    default: anyprec_outliers_kernel<8><<<grid, 256, 0, s>>>(w, x, mm, y); break;
+    case 2: launch_outliers<2>(w, x, mm, y, s); break;
+    case 3: launch_outliers<3>(w, x, mm, y, s); break;
+    case 4: launch_outliers<4>(w, x, mm, y, s); break;
+    case 5: launch_outliers<5>(w, x, mm, y, s); break;
+    case 6: launch_outliers<6>(w, x, mm, y, s); break;
+    case 7: launch_outliers<7>(w, x, mm, y, s); break;
+    default: launch_outliers<8>(w, x, mm, y, s); break;
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }

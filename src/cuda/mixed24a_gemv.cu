@@ -163,6 +163,11 @@ __global__ void mixed24a_outliers_kernel(Mixed24ADevice w, const float* __restri
   }
 }
 
+// The separate outlier pass (CSR, any batch) after a dense kernel.
+void launch_outliers(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s) {
+  launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+}
+
 // One thread per (row, unit, group): the group's 16 weights to fp16 at their original columns, two 16-byte stores
 // (the codes decoded as in the GEMV, by the 2^23 trick rather than integer-to-float conversions).
 __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ out) {
@@ -582,7 +587,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     else if (m <= 4) launch_stream<4>(w, x, m, y, s, fused, xf, xt);
     else launch_stream<8>(w, x, m, y, s, fused, xf, xt);
     if (!fused && w.rowptr != nullptr)
-      launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+      launch_outliers(w, x, m, y, s);
     LOWBIT_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -599,7 +604,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
                  static_cast<const float*>(nullptr));
     }
     if (!fused && w.rowptr != nullptr)
-      launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+      launch_outliers(w, x, m, y, s);
     LOWBIT_CUDA_CHECK(cudaGetLastError());
     return;
   }
@@ -615,7 +620,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     default: fail("mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   }
   if (!fused && w.rowptr != nullptr)
-    launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+    launch_outliers(w, x, m, y, s);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -632,7 +637,7 @@ void mixed24a_gemv_two_tiles(const Mixed24ADevice& w, const float* x, int m, flo
   launch_pdl(kPdlMixed, kern, persistent_grid(kern, kStreamWarps * 32, smem, (w.n + 15) / 16), kStreamWarps * 32, smem, s,
              w, x, m, y, static_cast<const uint4*>(xf), static_cast<const float*>(nullptr));
   if (w.rowptr != nullptr)
-    launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
+    launch_outliers(w, x, m, y, s);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
