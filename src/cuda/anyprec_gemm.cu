@@ -22,19 +22,13 @@
 #include <algorithm>
 
 #include "cuda/anyprec_codes.cuh"
+#include "cuda/anyprec_gemm_internal.h"
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
 #include "cuda/stream.cuh"
 
 namespace lowbit::cuda {
 namespace {
-
-constexpr int kQuadCols = 128;     // columns of one word quad
-// Split-k never cuts a row into pieces of fewer quads. Measured on the H200 (results/issue7-fused-gemm-tuning-v14-h200.txt,
-// 3 and 4 bits, batch 32..128, 4096x4096 .. 28672x8192): 8 and 16 quads were even or slower (4096x4096 3-bit batch 64
-// 20.0 / 27.4 us against 20.2), no split 1.3-2.6x slower on the 4096-row shapes; 32-token tiles at batch 64..128 were
-// slower than 64-token ones (28672x8192 3-bit batch 64 160.3 against 125.8).
-constexpr int kMinSplitQuads = 4;
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -222,24 +216,16 @@ void launch_gemm(const AnyPrecDevice& w, const __half* xp, int64_t m, int64_t qu
   constexpr int kStages = NT == 8 ? 3 : 4;
   using G = GemmTile<B, NT, kGemmWarps, kStages>;
   auto kern = anyprec_gemm_kernel<B, NT, kGemmWarps, kStages>;
-  static const int sms = device_sm_count();
   const int per_sm = stream_blocks_per_sm(kern, G::kThreads, G::kSmemBytes);   // sets the shared-memory limit too
   const int64_t tb = (m + G::kTokens - 1) / G::kTokens, rb = (w.n + G::kRows - 1) / G::kRows;
-  // Split k only while the row and token blocks fill less than one wave.
-  const int64_t want = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms / (tb * rb));
-  const int64_t splits0 = std::min<int64_t>(want, std::max<int64_t>(1, quads / kMinSplitQuads));
-  const int64_t split_quads = (quads + splits0 - 1) / splits0;
+  const int64_t split_quads = split_quads_for(tb * rb, per_sm, quads);
   const int64_t splits = (quads + split_quads - 1) / split_quads;
   float* out = y;
   if (splits > 1) out = reinterpret_cast<float*>(ctx.weight_scratch(static_cast<size_t>(2 * splits * m * w.n)));
   const dim3 grid(static_cast<unsigned>(tb), static_cast<unsigned>(rb), static_cast<unsigned>(splits));
   kern<<<grid, G::kThreads, G::kSmemBytes, ctx.stream()>>>(w, xp, m, quads, split_quads, out);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
-  if (splits > 1) {
-    const int64_t count = m * w.n;
-    sum_splits_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, ctx.stream()>>>(out, static_cast<int>(splits), count, y);
-    LOWBIT_CUDA_CHECK(cudaGetLastError());
-  }
+  if (splits > 1) sum_splits(out, static_cast<int>(splits), m * w.n, y, ctx.stream());
 }
 
 template <int B>
@@ -251,17 +237,53 @@ void gemm_bits(const AnyPrecDevice& w, const __half* xp, int64_t m, int64_t quad
 
 }  // namespace
 
+void anyprec_permute_x(const AnyPrecDevice& w, const float* x, int64_t m, __half* xp, int64_t quads, cudaStream_t s) {
+  const int64_t threads = m * quads * 16;
+  LOWBIT_CHECK((threads + 255) / 256 < (1LL << 31), "anyprec GEMM: ", m, " x ", w.k, " activations exceed one launch's grid");
+  anyprec_gemm_xperm_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(w, x, m, xp, quads);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void sum_splits(const float* part, int splits, int64_t count, float* y, cudaStream_t s) {
+  sum_splits_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(part, splits, count, y);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+int64_t split_quads_for(int64_t blocks, int per_sm, int64_t quads) {
+  static const int sms = device_sm_count();
+  const int64_t want = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms / blocks);
+  const int64_t splits = std::min<int64_t>(want, std::max<int64_t>(1, quads / kMinSplitQuads));
+  return (quads + splits - 1) / splits;
+}
+
 bool anyprec_gemm_serves(int bits, GemmKernel kind) {
-  return kind == GemmKernel::TwoTiles ? bits >= 2 && bits <= 8 : bits >= 2 && bits <= 4;
+  if (kind == GemmKernel::TwoTiles) return bits >= 2 && bits <= 8;
+  if (kind == GemmKernel::Wgmma && !anyprec_wgmma_available()) return false;
+  return bits >= 2 && bits <= 4;
+}
+
+const char* gemm_kernel_name(GemmKernel kind) {
+  switch (kind) {
+    case GemmKernel::TwoTiles: return "two-tile GEMV";
+    case GemmKernel::Staged: return "staged";
+    case GemmKernel::Wgmma: return "wgmma";
+    default: return "auto";
+  }
+}
+
+GemmKernel anyprec_gemm_auto_kind(int64_t m) {
+  if (m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch) return GemmKernel::TwoTiles;
+  return m >= kWgmmaMinBatch && anyprec_wgmma_available() ? GemmKernel::Wgmma : GemmKernel::Staged;
 }
 
 void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx, GemmKernel kind) {
   LOWBIT_CHECK(m >= 1, "anyprec GEMM: batch ", m);
   const bool two_tiles_fit = m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch;
   LOWBIT_CHECK(kind != GemmKernel::TwoTiles || two_tiles_fit, "anyprec GEMM: the two-tile GEMV serves batch 9..16 (asked: ", m, ")");
-  if (kind == GemmKernel::Auto) kind = two_tiles_fit ? GemmKernel::TwoTiles : GemmKernel::Staged;
+  if (kind == GemmKernel::Auto) kind = anyprec_gemm_auto_kind(m);
   LOWBIT_CHECK(anyprec_gemm_serves(bits, kind) && bits <= w.planes && ((w.widths >> bits) & 1u) != 0, "anyprec GEMM: width ",
-               bits, " is not served by ", kind == GemmKernel::TwoTiles ? "the two-tile GEMV (2..8" : "the staged GEMM (2..4",
+               bits, " is not served by the ", gemm_kernel_name(kind), " kernel (",
+               kind == GemmKernel::TwoTiles ? "2..8" : kind == GemmKernel::Wgmma ? "2..4 bits on compute capability 9.0" : "2..4",
                " bits that the weight serves)");
   if (kind == GemmKernel::TwoTiles) {
     void* xfrag = ctx.act_scratch((anyprec_xfrag_bytes(w.k) + 1) / 2);
@@ -270,15 +292,16 @@ void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, f
   }
   const int64_t quads = (w.words + 3) / 4;
   __half* xp = ctx.act_scratch(static_cast<size_t>(m * quads * kQuadCols));
-  const int64_t threads = m * quads * 16;
-  LOWBIT_CHECK((threads + 255) / 256 < (1LL << 31) && (w.n + 32 * kGemmWarps - 1) / (32 * kGemmWarps) <= 65535,
-               "anyprec GEMM: ", m, " x ", w.k, " activations or ", w.n, " rows exceed one launch's grid");
-  anyprec_gemm_xperm_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, ctx.stream()>>>(w, x, m, xp, quads);
-  LOWBIT_CUDA_CHECK(cudaGetLastError());
-  switch (bits) {
-    case 2: gemm_bits<2>(w, xp, m, quads, y, ctx); break;
-    case 3: gemm_bits<3>(w, xp, m, quads, y, ctx); break;
-    default: gemm_bits<4>(w, xp, m, quads, y, ctx); break;
+  LOWBIT_CHECK((w.n + 32 * kGemmWarps - 1) / (32 * kGemmWarps) <= 65535, "anyprec GEMM: ", w.n, " rows exceed one launch's grid");
+  anyprec_permute_x(w, x, m, xp, quads, ctx.stream());
+  if (kind == GemmKernel::Wgmma) {
+    anyprec_wgmma_gemm(w, bits, xp, m, quads, y, ctx);
+  } else {
+    switch (bits) {
+      case 2: gemm_bits<2>(w, xp, m, quads, y, ctx); break;
+      case 3: gemm_bits<3>(w, xp, m, quads, y, ctx); break;
+      default: gemm_bits<4>(w, xp, m, quads, y, ctx); break;
+    }
   }
   if (w.rowptr != nullptr) anyprec_outliers_add(w, bits, x, m, y, ctx.stream());
 }

@@ -131,14 +131,14 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             });
             row("anyprec " + std::to_string(b) + "-bit (dequant+cuBLAS)" + (fused ? "" : " *"), m, us, base[bi], w[0].bytes_read(b));
             {
-              // Both fused kernels where both run (batch 9..16); * on Auto's.
+              // Every fused kernel that runs at this batch and width; * on Auto's.
               const bool tiles = m <= 2 * kMaxGemvBatch;
-              for (GemmKernel kind : {GemmKernel::TwoTiles, GemmKernel::Staged}) {
+              for (GemmKernel kind : {GemmKernel::TwoTiles, GemmKernel::Staged, GemmKernel::Wgmma}) {
                 if ((kind == GemmKernel::TwoTiles && !tiles) || !anyprec_gemm_serves(b, kind)) continue;
                 const double fus = median_us(o.iters, [&](int i) { anyprec_gemm(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), m, yf.get(), ctx, kind); });
-                const bool star = fused && (kind == GemmKernel::TwoTiles) == tiles;
-                row("anyprec " + std::to_string(b) + "-bit (fused GEMM, " + (kind == GemmKernel::TwoTiles ? "two-tile GEMV" : "staged") + ")" +
-                    (star ? " *" : ""), m, fus, base[bi], w[0].bytes_read(b));
+                const bool star = fused && kind == anyprec_gemm_auto_kind(m);
+                row("anyprec " + std::to_string(b) + "-bit (fused GEMM, " + gemm_kernel_name(kind) + ")" + (star ? " *" : ""), m, fus,
+                    base[bi], w[0].bytes_read(b));
               }
             }
             continue;

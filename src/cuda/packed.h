@@ -198,10 +198,17 @@ void dense_f16_matmul_h(const __half* w, int64_t n, int64_t k, const __half* xh,
 // The fused any-precision GEMM (anyprec_gemm.cu) for batches above 8: no fp16 copy of W; activations rounded to fp16
 // (as the cuBLAS path rounds them), fp32 accumulation, outliers added by the CSR pass in fp32. kind: TwoTiles = the
 // GEMV kernels in their two-tile form (batch 9..16, widths 2..8: anyprec_gemv_two_tiles); Staged = the cp.async-
-// staged mma.sync GEMM with register tables (any batch, widths 2..4); Auto = TwoTiles at batch 9..16, else Staged.
+// staged mma.sync GEMM with register tables (any batch, widths 2..4); Auto = TwoTiles at batch 9..16, else Staged or
+// Wgmma (anyprec_gemm_auto_kind).
 // Scratch from ctx (fragments or permuted fp16 activations in act_scratch, split-k partials in weight_scratch).
-enum class GemmKernel { Auto, Staged, TwoTiles };
-bool anyprec_gemm_serves(int bits, GemmKernel kind);
+// Wgmma = Hopper's warpgroup MMA with the decoded weights as its register A operand (widths 2..4, compute capability
+// 9.0 only; anyprec_wgmma.cu), Auto's choice from batch kWgmmaMinBatch (H200, session 15: at batch 128 1.2-1.3x the
+// staged kernel; at 64 within 1-12%, so the staged kernel keeps batch 17..64).
+enum class GemmKernel { Auto, Staged, TwoTiles, Wgmma };
+inline constexpr int64_t kWgmmaMinBatch = 65;
+bool anyprec_gemm_serves(int bits, GemmKernel kind);   // also false for Wgmma where the GPU or build cannot run it
+GemmKernel anyprec_gemm_auto_kind(int64_t m);
+const char* gemm_kernel_name(GemmKernel kind);
 void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
                   GemmKernel kind = GemmKernel::Auto);
 // Batch 9..16, widths 2..8: the register-table (2..4 bits) or shared-table (5..8) tensor-core GEMV with x entries of

@@ -1,0 +1,33 @@
+// Internal to the fused any-precision GEMM (anyprec_gemm.cu, anyprec_wgmma.cu): the pieces both kernels share.
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/packed.h"
+
+namespace lowbit::cuda {
+
+constexpr int kQuadCols = 128;   // columns of one word quad (4 plane words per row)
+// Split-k never cuts a row into pieces of fewer quads (results/issue7-fused-gemm-tuning-v14-h200.txt).
+constexpr int kMinSplitQuads = 4;
+
+// x fp32 [m, k] -> xp fp16 [m, quads * 128]: each quad's 128 columns in the A fragments' k order (slab sj = 2s + h of
+// the quad is the k16 step whose codes are word bits 16h + 4q + s), zero past k and past the row's words.
+void anyprec_permute_x(const AnyPrecDevice& w, const float* x, int64_t m, __half* xp, int64_t quads, cudaStream_t s);
+
+// y = the sum of `splits` partials [splits, count], added in split order (deterministic).
+void sum_splits(const float* part, int splits, int64_t count, float* y, cudaStream_t s);
+
+// Splits of k for a grid of `blocks` row x token blocks at `per_sm` CTAs per SM: only while they fill less than one wave,
+// never below kMinSplitQuads quads per split. Returns the quads per split.
+int64_t split_quads_for(int64_t blocks, int per_sm, int64_t quads);
+
+// The wgmma GEMM (anyprec_wgmma.cu, built for sm_90a only): whether this build and the current GPU run it, and the
+// launch over x already permuted (anyprec_permute_x), 2..4 bits, any m >= 1.
+bool anyprec_wgmma_available();
+void anyprec_wgmma_gemm(const AnyPrecDevice& w, int bits, const __half* xp, int64_t m, int64_t quads, float* y,
+                        GemmContext& ctx);
+
+}  // namespace lowbit::cuda
