@@ -385,6 +385,10 @@ bool anyprec_gemm_preferred(int64_t n, int64_t k, int64_t m, int bits) {
   if (m <= kMaxGemvBatch || !fused_gemm_enabled()) return false;
   if (m <= 2 * kMaxGemvBatch) return anyprec_gemm_serves(bits, GemmKernel::TwoTiles);
   if (!anyprec_gemm_serves(bits, GemmKernel::Staged)) return false;
+  // Batch 65..128 on the wgmma kernel where it runs: faster than dequantize + cuBLAS at batch 128 on all five shapes
+  // at 3 and 4 bits (H200, session 15, results/issue7-wgmma-gemm-v15-h200.txt: 4-bit 4096x4096 27.5 vs 32.0 us,
+  // 28672x8192 215.1 vs 293.4), slower at 512 (3-bit 28672x8192 594.4 vs 483.8).
+  if (m <= 128 && anyprec_gemm_serves(bits, GemmKernel::Wgmma)) return true;
   return m <= 64 || (m <= 128 && (bits <= 3 || k > 4096));
 }
 
