@@ -20,10 +20,11 @@
 // but that one. The copies run kStages - 2 quads ahead: a stage is refilled two quads after it was computed, when
 // every warpgroup has retired all its wgmmas that read it.
 //
-// Measured on the H200 (docs/PERF.md, session 15): 1.1-1.5x faster than dequantize + cuBLAS at batch 128, slower from
-// batch 512; ncu at 512 tokens: tensor pipe 43% busy, 2 warps per scheduler, issue 33% (latency-bound). Tried and
-// slower: eight wgmmas per commit group with the lookups of the next quad overlapping them (ptxas serializes wgmmas
-// whose register operands are written while any is in flight), and warpgroup 1 running one quad behind warpgroup 0.
+// Measured on the H200 (docs/PERF.md, session 15): 1.12-1.80x faster than dequantize + cuBLAS at batch 128, slower
+// at 512 tokens; ncu at 512 tokens: tensor pipe 43% busy, 2 warps per scheduler, issue 33% (latency-bound). Tried:
+// eight wgmmas per commit group with the next quad's lookups overlapping them (wrong results: ptxas does not track
+// the asynchronous A-register reads across the loop's back edge; pinning the registers made it serialize every
+// wgmma), and warpgroup 1 running one quad behind warpgroup 0 (slower).
 #include <algorithm>
 
 #include "cuda/anyprec_codes.cuh"

@@ -202,8 +202,8 @@ void dense_f16_matmul_h(const __half* w, int64_t n, int64_t k, const __half* xh,
 // Wgmma (anyprec_gemm_auto_kind).
 // Scratch from ctx (fragments or permuted fp16 activations in act_scratch, split-k partials in weight_scratch).
 // Wgmma = Hopper's warpgroup MMA with the decoded weights as its register A operand (widths 2..4, compute capability
-// 9.0 only; anyprec_wgmma.cu), Auto's choice from batch kWgmmaMinBatch (H200, session 15: at batch 128 1.2-1.3x the
-// staged kernel; at 64 within 1-12%, so the staged kernel keeps batch 17..64).
+// 9.0 only; anyprec_wgmma.cu), Auto's choice from batch kWgmmaMinBatch (H200, session 15: at batch 128 1.13-1.41x the
+// staged kernel; at 64 within 14% either way, so the staged kernel keeps batch 17..64).
 enum class GemmKernel { Auto, Staged, TwoTiles, Wgmma };
 inline constexpr int64_t kWgmmaMinBatch = 65;
 bool anyprec_gemm_serves(int bits, GemmKernel kind);   // also false for Wgmma where the GPU or build cannot run it
