@@ -117,16 +117,7 @@ __global__ void __launch_bounds__(32 * kWarps) anyprec_gemm_kernel(AnyPrecDevice
 #pragma unroll
       for (int j = 0; j < B; ++j) {
         const uint32_t* src = wsrc + j * plane_stride + 4 * Q;
-        const uint32_t dst = st + 16u * static_cast<uint32_t>(j * G::kRows + tid);
-        if (vec_w) {
-          cp_async(dst, src, 16);
-        } else {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const bool ok = 4 * Q + c < W;
-            cp_async(dst + 4u * c, ok ? src + c : w.plane_data, 4, ok);
-          }
-        }
+        cp_async_quad_words(st + 16u * static_cast<uint32_t>(j * G::kRows + tid), src, Q, W, vec_w, w.plane_data);
       }
 #pragma unroll
       for (int r = 0; r < G::kTokens / 8; ++r) {

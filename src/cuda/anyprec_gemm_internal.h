@@ -6,12 +6,28 @@
 #include <cstdint>
 
 #include "cuda/packed.h"
+#include "cuda/stream.cuh"
 
 namespace lowbit::cuda {
 
 constexpr int kQuadCols = 128;   // columns of one word quad (4 plane words per row)
 // Split-k never cuts a row into pieces of fewer quads (results/issue7-fused-gemm-tuning-v14-h200.txt).
 constexpr int kMinSplitQuads = 4;
+
+// cp.async of one row's plane words 4Q .. 4Q + 3 (src points at word 4Q) to dst: one 16-byte copy when rows are a
+// multiple of 4 words (vec), else four 4-byte copies, zeros past the row's W words.
+__device__ __forceinline__ void cp_async_quad_words(uint32_t dst, const uint32_t* src, int64_t Q, int64_t W, bool vec,
+                                                    const uint32_t* any_valid) {
+  if (vec) {
+    cp_async(dst, src, 16);
+  } else {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const bool ok = 4 * Q + c < W;
+      cp_async(dst + 4u * c, ok ? src + c : any_valid, 4, ok);
+    }
+  }
+}
 
 // x fp32 [m, k] -> xp fp16 [m, quads * 128]: each quad's 128 columns in the A fragments' k order (slab sj = 2s + h of
 // the quad is the k16 step whose codes are word bits 16h + 4q + s), zero past k and past the row's words.

@@ -156,16 +156,7 @@ __global__ void __launch_bounds__(kThreads, 1) anyprec_wgmma_kernel(AnyPrecDevic
       for (int idx = tid; idx < B * kRows; idx += kThreads) {   // plane idx / kRows of row idx % kRows
         const int j = idx / kRows, row = idx % kRows;
         const uint32_t* src = w.plane_data + j * plane_stride + min_i64(rowc + row, n - 1) * W + 4 * Q;
-        const uint32_t dst = st + static_cast<uint32_t>(T::kXBytes + 16 * idx);
-        if (vec_w) {
-          cp_async(dst, src, 16);
-        } else {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            const bool ok = 4 * Q + c < W;
-            cp_async(dst + 4u * c, ok ? src + c : w.plane_data, 4, ok);
-          }
-        }
+        cp_async_quad_words(st + static_cast<uint32_t>(T::kXBytes + 16 * idx), src, Q, W, vec_w, w.plane_data);
       }
     }
     cp_async_commit();
