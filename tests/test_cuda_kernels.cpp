@@ -334,6 +334,85 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// The fp16 dense GEMV (batch 1..8, dense_gemv.cu) against the fp64 product of the same fp16 weights: every batch, every
+// rows-per-warp form, fp32 and fp16 activations, with and without the bias, on shapes whose rows are shorter than one
+// warp's chunk (k = 8, 40), not a multiple of the 256-column step (264, 4104), long (11008), and n not a multiple of
+// a CTA's rows (1, 7, 300, 1100). fp16 x is compared with the reference fed the same rounded x. Budget: the GEMVs'
+// fp32-accumulation budget. Shapes it does not serve are refused.
+TEST(CudaKernels, DenseF16GemvMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const Shape shapes[] = {{1, 8}, {7, 40}, {300, 264}, {1100, 4104}, {64, 11008}};
+  for (const Shape& sh : shapes) {
+    const int64_t n = sh.n, k = sh.k;
+    std::mt19937 rng(static_cast<uint32_t>(n * 31 + k));
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    std::vector<uint16_t> wbits(static_cast<size_t>(n * k));
+    std::vector<float> w(wbits.size()), bias(static_cast<size_t>(n));
+    for (size_t i = 0; i < w.size(); ++i) {
+      wbits[i] = f32_to_f16(nd(rng));
+      w[i] = f16_to_f32(wbits[i]);
+    }
+    for (float& b : bias) b = nd(rng);
+    const cuda::DeviceBuffer<uint16_t> wd(wbits);
+    const cuda::DeviceBuffer<float> bd(bias);
+    const auto* wh = reinterpret_cast<const __half*>(wd.get());
+    for (int m = 1; m <= cuda::kMaxGemvBatch; ++m) {
+      std::vector<float> x = random_x(m, k, static_cast<uint32_t>(m * 7 + k));
+      std::vector<float> xr(x.size());   // x rounded to fp16 (the fp16-x form's input)
+      std::vector<uint16_t> xbits(x.size());
+      for (size_t i = 0; i < x.size(); ++i) {
+        xbits[i] = f32_to_f16(x[i]);
+        xr[i] = f16_to_f32(xbits[i]);
+      }
+      const cuda::DeviceBuffer<uint16_t> xhd(xbits);
+      for (bool half_x : {false, true}) {
+        const std::vector<float>& xin = half_x ? xr : x;
+        const std::vector<double> scale = abs_scale(xin, w, m, n, k);
+        for (bool with_bias : {false, true}) {
+          std::vector<float> want(static_cast<size_t>(m * n));
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t r = 0; r < n; ++r) {
+              double a = with_bias ? bias[static_cast<size_t>(r)] : 0.0;
+              for (int64_t c = 0; c < k; ++c)
+                a += static_cast<double>(xin[static_cast<size_t>(t * k + c)]) * w[static_cast<size_t>(r * k + c)];
+              want[static_cast<size_t>(t * n + r)] = static_cast<float>(a);
+            }
+          for (int rows : {0, 1, 2, 4}) {
+            const auto got = run_poisoned(x, m * n, [&](const float* xd, float* yd) {
+              const float* b = with_bias ? bd.get() : nullptr;
+              if (half_x) cuda::dense_f16_gemv(wh, n, k, reinterpret_cast<const __half*>(xhd.get()), m, b, yd, nullptr, rows);
+              else cuda::dense_f16_gemv(wh, n, k, xd, m, b, yd, nullptr, rows);
+            });
+            expect_close(got, want, scale, kGemvBudget,
+                         "dense " + std::to_string(n) + "x" + std::to_string(k) + " m" + std::to_string(m) + " rows" +
+                             std::to_string(rows) + (half_x ? " fp16 x" : " fp32 x") + (with_bias ? " bias" : ""));
+          }
+        }
+      }
+    }
+  }
+  cuda::DeviceBuffer<uint16_t> w(16 * 64);
+  cuda::DeviceBuffer<float> x(9 * 64), y(9 * 16);
+  const auto* wh = reinterpret_cast<const __half*>(w.get());
+  EXPECT_TRUE(cuda::dense_gemv_fits(wh, 16, 64, 8, x.get()));
+  EXPECT_FALSE(cuda::dense_gemv_fits(wh, 16, 64, 9, x.get()));        // batch above 8
+  EXPECT_FALSE(cuda::dense_gemv_fits(wh, 16, 60, 1, x.get()));        // k not a multiple of 8
+  EXPECT_FALSE(cuda::dense_gemv_fits(wh, 16, 64, 1, x.get() + 1));    // x not 16-byte aligned
+  EXPECT_FALSE(cuda::dense_gemv_fits(wh + 4, 16, 64, 1, x.get()));    // W not 16-byte aligned
+  try {
+    cuda::dense_f16_gemv(wh, 16, 60, x.get(), 1, nullptr, y.get(), nullptr);
+    ADD_FAILURE() << "k = 60 ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("k a positive multiple of 8"), std::string::npos) << e.what();
+  }
+  try {
+    cuda::dense_f16_gemv(wh, 16, 64, x.get(), 1, nullptr, y.get(), nullptr, 3);
+    ADD_FAILURE() << "3 rows per warp ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows per warp must be 1, 2 or 4"), std::string::npos) << e.what();
+  }
+}
+
 // The fused any-precision GEMM (batches above 8: the staged kernel at 2..4 bits, the two-tile GEMVs at 2..8 bits and
 // batch 9..16) against the CPU reference on the same packed bytes:
 // without outliers, against the reference fed x rounded to fp16 (what the kernel multiplies), within the GEMV's

@@ -105,10 +105,11 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
          "precision (x rounded to fp16 when the run carries it as fp16 hi + lo, the default, and the reverse under\n"
          "LOWBIT_GEMV_HALF_X=1; '-' where the width does not use that kernel); 'dequant+cuBLAS': packed weights above batch 8,\n"
          "the same decode timed in the same run with the fused GEMM off (LOWBIT_FUSED_GEMM=0: every linear dequantized\n"
-         "to fp16, then cuBLAS)\n";
+         "to fp16, then cuBLAS); for fp16 weights where our dense GEMV runs (batch 1..2), the same decode with cuBLAS in place of our dense GEMV\n"
+         "(LOWBIT_DENSE_GEMV=0)\n";
   const bool pdl = pdl_enabled();
   out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
-         " | decode tok/s, no PDL | decode tok/s, other x | KV cache GB | decode tok/s, dequant+cuBLAS\n";
+         " | decode tok/s, no PDL | decode tok/s, other x | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV\n";
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
     for (const std::string& kind : o.kinds) {
@@ -152,6 +153,12 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             set_fused_gemm(false);
             std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
             set_fused_gemm(true);
+            dequant = line;
+          }
+          if (kind == "fp16" && dense_gemv_preferred(c.dim, c.dim, batch) && dense_gemv_enabled()) {
+            set_dense_gemv(false);
+            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
+            set_dense_gemv(true);
             dequant = line;
           }
           std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %.2f | %s\n", shape.c_str(),

@@ -106,7 +106,6 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                     static_cast<double>(wbytes) / (base.back() * 1e-6) / bw);
       out << line << std::flush;
     }
-    wh.clear();
     auto row = [&](const std::string& kernel, int64_t m, double us, double b_us, uint64_t bytes) {
       std::snprintf(line, sizeof line, "%lldx%lld | %s | %lld | %.1f | %.1f | %.2f | %.0f | %.2f\n",
                     static_cast<long long>(n), static_cast<long long>(k), kernel.c_str(), static_cast<long long>(m), us,
@@ -114,6 +113,26 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                     static_cast<double>(bytes) / (us * 1e-6) / bw);
       out << line << std::flush;
     };
+    if (o.fp16)
+      for (size_t bi = 0; bi < o.batches.size(); ++bi) {
+        const int64_t m = o.batches[bi];
+        if (!dense_gemv_fits(wh[0].get(), n, k, m, xf.get())) continue;
+        // fp16 weights at batch 1..8: cuBLAS as the runtime called it before (fp32 x converted to fp16 by a kernel of
+        // its own, fp32 out), and our GEMV (fp32 x, fp32 out) at each rows-per-warp form; * on the default.
+        const double cub = median_us(o.iters, [&](int i) {
+          dense_f16_matmul(wh[static_cast<size_t>(i % rot_h)].get(), n, k, xf.get(), m, yf.get(), ctx);
+        });
+        const bool ours = dense_gemv_preferred(n, k, m);
+        row(std::string("fp16 cuBLAS, fp32 x converted, fp32 out") + (ours ? "" : " *"), m, cub, base[bi], wbytes);
+        for (int r : {1, 2, 4}) {
+          const double us = median_us(o.iters, [&](int i) {
+            dense_f16_gemv(wh[static_cast<size_t>(i % rot_h)].get(), n, k, xf.get(), static_cast<int>(m), nullptr, yf.get(), s, r);
+          });
+          row("fp16 GEMV, " + std::to_string(r) + " rows per warp" + (ours && r == dense_gemv_rows_per_warp(n, static_cast<int>(m)) ? " *" : ""),
+              m, us, base[bi], wbytes);
+        }
+      }
+    wh.clear();
     if (o.anyprec && k % 32 == 0) {
       const int rot = rotation(static_cast<uint64_t>(n * k));   // 8 planes = 1 byte per weight
       std::vector<DevicePackedWeight> w;

@@ -15,7 +15,7 @@ struct KernelBenchOptions {
   std::vector<int> batches;
   int iters = 50;
   double outlier_frac = 0.0035;                       // mixed24a fp16 outliers (fraction of weights)
-  bool anyprec = true, mixed24a = true;
+  bool anyprec = true, mixed24a = true, fp16 = true;   // fp16: our dense GEMV beside cuBLAS (batch <= 8)
 };
 
 void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out);

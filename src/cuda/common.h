@@ -39,11 +39,12 @@ enum PdlClass : unsigned {
   kPdlTcTable = 8,    // any-precision shared-table tensor-core GEMV
   kPdlScalar = 16,    // any-precision CUDA-core GEMVs and the outlier SpMV
   kPdlMixed = 32,     // 2/4/16 GEMVs
-  kPdlAll = 63,
+  kPdlDense = 64,     // the fp16 dense GEMV (dense_gemv.cu)
+  kPdlAll = 127,
   // The default, from `lowbit bench --e2e` on the H100 (docs/PERF.md, session 7): with the shared-table tensor-core
   // GEMV also PDL-launched, any-precision 4-bit decode at batch 8 fell from 1,289 to 901 tokens/s; with the 2/4/16
   // GEMVs, 2/4/16 batch 1 from 232 to 216; the CUDA-core GEMVs gained nothing.
-  kPdlDefault = kPdlOps | kPdlXfrag | kPdlRegLut,
+  kPdlDefault = kPdlOps | kPdlXfrag | kPdlRegLut | kPdlDense,
 };
 bool pdl_enabled(unsigned cls = kPdlAll);
 void set_pdl(bool on);

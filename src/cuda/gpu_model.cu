@@ -25,7 +25,8 @@ int splits_for(int span, int rows, int heads, int sms) {
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes and the register-table
 // GEMV's activation precision (packed.h: half_x_gemv_enabled).
 unsigned graph_launch_key() {
-  return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u);
+  return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
+         (dense_gemv_enabled() ? 0u : 0x40000u);
 }
 
 }  // namespace
@@ -416,6 +417,11 @@ void GpuModel::invalidate_graph() {
 }
 
 void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits) {
+  if (!l.packed && dense_gemv_enabled() && dense_gemv_preferred(l.n, l.k, m) && dense_gemv_fits(l.dense, l.n, l.k, m, x)) {
+    // Batch 1..2 on fp16 weights: our GEMV reads the fp32 activations and adds the bias itself.
+    dense_f16_gemv(l.dense, l.n, l.k, x, static_cast<int>(m), l.bias.size() > 0 ? l.bias.get() : nullptr, y, stream_);
+    return;
+  }
   if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_);
   else if (xh != nullptr) dense_f16_matmul_h(l.dense, l.n, l.k, xh, m, y, *gemm_);
   else dense_f16_matmul(l.dense, l.n, l.k, x, m, y, *gemm_);

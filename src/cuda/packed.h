@@ -195,6 +195,22 @@ void dense_f16_matmul(const __half* w, int64_t n, int64_t k, const float* x, int
 // The same with the activations already in fp16 (xh [m, k]): no conversion kernel.
 void dense_f16_matmul_h(const __half* w, int64_t n, int64_t k, const __half* xh, int64_t m, float* y, GemmContext& ctx);
 
+// Batch 1..8 on fp16 weights (dense_gemv.cu): y [m, n] fp32 = x [m, k] · Wᵀ (+ bias[n] when bias != nullptr), x fp32
+// or fp16, fp32 accumulation, launched with programmatic dependent launch. dense_gemv_fits: batch 1..kMaxGemvBatch, k a
+// positive multiple of 8, W and x 16-byte aligned (else the caller takes cuBLAS). rows_per_warp 1, 2 or 4 (0 = the
+// measured default for the batch). Used by the runtime's dense linears while dense_gemv_enabled() (LOWBIT_DENSE_GEMV=0
+// in the environment turns it off, read once; set_dense_gemv() overrides it: bench --e2e times both in one run, and a
+// captured decode graph is keyed on it).
+bool dense_gemv_fits(const __half* w, int64_t n, int64_t k, int64_t m, const void* x);
+void dense_f16_gemv(const __half* w, int64_t n, int64_t k, const float* x, int m, const float* bias, float* y,
+                    cudaStream_t s, int rows_per_warp = 0);
+void dense_f16_gemv(const __half* w, int64_t n, int64_t k, const __half* x, int m, const float* bias, float* y,
+                    cudaStream_t s, int rows_per_warp = 0);
+int dense_gemv_rows_per_warp(int64_t n, int m);   // the default form
+bool dense_gemv_preferred(int64_t n, int64_t k, int64_t m);   // where the runtime takes it over cuBLAS (measured)
+bool dense_gemv_enabled();
+void set_dense_gemv(bool on);
+
 // The fused any-precision GEMM (anyprec_gemm.cu) for batches above 8: no fp16 copy of W; activations rounded to fp16
 // (as the cuBLAS path rounds them), fp32 accumulation, outliers added by the CSR pass in fp32. kind: TwoTiles = the
 // GEMV kernels in their two-tile form (batch 9..16, widths 2..8: anyprec_gemv_two_tiles); Staged = the cp.async-

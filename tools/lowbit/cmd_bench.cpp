@@ -55,7 +55,7 @@ void register_bench(CLI::App& app, Common& common) {
   auto kbits = std::make_shared<std::vector<int>>(std::vector<int>{3, 4, 8});
   auto batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 2, 4, 8, 16, 64, 512});
   auto iters = std::make_shared<int>(50);
-  auto kinds = std::make_shared<std::string>("anyprec,mixed24a");
+  auto kinds = std::make_shared<std::string>("fp16,anyprec,mixed24a");
   sub->add_option("model", *path, "Model: HF directory, .gguf, or llama2.c .bin (not with --kernels)");
   sub->add_flag("--kernels", *kernels, "GPU kernel benchmark beside cuBLAS fp16 (no model)");
   auto e2e = std::make_shared<bool>(false);
@@ -70,7 +70,7 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--kernel-bits", *kbits, "--kernels: any-precision widths")->delimiter(',')->check(CLI::Range(2, 8));
   sub->add_option("--batch", *batches, "--kernels: batch sizes (tokens)")->delimiter(',')->check(CLI::Range(1, 65536));
   sub->add_option("--iters", *iters, "--kernels: timed launches per point (median reported)")->check(CLI::Range(3, 10000));
-  sub->add_option("--formats", *kinds, "--kernels: anyprec, mixed24a or both (comma-separated)");
+  sub->add_option("--formats", *kinds, "--kernels: anyprec, mixed24a, fp16 (comma-separated)");
   sub->add_option("--prefill", *prefill, "Prompt tokens for the prefill measurement")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--decode", *decode, "Tokens for the decode measurement")->check(CLI::Range(1, 1 << 16));
   sub->add_option("--reps", *reps, "Repetitions (median reported)")->check(CLI::Range(1, 100));
@@ -113,7 +113,8 @@ void register_bench(CLI::App& app, Common& common) {
       o.iters = *iters;
       o.anyprec = kinds->find("anyprec") != std::string::npos;
       o.mixed24a = kinds->find("mixed24a") != std::string::npos;
-      LOWBIT_CHECK(o.anyprec || o.mixed24a, "--formats: expected anyprec and/or mixed24a, got '", *kinds, "'");
+      o.fp16 = kinds->find("fp16") != std::string::npos;
+      LOWBIT_CHECK(o.anyprec || o.mixed24a || o.fp16, "--formats: expected anyprec, mixed24a and/or fp16, got '", *kinds, "'");
       cuda::run_kernel_bench(o, std::cout);
       return;
 #else
