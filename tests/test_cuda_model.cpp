@@ -85,18 +85,47 @@ std::unique_ptr<Model> quantized(Model& base, QuantizeOptions o, int samples) {
   return Model::load(path);
 }
 
+void expect_decode_matches(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& ids, int prompt, int end,
+                           int bits, const std::string& what);
+
 std::vector<int32_t> some_ids(const Model& m, int n) {
   std::vector<int32_t> ids;
   for (int i = 0; i < n; ++i) ids.push_back(static_cast<int32_t>((i * 7919 + 13) % m.config().vocab_size));
   return ids;
 }
 
+// Prefill of 40 positions, then decode steps of two sequences at once and of one (the fp16 linears on our dense GEMV,
+// dense_gemv.cu, the biases of qwen2 in its epilogue), each row against the CPU's own decode of that sequence.
 TEST(CudaModel, TinyArchitecturesMatchCpu) {
   SKIP_WITHOUT_GPU();
   for (const char* arch : {"llama3", "qwen2", "mistral", "mistral_sw"}) {
     auto cpu = Model::load(test::fixture(std::string("tiny_") + arch));
     cuda::GpuModel gpu(*cpu);
     expect_forward_matches(*cpu, gpu, some_ids(*cpu, 40), 0, std::string("tiny ") + arch);
+    const int V = cpu->config().vocab_size, P = 12, end = 30;
+    std::vector<std::vector<int32_t>> seqs(2);
+    for (int b = 0; b < 2; ++b)
+      for (int t = 0; t < end; ++t) seqs[static_cast<size_t>(b)].push_back(static_cast<int32_t>((t * 53 + b * 97 + 3) % V));
+    std::vector<KVCache> cc;
+    std::vector<float> want(static_cast<size_t>(V));
+    std::vector<int32_t> prompt;
+    for (int b = 0; b < 2; ++b) {
+      cc.push_back(cpu->new_cache(end));
+      cpu->forward(seqs[static_cast<size_t>(b)].data(), P, cc.back(), want.data(), false, 0);
+      prompt.insert(prompt.end(), seqs[static_cast<size_t>(b)].begin(), seqs[static_cast<size_t>(b)].begin() + P);
+    }
+    cuda::GpuKVCache gc = gpu.new_cache(2, end);
+    gpu.forward(prompt.data(), 2, P, gc, false, 0);
+    for (int t = P; t < end; ++t) {
+      const int32_t step[2] = {seqs[0][static_cast<size_t>(t)], seqs[1][static_cast<size_t>(t)]};
+      const auto got = download(gpu, gpu.forward(step, 2, 1, gc, false, 0), static_cast<size_t>(2 * V));
+      for (int b = 0; b < 2; ++b) {
+        cpu->forward(&step[b], 1, cc[static_cast<size_t>(b)], want.data(), false, 0);
+        const std::vector<float> row(got.begin() + static_cast<ptrdiff_t>(b) * V, got.begin() + static_cast<ptrdiff_t>(b + 1) * V);
+        EXPECT_LE(compare_logits(row, want, V).first, kLogitBudget) << arch << " batch-2 decode, sequence " << b << " position " << t;
+      }
+    }
+    expect_decode_matches(*cpu, gpu, some_ids(*cpu, 40), 24, 40, 0, std::string("tiny ") + arch + " batch-1 decode");
   }
 }
 
