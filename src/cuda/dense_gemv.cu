@@ -167,9 +167,9 @@ bool dense_gemv_fits(const __half* w, int64_t n, int64_t k, int64_t m, const voi
 }
 
 // Rows per warp when the caller leaves it to us (rows_per_warp = 0). H200, `lowbit bench --kernels --formats fp16`
-// (docs/results/issue7-dense-gemv-v16-h200.txt): 4 rows per warp is the fastest form at every batch 1..8 on all nine
-// Llama shapes but one (4096x4096 batch 1: 13.8 us at 2 rows, 13.7 at 4), e.g. 12288x4096 batch 1 26.8 us against
-// 33.0 (1 row) and 34.2 (2 rows).
+// (docs/results/issue7-dense-gemv-development-v16-h200.txt, part 1): 4 rows per warp is the fastest form at every
+// batch 1..8 on all nine Llama shapes, e.g. 12288x4096 batch 1 26.8 us against 33.0 (1 row) and 34.2 (2 rows). 16
+// loads in flight per lane, or two batches of 8, measured slower or even (same file, parts 6 and 7).
 int dense_gemv_rows_per_warp(int64_t n, int m) {
   (void)n;
   (void)m;
