@@ -22,8 +22,9 @@ int splits_for(int span, int rows, int heads, int sms) {
   return std::clamp(std::min(by_grid, by_keys), 1, kMaxSplits);
 }
 
-// What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes and the register-table
-// GEMV's activation precision (packed.h: half_x_gemv_enabled).
+// What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
+// GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
+// dense_gemv_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u);
