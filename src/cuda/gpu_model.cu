@@ -458,7 +458,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
                   rope_sin_.get(), l, c_.n_layers, cache.capacity, cache.k.get(), cache.v.get(), s);
     mark("attention");
     attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, c_.n_layers, cache.capacity,
-              c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), s);
+              c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s);
     mark("o linear");
     run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits);
     mark("norms + residuals");

@@ -163,9 +163,16 @@ constexpr int kMaxHd = 256;
 template <int HD, bool kPrefetch>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
     const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, int layers,
-    int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch) {
+    int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch,
+    int single_token) {
   pdl_launch_dependents();
-  pdl_wait();
+  constexpr bool kPrefetchV = kPrefetch && (HD == 64 || HD == 128);
+  // Early loads (the decode form, one new token per sequence): every key but the row's own position p was written by
+  // earlier decode steps, complete by now (launch.cuh), and pos / seq by a copy or the step's increment kernel several
+  // kernels back. So the first chunk's keys and values are loaded before pdl_wait(), their memory latency hidden behind
+  // the kernels before this one; position p, stored by rope_kv_store just before, is reloaded after the wait.
+  const bool early = kPrefetchV && single_token != 0;
+  if (!early) pdl_wait();
   __shared__ float qs[kMaxHd];
   __shared__ float ps[kAttnWarps][32];
   __shared__ float wm[kAttnWarps], wl[kAttnWarps];
@@ -180,43 +187,78 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   const int per = (span + splits - 1) / splits;
   const int k0 = first + split * per, k1 = min(p + 1, k0 + per);
   const float scale = rsqrtf(static_cast<float>(hd));
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(static_cast<int64_t>(r) * heads + h) * hd + i] * scale;
-  __syncthreads();
   const int64_t base = (static_cast<int64_t>(seq[r]) * layers + layer) * capacity * kvd + static_cast<int64_t>(kvh) * hd;
   const __half* kb = kc + base;
   const __half* vb = vc + base;
-  constexpr int kDims = kMaxHd / 32;   // accumulators per lane: dims lane + 32 i (HD == 0) or 2 lane + 64 p + {0, 1}
-  float acc[kDims];
-#pragma unroll
-  for (int i = 0; i < kDims; ++i) acc[i] = 0.0f;
-  float m = -FLT_MAX, l = 0.0f;
   // kPrefetchV (decode, head dims 64, 128): the chunk's 32 value rows are loaded with its keys, before the scores
   // exist (they do not depend on them), so a chunk costs one round of memory latency instead of one for the keys and
   // four more for the values (8 in flight); keys past the range load nothing and hold zeros (their weight is 0 too).
   // It takes 168 registers at hd 128 (62 without): prefill, with thousands of blocks, keeps the occupancy instead
   // (measured on the H100, Llama-2-7B shape: decode attention 431 -> 413 us per step, 512-token prefill 12% slower
   // with the prefetch).
-  constexpr bool kPrefetchV = kPrefetch && (HD == 64 || HD == 128);
-  for (int c0 = k0 + warp * 32; c0 < k1; c0 += kAttnWarps * 32) {
-    const int j = c0 + lane;
-    const int cnt = min(32, k1 - c0);
-    uint32_t vpre[kPrefetchV ? 32 : 1][kPrefetchV ? HD / 64 : 1];
+  uint32_t vpre[kPrefetchV ? 32 : 1][kPrefetchV ? HD / 64 : 1];
+  uint4 kraw[kPrefetchV ? HD / 8 : 1];
+  auto load_chunk = [&](int c0) {   // kPrefetchV: the keys of lane j = c0 + lane and the chunk's value rows
     if constexpr (kPrefetchV) {
+      const int cnt = min(32, k1 - c0);
 #pragma unroll
       for (int jj = 0; jj < 32; ++jj) {
         const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd + 2 * lane;
 #pragma unroll
         for (int pp = 0; pp < HD / 64; ++pp) vpre[jj][pp] = jj < cnt ? *reinterpret_cast<const uint32_t*>(vr + 64 * pp) : 0u;
       }
+      if (c0 + lane < k1) {
+        const __half* kr = kb + static_cast<int64_t>(c0 + lane) * kvd;
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) kraw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
+      }
     }
+  };
+  const int c_first = k0 + warp * 32;
+  if (early) {
+    if (c_first < k1) load_chunk(c_first);
+    pdl_wait();
+    if constexpr (kPrefetchV) {
+      if (c_first < k1 && p >= c_first && p < c_first + 32) {   // this chunk holds position p: reload its key and value
+        if (c_first + lane == p) {
+          const __half* kr = kb + static_cast<int64_t>(p) * kvd;
+#pragma unroll
+          for (int i = 0; i < HD / 8; ++i) kraw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
+        }
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj)
+          if (c_first + jj == p) {
+#pragma unroll
+            for (int pp = 0; pp < HD / 64; ++pp)
+              vpre[jj][pp] = *reinterpret_cast<const uint32_t*>(vb + static_cast<int64_t>(p) * kvd + 2 * lane + 64 * pp);
+          }
+      }
+    }
+  }
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(static_cast<int64_t>(r) * heads + h) * hd + i] * scale;
+  __syncthreads();
+  constexpr int kDims = kMaxHd / 32;   // accumulators per lane: dims lane + 32 i (HD == 0) or 2 lane + 64 p + {0, 1}
+  float acc[kDims];
+#pragma unroll
+  for (int i = 0; i < kDims; ++i) acc[i] = 0.0f;
+  float m = -FLT_MAX, l = 0.0f;
+  for (int c0 = c_first; c0 < k1; c0 += kAttnWarps * 32) {
+    const int j = c0 + lane;
+    const int cnt = min(32, k1 - c0);
+    if (!early || c0 != c_first) load_chunk(c0);
     float sc = -FLT_MAX;
     if (j < k1) {
       const __half* kr = kb + static_cast<int64_t>(j) * kvd;
       float d = 0.0f;
       if constexpr (HD > 0) {
         uint4 raw[HD / 8];
+        if constexpr (kPrefetchV) {
 #pragma unroll
-        for (int i = 0; i < HD / 8; ++i) raw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
+          for (int i = 0; i < HD / 8; ++i) raw[i] = kraw[i];
+        } else {
+#pragma unroll
+          for (int i = 0; i < HD / 8; ++i) raw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
+        }
         float dp[4] = {0.0f, 0.0f, 0.0f, 0.0f};   // four independent FMA chains
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) {
@@ -440,7 +482,7 @@ void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v,
 }
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
-               int splits, float* scratch, cudaStream_t s) {
+               int splits, float* scratch, bool single_token, cudaStream_t s) {
   LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
   const dim3 grid(rows, heads, splits);
   const bool decode = rows <= 8;   // one row per sequence: a grid too small to hide memory latency by occupancy
@@ -453,7 +495,7 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
                     : hd == 256 ? pick(std::integral_constant<int, 256>{})
                                 : pick(std::integral_constant<int, 0>{});
   launch_pdl(kPdlOps, kern, grid, kAttnWarps * 32, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window,
-             kc, vc, out, splits, scratch);
+             kc, vc, out, splits, scratch, single_token ? 1 : 0);
   if (splits > 1) launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out);
 }
 void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s) {

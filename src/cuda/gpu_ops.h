@@ -26,10 +26,12 @@ void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v,
 // Causal GQA attention of q [rows, heads * hd] (row r: sequence seq[r] at position pos[r], keys 0..pos[r], or the
 // last `window` of them when window > 0) against the cache; out [rows, heads * hd]. Keys are split over `splits`
 // blocks per (row, head) when splits > 1 (flash-decoding), partial results combined by a second kernel in
-// `scratch` (>= rows * heads * splits * (hd + 2) floats).
+// `scratch` (>= rows * heads * splits * (hd + 2) floats). single_token: every row is its sequence's only new
+// position (a decode step), so the cache holds every other key it reads from earlier kernels: the decode form loads
+// them before waiting on the kernel before (launch.cuh), and only position pos[r] after.
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
-               int splits, float* scratch, cudaStream_t s);
+               int splits, float* scratch, bool single_token, cudaStream_t s);
 // out [rows, width] = silu(g) * u, g and u rows ld floats apart (the two halves of a fused gate/up output: ld =
 // 2 width; out may be g when ld == width).
 void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s);
