@@ -168,8 +168,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   pdl_launch_dependents();
   constexpr bool kPrefetchV = kPrefetch && (HD == 64 || HD == 128);
   // Early loads (the decode form, one new token per sequence): every key but the row's own position p was written by
-  // earlier decode steps, complete by now (launch.cuh), and pos / seq by a copy or the step's increment kernel several
-  // kernels back. So the first chunk's keys and values are loaded before pdl_wait(), their memory latency hidden behind
+  // an earlier forward, and pos / seq by this forward's host-to-device copies; a copy in the stream (every forward and
+  // decode step starts with them, gpu_model.cu) waits for everything before it, so all of that is complete now
+  // (launch.cuh). So the first chunk's keys and values are loaded before pdl_wait(), their memory latency hidden behind
   // the kernels before this one; position p, stored by rope_kv_store just before, is reloaded after the wait.
   const bool early = kPrefetchV && single_token != 0;
   if (!early) pdl_wait();
