@@ -288,11 +288,7 @@ void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, f
   if (kind == GemmKernel::Wgmma) {
     anyprec_wgmma_gemm(w, bits, xp, m, quads, y, ctx);
   } else {
-    switch (bits) {
-      case 2: gemm_bits<2>(w, xp, m, quads, y, ctx); break;
-      case 3: gemm_bits<3>(w, xp, m, quads, y, ctx); break;
-      default: gemm_bits<4>(w, xp, m, quads, y, ctx); break;
-    }
+    dispatch_int<2, 3, 4>(bits, [&](auto b) { gemm_bits<decltype(b)::value>(w, xp, m, quads, y, ctx); });
   }
   if (w.rowptr != nullptr) anyprec_outliers_add(w, bits, x, m, y, ctx.stream());
 }

@@ -958,12 +958,7 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     LOWBIT_CHECK((B == 3 || B == 4) && m <= 4, "anyprec GEMV: merged pair lookups serve 3 and 4 bits at batch 1..4 (asked: ",
                  B, " bits, batch ", m, ")");
     if constexpr (B == 3 || B == 4) {
-      switch (m) {
-        case 1: launch_pairs<B, 1>(w, x, y, s, fused); break;
-        case 2: launch_pairs<B, 2>(w, x, y, s, fused); break;
-        case 3: launch_pairs<B, 3>(w, x, y, s, fused); break;
-        default: launch_pairs<B, 4>(w, x, y, s, fused); break;
-      }
+      dispatch_int<1, 2, 3, 4>(m, [&](auto mm) { launch_pairs<B, decltype(mm)::value>(w, x, y, s, fused); });
     }
   } else {
     LOWBIT_CHECK(path != GemvPath::ScalarSharedX, "anyprec GEMV: shared-memory x staging is a 2/4/16 path");
@@ -979,17 +974,8 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     if (is_tensor_core(path)) {
       launch_tc<B>(w, x, m, y, s, fused, xfrag, path);
     } else {
-      switch (m) {
-        case 1: launch_gemv<B, 1>(w, x, y, s, fused); break;
-        case 2: launch_gemv<B, 2>(w, x, y, s, fused); break;
-        case 3: launch_gemv<B, 3>(w, x, y, s, fused); break;
-        case 4: launch_gemv<B, 4>(w, x, y, s, fused); break;
-        case 5: launch_gemv<B, 5>(w, x, y, s, fused); break;
-        case 6: launch_gemv<B, 6>(w, x, y, s, fused); break;
-        case 7: launch_gemv<B, 7>(w, x, y, s, fused); break;
-        case 8: launch_gemv<B, 8>(w, x, y, s, fused); break;
-        default: fail("anyprec GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
-      }
+      if (!dispatch_int<1, 2, 3, 4, 5, 6, 7, 8>(m, [&](auto mm) { launch_gemv<B, decltype(mm)::value>(w, x, y, s, fused); }))
+        fail("anyprec GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
     }
   }
   if (!fused && w.rowptr != nullptr) launch_outliers<B>(w, x, m, y, s);   // a separate CSR pass after whichever kernel ran
@@ -998,6 +984,12 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
 void check_width(const AnyPrecDevice& w, int bits) {
   LOWBIT_CHECK(bits >= 2 && bits <= w.planes && ((w.widths >> bits) & 1u) != 0, "anyprec GEMV: width ", bits,
                " is not served by this weight (planes ", w.planes, ")");
+}
+
+// f(integral_constant<int, bits>) for a width that check_width() accepted (2..8).
+template <typename F>
+void with_width(int bits, F&& f) {
+  dispatch_int<2, 3, 4, 5, 6, 7, 8>(bits, f);
 }
 
 }  // namespace
@@ -1012,16 +1004,7 @@ void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float
   check_width(w, bits);
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "anyprec GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   const bool fused = mode == OutlierMode::Fused;
-  switch (bits) {
-    case 2: gemv_bits<2>(w, x, m, y, s, fused, path, xfrag); break;
-    case 3: gemv_bits<3>(w, x, m, y, s, fused, path, xfrag); break;
-    case 4: gemv_bits<4>(w, x, m, y, s, fused, path, xfrag); break;
-    case 5: gemv_bits<5>(w, x, m, y, s, fused, path, xfrag); break;
-    case 6: gemv_bits<6>(w, x, m, y, s, fused, path, xfrag); break;
-    case 7: gemv_bits<7>(w, x, m, y, s, fused, path, xfrag); break;
-    case 8: gemv_bits<8>(w, x, m, y, s, fused, path, xfrag); break;
-    default: break;
-  }
+  with_width(bits, [&](auto b) { gemv_bits<decltype(b)::value>(w, x, m, y, s, fused, path, xfrag); });
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1029,15 +1012,7 @@ void anyprec_gemv_two_tiles(const AnyPrecDevice& w, int bits, const float* x, in
   check_width(w, bits);
   LOWBIT_CHECK(m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch && xfrag != nullptr,
                "anyprec two-tile GEMV: batch 9..16 and an xfrag scratch (asked: batch ", m, ")");
-  switch (bits) {
-    case 2: launch_two_tiles<2>(w, x, m, y, s, xfrag); break;
-    case 3: launch_two_tiles<3>(w, x, m, y, s, xfrag); break;
-    case 4: launch_two_tiles<4>(w, x, m, y, s, xfrag); break;
-    case 5: launch_two_tiles<5>(w, x, m, y, s, xfrag); break;
-    case 6: launch_two_tiles<6>(w, x, m, y, s, xfrag); break;
-    case 7: launch_two_tiles<7>(w, x, m, y, s, xfrag); break;
-    default: launch_two_tiles<8>(w, x, m, y, s, xfrag); break;
-  }
+  with_width(bits, [&](auto b) { launch_two_tiles<decltype(b)::value>(w, x, m, y, s, xfrag); });
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1045,31 +1020,14 @@ void anyprec_outliers_add(const AnyPrecDevice& w, int bits, const float* x, int6
   check_width(w, bits);
   if (w.rowptr == nullptr) return;
   const int mm = static_cast<int>(m);
-  switch (bits) {
-    case 2: launch_outliers<2>(w, x, mm, y, s); break;
-    case 3: launch_outliers<3>(w, x, mm, y, s); break;
-    case 4: launch_outliers<4>(w, x, mm, y, s); break;
-    case 5: launch_outliers<5>(w, x, mm, y, s); break;
-    case 6: launch_outliers<6>(w, x, mm, y, s); break;
-    case 7: launch_outliers<7>(w, x, mm, y, s); break;
-    default: launch_outliers<8>(w, x, mm, y, s); break;
-  }
+  with_width(bits, [&](auto b) { launch_outliers<decltype(b)::value>(w, x, mm, y, s); });
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
 void anyprec_dequant_f16(const AnyPrecDevice& w, int bits, __half* out, cudaStream_t s) {
   check_width(w, bits);
   const unsigned grid = static_cast<unsigned>((w.n * w.words + 255) / 256);
-  switch (bits) {
-    case 2: anyprec_dequant_kernel<2><<<grid, 256, 0, s>>>(w, out); break;
-    case 3: anyprec_dequant_kernel<3><<<grid, 256, 0, s>>>(w, out); break;
-    case 4: anyprec_dequant_kernel<4><<<grid, 256, 0, s>>>(w, out); break;
-    case 5: anyprec_dequant_kernel<5><<<grid, 256, 0, s>>>(w, out); break;
-    case 6: anyprec_dequant_kernel<6><<<grid, 256, 0, s>>>(w, out); break;
-    case 7: anyprec_dequant_kernel<7><<<grid, 256, 0, s>>>(w, out); break;
-    case 8: anyprec_dequant_kernel<8><<<grid, 256, 0, s>>>(w, out); break;
-    default: break;
-  }
+  with_width(bits, [&](auto b) { anyprec_dequant_kernel<decltype(b)::value><<<grid, 256, 0, s>>>(w, out); });
   if (w.rowptr != nullptr)
     anyprec_dequant_outliers_kernel<<<static_cast<unsigned>((w.n + 255) / 256), 256, 0, s>>>(w, out);
   LOWBIT_CUDA_CHECK(cudaGetLastError());

@@ -254,12 +254,8 @@ bool anyprec_wgmma_available() {
 void anyprec_wgmma_gemm(const AnyPrecDevice& w, int bits, const __half* xp, int64_t m, int64_t quads, float* y,
                         GemmContext& ctx) {
   LOWBIT_CHECK(anyprec_wgmma_available(), "anyprec wgmma GEMM: needs a compute capability 9.0 GPU (H100 / H200)");
-  switch (bits) {
-    case 2: wgmma_bits<2>(w, xp, m, quads, y, ctx); break;
-    case 3: wgmma_bits<3>(w, xp, m, quads, y, ctx); break;
-    case 4: wgmma_bits<4>(w, xp, m, quads, y, ctx); break;
-    default: fail("anyprec wgmma GEMM: widths 2..4 (asked: ", bits, ")");
-  }
+  if (!dispatch_int<2, 3, 4>(bits, [&](auto b) { wgmma_bits<decltype(b)::value>(w, xp, m, quads, y, ctx); }))
+    fail("anyprec wgmma GEMM: widths 2..4 (asked: ", bits, ")");
 }
 
 }  // namespace lowbit::cuda

@@ -56,15 +56,24 @@ bool pdl_supported() {   // griddepcontrol and the launch attribute: sm_90 and n
   }();
   return ok;
 }
+}  // namespace
+
+bool env_switch(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (v != nullptr && std::strcmp(v, "1") == 0) return true;
+  if (v != nullptr && std::strcmp(v, "0") == 0) return false;
+  return dflt;
+}
+
+namespace {
 struct PdlState {
   bool on;
   unsigned mask;
 };
 PdlState& pdl_state() {   // from the environment on first use
   static PdlState st = [] {
-    const char* env = std::getenv("LOWBIT_PDL");
     const char* mask = std::getenv("LOWBIT_PDL_MASK");
-    return PdlState{pdl_supported() && !(env != nullptr && std::strcmp(env, "0") == 0),
+    return PdlState{pdl_supported() && env_switch("LOWBIT_PDL", true),
                     mask != nullptr ? static_cast<unsigned>(std::strtoul(mask, nullptr, 0)) : static_cast<unsigned>(kPdlDefault)};
   }();
   return st;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -52,6 +53,18 @@ void set_pdl_mask(unsigned mask);
 unsigned pdl_mask();
 // The classes launched with PDL now (the mask, or 0 when PDL is off): what a captured graph must be keyed on.
 inline unsigned pdl_launch_classes() { return pdl_enabled() ? pdl_mask() : 0u; }
+
+// The starting value of a run-time switch read from the environment (each read once by its owner): `name` = "1" on,
+// "0" off, unset or anything else `dflt`.
+bool env_switch(const char* name, bool dflt);
+
+// A run-time value (a width, a batch, rows per warp) picking a kernel instantiation: calls
+// f(std::integral_constant<int, v>{}) for the one v among Values equal to `value`, and returns whether there was one
+// (nothing is called otherwise).
+template <int... Values, typename F>
+bool dispatch_int(int value, F&& f) {
+  return ((value == Values && (f(std::integral_constant<int, Values>{}), true)) || ...);
+}
 
 // An owning, move-only device allocation of `count` elements of T (uninitialised).
 template <typename T>

@@ -5,10 +5,6 @@
 // decode linear waits for the kernel before it to drain. This kernel loads its first weights before pdl_wait().
 // Its CPU twin is the fp64 product of the same fp16 weights (tests/test_cuda_kernels.cpp).
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <type_traits>
-#include <utility>
 
 #include "cuda/launch.cuh"
 #include "cuda/packed.h"
@@ -113,17 +109,12 @@ template <int M, typename XT>
 void launch_rows(int R, const __half* w, int64_t n, int64_t k, const XT* x, const float* bias, float* y, cudaStream_t s) {
   const dim3 block(kDenseWarps * 32);
   const int n32 = static_cast<int>(n), k32 = static_cast<int>(k);
-  auto go = [&](auto rows) {
+  const bool known = dispatch_int<1, 2, 4>(R, [&](auto rows) {
     constexpr int RR = decltype(rows)::value;
     const dim3 grid(static_cast<unsigned>((n + kDenseWarps * RR - 1) / (kDenseWarps * RR)));
     launch_pdl(kPdlDense, dense_gemv_kernel<M, RR, XT>, grid, block, 0, s, w, n32, k32, x, bias, y);
-  };
-  switch (R) {
-    case 1: go(std::integral_constant<int, 1>{}); break;
-    case 2: go(std::integral_constant<int, 2>{}); break;
-    case 4: go(std::integral_constant<int, 4>{}); break;
-    default: fail("dense_f16_gemv: rows per warp must be 1, 2 or 4 (got ", R, ")");
-  }
+  });
+  if (!known) fail("dense_f16_gemv: rows per warp must be 1, 2 or 4 (got ", R, ")");
 }
 
 template <typename XT>
@@ -132,31 +123,15 @@ void dense_gemv_dispatch(const __half* w, int64_t n, int64_t k, const XT* x, int
   LOWBIT_CHECK(dense_gemv_fits(w, n, k, m, x), "dense_f16_gemv: cannot run ", n, "x", k, " at batch ", m,
                " (needs batch 1..", kMaxGemvBatch, ", k a positive multiple of 8, 16-byte aligned W and x)");
   const int R = rows_per_warp > 0 ? rows_per_warp : dense_gemv_rows_per_warp(n, m);
-  switch (m) {
-    case 1: launch_rows<1>(R, w, n, k, x, bias, y, s); break;
-    case 2: launch_rows<2>(R, w, n, k, x, bias, y, s); break;
-    case 3: launch_rows<3>(R, w, n, k, x, bias, y, s); break;
-    case 4: launch_rows<4>(R, w, n, k, x, bias, y, s); break;
-    case 5: launch_rows<5>(R, w, n, k, x, bias, y, s); break;
-    case 6: launch_rows<6>(R, w, n, k, x, bias, y, s); break;
-    case 7: launch_rows<7>(R, w, n, k, x, bias, y, s); break;
-    default: launch_rows<8>(R, w, n, k, x, bias, y, s); break;
-  }
+  dispatch_int<1, 2, 3, 4, 5, 6, 7, 8>(m, [&](auto mm) { launch_rows<decltype(mm)::value>(R, w, n, k, x, bias, y, s); });
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-struct DenseGemvState {
-  bool on;
-};
-
-DenseGemvState& dense_gemv_state() {
-  static DenseGemvState st{[] {
-    const char* v = std::getenv("LOWBIT_DENSE_GEMV");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }()};
-  return st;
+bool& dense_gemv_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_DENSE_GEMV", true);
+  return on;
 }
 
 }  // namespace
@@ -186,8 +161,8 @@ bool dense_gemv_preferred(int64_t n, int64_t k, int64_t m) {
   return m <= 2;
 }
 
-bool dense_gemv_enabled() { return dense_gemv_state().on; }
-void set_dense_gemv(bool on) { dense_gemv_state().on = on; }
+bool dense_gemv_enabled() { return dense_gemv_state(); }
+void set_dense_gemv(bool on) { dense_gemv_state() = on; }
 
 void dense_f16_gemv(const __half* w, int64_t n, int64_t k, const float* x, int m, const float* bias, float* y,
                     cudaStream_t s, int rows_per_warp) {

@@ -608,17 +608,8 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
     LOWBIT_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  switch (m) {
-    case 1: launch<1>(w, x, y, s, fused, smem_x); break;
-    case 2: launch<2>(w, x, y, s, fused, smem_x); break;
-    case 3: launch<3>(w, x, y, s, fused, smem_x); break;
-    case 4: launch<4>(w, x, y, s, fused, smem_x); break;
-    case 5: launch<5>(w, x, y, s, fused, smem_x); break;
-    case 6: launch<6>(w, x, y, s, fused, smem_x); break;
-    case 7: launch<7>(w, x, y, s, fused, smem_x); break;
-    case 8: launch<8>(w, x, y, s, fused, smem_x); break;
-    default: fail("mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
-  }
+  if (!dispatch_int<1, 2, 3, 4, 5, 6, 7, 8>(m, [&](auto mm) { launch<decltype(mm)::value>(w, x, y, s, fused, smem_x); }))
+    fail("mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   if (!fused && w.rowptr != nullptr)
     launch_outliers(w, x, m, y, s);
   LOWBIT_CUDA_CHECK(cudaGetLastError());

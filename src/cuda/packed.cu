@@ -410,17 +410,11 @@ GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
 
 namespace {
 bool& half_x_state() {   // from the environment on first use
-  static bool on = [] {
-    const char* env = std::getenv("LOWBIT_GEMV_HALF_X");
-    return env != nullptr && std::strcmp(env, "1") == 0;
-  }();
+  static bool on = env_switch("LOWBIT_GEMV_HALF_X", false);
   return on;
 }
 bool& fused_gemm_state() {   // from the environment on first use
-  static bool on = [] {
-    const char* env = std::getenv("LOWBIT_FUSED_GEMM");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
+  static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
 }
 }  // namespace
