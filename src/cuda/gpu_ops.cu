@@ -199,16 +199,19 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   // with the prefetch).
   uint32_t vpre[kPrefetchV ? 32 : 1][kPrefetchV ? HD / 64 : 1];
   uint4 kraw[kPrefetchV ? HD / 8 : 1];
-  auto load_chunk = [&](int c0) {   // kPrefetchV: the keys of lane j = c0 + lane and the chunk's value rows
+  // kPrefetchV: the keys of lane j = c0 + lane and the chunk's value rows; with only >= 0, key and value row c0 + only
+  // alone (position p reloaded after the wait), the others kept.
+  auto load_chunk = [&](int c0, int only) {
     if constexpr (kPrefetchV) {
       const int cnt = min(32, k1 - c0);
 #pragma unroll
       for (int jj = 0; jj < 32; ++jj) {
+        if (only >= 0 && jj != only) continue;
         const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd + 2 * lane;
 #pragma unroll
         for (int pp = 0; pp < HD / 64; ++pp) vpre[jj][pp] = jj < cnt ? *reinterpret_cast<const uint32_t*>(vr + 64 * pp) : 0u;
       }
-      if (c0 + lane < k1) {
+      if (c0 + lane < k1 && (only < 0 || lane == only)) {
         const __half* kr = kb + static_cast<int64_t>(c0 + lane) * kvd;
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) kraw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
@@ -217,24 +220,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   };
   const int c_first = k0 + warp * 32;
   if (early) {
-    if (c_first < k1) load_chunk(c_first);
+    if (c_first < k1) load_chunk(c_first, -1);
     pdl_wait();
-    if constexpr (kPrefetchV) {
-      if (c_first < k1 && p >= c_first && p < c_first + 32) {   // this chunk holds position p: reload its key and value
-        if (c_first + lane == p) {
-          const __half* kr = kb + static_cast<int64_t>(p) * kvd;
-#pragma unroll
-          for (int i = 0; i < HD / 8; ++i) kraw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
-        }
-#pragma unroll
-        for (int jj = 0; jj < 32; ++jj)
-          if (c_first + jj == p) {
-#pragma unroll
-            for (int pp = 0; pp < HD / 64; ++pp)
-              vpre[jj][pp] = *reinterpret_cast<const uint32_t*>(vb + static_cast<int64_t>(p) * kvd + 2 * lane + 64 * pp);
-          }
-      }
-    }
+    if (c_first < k1 && p >= c_first && p < c_first + 32) load_chunk(c_first, p - c_first);   // this chunk holds p
   }
   for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(static_cast<int64_t>(r) * heads + h) * hd + i] * scale;
   __syncthreads();
@@ -246,7 +234,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   for (int c0 = c_first; c0 < k1; c0 += kAttnWarps * 32) {
     const int j = c0 + lane;
     const int cnt = min(32, k1 - c0);
-    if (!early || c0 != c_first) load_chunk(c0);
+    if (!early || c0 != c_first) load_chunk(c0, -1);
     float sc = -FLT_MAX;
     if (j < k1) {
       const __half* kr = kb + static_cast<int64_t>(j) * kvd;
