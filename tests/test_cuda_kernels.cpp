@@ -433,7 +433,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
       Shape sh;
       bool outliers;
       int64_t max_m;
-    } cases[] = {{{96, 1100}, false, 300}, {{300, 4096}, false, 150}, {{136, 8192}, false, 150}, {{200, 1100}, true, 300},
+    } cases[] = {{{96, 1100}, false, 520}, {{300, 4096}, false, 150}, {{136, 8192}, false, 150}, {{200, 1100}, true, 300},
                  {{130, 2048}, true, 150},  {{8000, 512}, false, 16},  {{8200, 512}, false, 16}};
     for (const auto& cs : cases) {
       const int64_t n = cs.sh.n, k = cs.sh.k;
@@ -444,7 +444,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
       for (int bits : {2, 3, 4, 5, 8}) {
         std::vector<float> wd(static_cast<size_t>(n * k));
         q.dequantize(bits, wd.data());
-        for (int64_t m : {9, 16, 17, 29, 33, 64, 70, 150, 260}) {
+        for (int64_t m : {9, 16, 17, 29, 33, 64, 70, 150, 260, 520}) {
           if ((k > 4096 && m > 64) || m > cs.max_m) continue;   // the CPU reference's time
           if (!cuda::anyprec_gemm_serves(bits, cuda::GemmKernel::Staged) && m > 16) continue;   // two tiles only
           const auto x = random_x(m, k, static_cast<uint32_t>(7 * m + bits));
@@ -454,7 +454,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
           std::vector<float> want(static_cast<size_t>(m * n));
           lin->forward_ref(xr.data(), m, want.data(), bits);
           const auto scale = abs_scale(xr, wd, m, n, k);
-          for (cuda::GemmKernel kind : {cuda::GemmKernel::Staged, cuda::GemmKernel::TwoTiles, cuda::GemmKernel::Wgmma}) {
+          for (cuda::GemmKernel kind : {cuda::GemmKernel::Staged, cuda::GemmKernel::TwoTiles, cuda::GemmKernel::Wgmma, cuda::GemmKernel::WgmmaWs}) {
             if ((kind == cuda::GemmKernel::TwoTiles && m > 16) || !cuda::anyprec_gemm_serves(bits, kind)) continue;
             const auto got = run_poisoned(x, m * n, [&](const float* xd, float* yd) {
               cuda::anyprec_gemm(dw.anyprec(), bits, xd, m, yd, ctx, kind);
@@ -474,6 +474,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
     if (major == 9 && minor == 0) {
       EXPECT_TRUE(cuda::anyprec_gemm_serves(3, cuda::GemmKernel::Wgmma));
+      EXPECT_TRUE(cuda::anyprec_gemm_serves(3, cuda::GemmKernel::WgmmaWs));
     }
     // Widths the fused GEMM does not serve are refused, not run.
     const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(16, 256, false, 5), storage));
@@ -481,6 +482,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx, cuda::GemmKernel::Staged), Error);
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 3, xd.get(), 8, yd.get(), ctx, cuda::GemmKernel::TwoTiles), Error);
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx, cuda::GemmKernel::Wgmma), Error);
+    EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx, cuda::GemmKernel::WgmmaWs), Error);
   }
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
 }

@@ -249,7 +249,7 @@ int64_t split_quads_for(int64_t blocks, int per_sm, int64_t quads) {
 
 bool anyprec_gemm_serves(int bits, GemmKernel kind) {
   if (kind == GemmKernel::TwoTiles) return bits >= 2 && bits <= 8;
-  if (kind == GemmKernel::Wgmma && !anyprec_wgmma_available()) return false;
+  if ((kind == GemmKernel::Wgmma || kind == GemmKernel::WgmmaWs) && !anyprec_wgmma_available()) return false;
   return bits >= 2 && bits <= 4;
 }
 
@@ -258,6 +258,7 @@ const char* gemm_kernel_name(GemmKernel kind) {
     case GemmKernel::TwoTiles: return "two-tile GEMV";
     case GemmKernel::Staged: return "staged";
     case GemmKernel::Wgmma: return "wgmma";
+    case GemmKernel::WgmmaWs: return "warp-specialized wgmma";
     default: return "auto";
   }
 }
@@ -274,7 +275,7 @@ void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, f
   if (kind == GemmKernel::Auto) kind = anyprec_gemm_auto_kind(m);
   LOWBIT_CHECK(anyprec_gemm_serves(bits, kind) && bits <= w.planes && ((w.widths >> bits) & 1u) != 0, "anyprec GEMM: width ",
                bits, " is not served by the ", gemm_kernel_name(kind), " kernel (",
-               kind == GemmKernel::TwoTiles ? "2..8" : kind == GemmKernel::Wgmma ? "2..4 bits on compute capability 9.0" : "2..4",
+               kind == GemmKernel::TwoTiles ? "2..8" : kind == GemmKernel::Wgmma || kind == GemmKernel::WgmmaWs ? "2..4 bits on compute capability 9.0" : "2..4",
                " bits that the weight serves)");
   if (kind == GemmKernel::TwoTiles) {
     void* xfrag = ctx.act_scratch((anyprec_xfrag_bytes(w.k) + 1) / 2);
@@ -287,6 +288,8 @@ void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, f
   anyprec_permute_x(w, x, m, xp, quads, ctx.stream());
   if (kind == GemmKernel::Wgmma) {
     anyprec_wgmma_gemm(w, bits, xp, m, quads, y, ctx);
+  } else if (kind == GemmKernel::WgmmaWs) {
+    anyprec_wgmma_ws_gemm(w, bits, xp, m, quads, y, ctx);
   } else {
     dispatch_int<2, 3, 4>(bits, [&](auto b) { gemm_bits<decltype(b)::value>(w, xp, m, quads, y, ctx); });
   }

@@ -45,5 +45,8 @@ int64_t split_quads_for(int64_t blocks, int per_sm, int64_t quads);
 bool anyprec_wgmma_available();
 void anyprec_wgmma_gemm(const AnyPrecDevice& w, int bits, const __half* xp, int64_t m, int64_t quads, float* y,
                         GemmContext& ctx);
+// The warp-specialized wgmma GEMM (anyprec_wgmma_ws.cu, sm_90a only), same contract.
+void anyprec_wgmma_ws_gemm(const AnyPrecDevice& w, int bits, const __half* xp, int64_t m, int64_t quads, float* y,
+                           GemmContext& ctx);
 
 }  // namespace lowbit::cuda

@@ -30,6 +30,7 @@
 #include "cuda/anyprec_codes.cuh"
 #include "cuda/anyprec_gemm_internal.h"
 #include "cuda/stream.cuh"
+#include "cuda/wgmma.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -37,7 +38,6 @@ namespace {
 constexpr int kWgs = 2;                  // warpgroups per CTA
 constexpr int kThreads = 128 * kWgs;
 constexpr int kRows = 64 * kWgs;         // one m64 tile per warpgroup
-constexpr int kAtomBytes = 1024;         // 8 tokens x 64 columns (128-byte rows), the 128-byte swizzle's atom
 
 // Byte offset in a stage's activations of 16-byte chunk c (columns 8c .. 8c + 7 of the quad) of token 8 tg + r:
 // k half c / 8 (N / 8 atoms each), atom tg, row r, chunk slot (c % 8) ^ r (the 128-byte swizzle wgmma undoes).
@@ -56,23 +56,11 @@ struct WgTile {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Shared-memory matrix descriptor, K-major, 128-byte swizzle: start address, the stride between 8-token groups
-// (1 KB), leading byte offset unused (1), layout type 1 in bits 62..63.
-__device__ __forceinline__ uint64_t smem_desc_sw128(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (static_cast<uint64_t>(kAtomBytes >> 4) << 32) |
-         (1ull << 62);
-}
 // The k16 step of slab sj (chunks 2 sj, 2 sj + 1): k half sj / 4, 32 bytes per step into its 128-byte token rows.
 template <int N>
 __device__ __forceinline__ uint64_t x_desc(uint32_t stage, int sj) {
   return smem_desc_sw128(stage + static_cast<uint32_t>((sj / 4) * (N / 8) * kAtomBytes + (sj % 4) * 32));
 }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory"); }
-// cp.async's shared-memory writes (generic proxy) made visible to wgmma's operand reads (async proxy).
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // D [64 x N] += A [64 x 16] (registers, fp16) · B [16 x N] (shared memory, fp16, K-major), fp32 accumulation.
 template <int N>

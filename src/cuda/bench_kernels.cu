@@ -152,7 +152,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             {
               // Every fused kernel that runs at this batch and width; * on Auto's.
               const bool tiles = m <= 2 * kMaxGemvBatch;
-              for (GemmKernel kind : {GemmKernel::TwoTiles, GemmKernel::Staged, GemmKernel::Wgmma}) {
+              for (GemmKernel kind : {GemmKernel::TwoTiles, GemmKernel::Staged, GemmKernel::Wgmma, GemmKernel::WgmmaWs}) {
                 if ((kind == GemmKernel::TwoTiles && !tiles) || !anyprec_gemm_serves(b, kind)) continue;
                 const double fus = median_us(o.iters, [&](int i) { anyprec_gemm(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), m, yf.get(), ctx, kind); });
                 const bool star = fused && kind == anyprec_gemm_auto_kind(m);
