@@ -468,6 +468,27 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
         }
       }
     }
+    // The warp-specialized kernel past one wave of tiles: 135 row blocks at 130 tokens, the first 132 tiles over all of
+    // k written straight into y, the last 3 split in k (8 quads: 2 splits) and summed by the tile reduction.
+    if (cuda::anyprec_gemm_serves(3, cuda::GemmKernel::WgmmaWs)) {
+      const int64_t n = 128 * 135, k = 1024, m = 130;
+      const AnyPrecQuantized q = anyprec_weight(n, k, false, 11);
+      const PackedWeight p = pack_anyprec(q, storage);
+      const cuda::DevicePackedWeight dw(p);
+      const auto lin = make_packed_linear(p, nullptr, "t");
+      std::vector<float> wd(static_cast<size_t>(n * k));
+      q.dequantize(3, wd.data());
+      const auto x = random_x(m, k, 12);
+      std::vector<float> xr = x;
+      for (float& v : xr) v = f16_to_f32(f32_to_f16(v));
+      std::vector<float> want(static_cast<size_t>(m * n));
+      lin->forward_ref(xr.data(), m, want.data(), 3);
+      const auto got = run_poisoned(x, m * n, [&](const float* xd, float* yd) {
+        cuda::anyprec_gemm(dw.anyprec(), 3, xd, m, yd, ctx, cuda::GemmKernel::WgmmaWs);
+        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
+      });
+      expect_close(got, want, abs_scale(xr, wd, m, n, k), kGemvBudget, "warp-specialized wgmma GEMM 17280x1024 3-bit m130");
+    }
     // On Hopper (compute capability 9.0) the wgmma kernel must have run above, not been skipped.
     int major = 0, minor = 0;
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));

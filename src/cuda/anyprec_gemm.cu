@@ -265,7 +265,7 @@ const char* gemm_kernel_name(GemmKernel kind) {
 
 GemmKernel anyprec_gemm_auto_kind(int64_t m) {
   if (m > kMaxGemvBatch && m <= 2 * kMaxGemvBatch) return GemmKernel::TwoTiles;
-  return m >= kWgmmaMinBatch && anyprec_wgmma_available() ? GemmKernel::Wgmma : GemmKernel::Staged;
+  return m >= kWgmmaMinBatch && anyprec_wgmma_available() ? GemmKernel::WgmmaWs : GemmKernel::Staged;
 }
 
 void anyprec_gemm(const AnyPrecDevice& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx, GemmKernel kind) {

@@ -389,6 +389,11 @@ bool anyprec_gemm_preferred(int64_t n, int64_t k, int64_t m, int bits) {
   // at 3 and 4 bits (H200, session 15, results/issue7-wgmma-gemm-v15-h200.txt: 4-bit 4096x4096 27.5 vs 32.0 us,
   // 28672x8192 215.1 vs 293.4), slower at 512 (3-bit 28672x8192 594.4 vs 483.8).
   if (m <= 128 && anyprec_gemm_serves(bits, GemmKernel::Wgmma)) return true;
+  // Batch 129..512 on the warp-specialized wgmma kernel (session 17, H200, results/issue7-wgmma-ws-v17-h200.txt): faster
+  // than dequantize + cuBLAS at 256 tokens on all seven 7B..70B shapes at 3 and 4 bits, at 512 on all seven at 3 bits
+  // (28672x8192 407.9 vs 479.5 us) and within 3% either way at 4 bits; at 2048 dequantize + cuBLAS is faster on the
+  // tall matrices (3-bit 28672x8192 1,490.8 vs 1,522.8, 4-bit 1,496.4 vs 1,703.0).
+  if (m <= 512 && anyprec_gemm_serves(bits, GemmKernel::WgmmaWs)) return true;
   return m <= 64 || (m <= 128 && (bits <= 3 || k > 4096));
 }
 
