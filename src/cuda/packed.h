@@ -222,7 +222,7 @@ void set_dense_gemv(bool on);
 // WgmmaWs = the warp-specialized wgmma GEMM (widths 2..4, compute capability 9.0 only; anyprec_wgmma_ws.cu): a
 // decoding warpgroup writes fp16 weight tiles to shared memory, TMA loads the activation tiles, two warpgroups run
 // wgmma with both operands in shared memory. Auto's choice from batch kWgmmaMinBatch (H200, session 17: at batch 128
-// equal to or up to 4% faster than Wgmma, at 256..512 1.3-1.7x faster); the staged kernel keeps batch 17..64.
+// equal to or up to 4% faster than Wgmma, at 256..512 1.1-1.8x faster); the staged kernel keeps batch 17..64.
 enum class GemmKernel { Auto, Staged, TwoTiles, Wgmma, WgmmaWs };
 inline constexpr int64_t kWgmmaMinBatch = 65;
 bool anyprec_gemm_serves(int bits, GemmKernel kind);   // also false for Wgmma where the GPU or build cannot run it
