@@ -1,7 +1,8 @@
 // The fused any-precision GEMM on Hopper's warpgroup MMA (wgmma): y [m, n] = x [m, k] · W_bᵀ with the b-bit weights
 // (2..4 bits) decoded from their bitplanes into registers and fed to wgmma as its A operand, the activations read by
-// the tensor cores straight from shared memory. No fp16 copy of W is written or read. Auto's kernel from batch 65
-// (packed.h: kWgmmaMinBatch); dequantize + cuBLAS stays faster from batch ~512 (docs/PERF.md, session 15).
+// the tensor cores straight from shared memory. No fp16 copy of W is written or read. Auto's kernel for batch 65..128
+// in session 15; since session 17 the warp-specialized kernel (anyprec_wgmma_ws.cu) is, and this one is kept as
+// GemmKernel::Wgmma (benchmarked and tested beside it; docs/PERF.md, sessions 15 and 17).
 //
 // Against the staged mma.sync GEMM (anyprec_gemm.cu): one A fragment per warp and k16 step feeds one m64nNk16 wgmma
 // (N tokens) instead of N / 8 mma.sync, and B needs no ldmatrix.
