@@ -1,6 +1,7 @@
 // Hopper (sm_90a) building blocks of the wgmma GEMMs (anyprec_wgmma.cu, anyprec_wgmma_ws.cu): shared-memory matrix
 // descriptors for the K-major 128-byte-swizzled layout, the wgmma fences / commit / wait, the generic-to-async proxy
-// fence, mbarriers, the TMA 2-D tile load and the shared-memory-operand wgmma (A and B both from shared memory).
+// fence, mbarriers, the TMA 2-D tile load, the wgmma forms with A from registers or shared memory (B from shared
+// memory).
 // Only the sm_90a-only sources include this; their kernels guard every use with __CUDA_ARCH_FEAT_SM90_ALL.
 #pragma once
 #include <cuda.h>
@@ -64,9 +65,40 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       : "memory");
 }
 
-// D [64 x N] += A [64 x 16] · B [16 x N], both fp16 in shared memory (K-major descriptors), fp32 accumulation.
+// The accumulator operands d[b] .. d[b + 7] of the wgmma asm statements below.
 #define LOWBIT_ACC8(b) \
   "+f"(d[(b)]), "+f"(d[(b) + 1]), "+f"(d[(b) + 2]), "+f"(d[(b) + 3]), "+f"(d[(b) + 4]), "+f"(d[(b) + 5]), "+f"(d[(b) + 6]), "+f"(d[(b) + 7])
+// D [64 x N] += A [64 x 16] (registers, fp16: the mma.sync m16n8k16 A fragment of the warp's 16 rows) · B [16 x N]
+// (shared memory, fp16, K-major descriptor), fp32 accumulation.
+template <int N>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc);
+template <>
+__device__ __forceinline__ void wgmma_rs<64>(float (&d)[32], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, {%32, %33, %34, %35}, %36, 1, 1, 1, 0;\n"
+      : LOWBIT_ACC8(0), LOWBIT_ACC8(8), LOWBIT_ACC8(16), LOWBIT_ACC8(24)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+template <>
+__device__ __forceinline__ void wgmma_rs<128>(float (&d)[64], const uint32_t (&a)[4], uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, {%64, %65, %66, %67}, %68, 1, 1, 1, 0;\n"
+      : LOWBIT_ACC8(0), LOWBIT_ACC8(8), LOWBIT_ACC8(16), LOWBIT_ACC8(24), LOWBIT_ACC8(32), LOWBIT_ACC8(40),
+        LOWBIT_ACC8(48), LOWBIT_ACC8(56)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+// D [64 x N] += A [64 x 16] · B [16 x N], both fp16 in shared memory (K-major descriptors), fp32 accumulation.
 template <int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b);
 template <>
