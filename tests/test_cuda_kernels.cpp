@@ -10,11 +10,13 @@
 #ifdef LOWBIT_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 
 #include "core/half.h"
 #include "cuda/gpu_ops.h"
+#include "cuda/int8_tables.h"
 #include "cuda/packed.h"
 #include "cuda/sampling.h"
 #include "formats/format_table.h"
@@ -162,6 +164,116 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
                                std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
                                std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
             }
+        }
+      }
+    }
+}
+
+// The int8 GEMV (TensorCoreInt8LutStream: int8 centroids under a row scale, x as two int8 pieces under a column scale,
+// int8 mma with int32 sums) against two references on the same packed bytes:
+//   - its CPU twin: the same int8 tables and pieces (cuda/int8_tables.h, the same float operations) summed in fp64, and
+//     the outliers corrected against the int8 centroid with the fp32 x; budget kGemvBudget (only the fp32 scaling and
+//     the sum of the warps' partials differ);
+//   - the format's own reference (fp16 centroids, fp32 x), within the named budget of the two roundings: per output
+//     sum_c |x_c| sigma_r / 2 (a centroid is off by at most half its row's int8 step) + sum_c |w8_rc| s / 508 (an
+//     activation by at most half the low piece's step), plus kGemvBudget.
+// The tables derived on the device are byte-for-byte the host's. Shapes: one tile of 64 rows, 17x8320 (65 words:
+// a part last group; 17 rows: a part tile), 9001x2432 (more tiles than one wave of persistent CTAs), 40x28672; every
+// width 2..4, batches 1..8 (the stage forms M = 1, 2, 4, 8), with and without ~1.5% outliers; the SpMV mode runs
+// fused too.
+TEST(CudaKernels, AnyPrecInt8GemvMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const Shape shapes[] = {{64, 4096}, {17, 8320}, {9001, 2432}, {40, 28672}};
+  uint32_t seed = 500;
+  for (const Shape& sh : shapes)
+    for (bool outliers : {false, true}) {
+      std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+      const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, outliers, seed++);
+      const PackedWeight pw = pack_anyprec(q, storage);
+      const auto cpu = make_packed_linear(pw, nullptr, "t");
+      const cuda::DevicePackedWeight dw(pw);
+      const int64_t n16 = (sh.n + 15) / 16 * 16;
+      for (int bits = 2; bits <= 4; ++bits) {
+        const int E = 1 << bits;
+        // Host tables and their device twins.
+        std::vector<int8_t> tq(static_cast<size_t>(n16 * E), 0);
+        std::vector<float> sig(static_cast<size_t>(n16), 0.0f);
+        for (int64_t r = 0; r < sh.n; ++r) {
+          std::vector<float> c(static_cast<size_t>(E));
+          for (int e = 0; e < E; ++e) c[static_cast<size_t>(e)] = f16_to_f32(q.luts.at(bits)[static_cast<size_t>(r * E + e)]);
+          sig[static_cast<size_t>(r)] = cuda::i8_table_row(c.data(), E, tq.data() + r * E);
+        }
+        std::vector<int8_t> dq(tq.size());
+        std::vector<float> dsig(sig.size());
+        LOWBIT_CUDA_CHECK(cudaMemcpy(dq.data(), dw.anyprec().lut8[bits], dq.size(), cudaMemcpyDeviceToHost));
+        LOWBIT_CUDA_CHECK(cudaMemcpy(dsig.data(), dw.anyprec().lut8_scale[bits], dsig.size() * 4, cudaMemcpyDeviceToHost));
+        ASSERT_EQ(dq, tq) << "int8 tables, " << bits << " bits";
+        ASSERT_EQ(0, std::memcmp(dsig.data(), sig.data(), sig.size() * 4)) << "int8 table scales, " << bits << " bits";
+        // The int8 view of the dense weights (outliers keep their fp16 values) and of the int8 centroids alone.
+        std::vector<float> w8(static_cast<size_t>(sh.n * sh.k)), wd(w8.size());
+        q.dequantize(bits, wd.data());
+        for (int64_t r = 0; r < sh.n; ++r)
+          for (int64_t c = 0; c < sh.k; ++c) {
+            const int code = q.codes[static_cast<size_t>(r * sh.k + c)] >> (q.planes - bits);
+            w8[static_cast<size_t>(r * sh.k + c)] = sig[static_cast<size_t>(r)] * tq[static_cast<size_t>(r * E + code)];
+          }
+        for (int m : {1, 2, 3, 5, 8}) {
+          if (sh.n * sh.k > 1000000 && m != 1 && m != 8) continue;   // the large shapes: the ends of the batch range
+          const std::vector<float> x = random_x(m, sh.k, seed++);
+          std::vector<float> want(static_cast<size_t>(m * sh.n)), ref(want.size());
+          std::vector<double> bound(want.size());
+          cpu->forward_ref(x.data(), m, ref.data(), bits);
+          for (int mm = 0; mm < m; ++mm) {
+            const float* xr = x.data() + mm * sh.k;
+            float mx = 0.0f;
+            for (int64_t c = 0; c < sh.k; ++c) mx = cuda::i8_absmax_step(mx, xr[c]);
+            const float s = mx / cuda::kI8Max;
+            std::vector<double> xq(static_cast<size_t>(sh.k));
+            for (int64_t c = 0; c < sh.k; ++c) {
+              int8_t hi, lo;
+              cuda::i8_x_pieces(xr[c], s, hi, lo);
+              xq[static_cast<size_t>(c)] = static_cast<double>(s) * (hi + lo / static_cast<double>(cuda::kI8LoSteps));
+            }
+            for (int64_t r = 0; r < sh.n; ++r) {
+              double acc = 0, b = 0;
+              for (int64_t c = 0; c < sh.k; ++c) {
+                const size_t i = static_cast<size_t>(r * sh.k + c);
+                acc += static_cast<double>(w8[i]) * xq[static_cast<size_t>(c)];
+                b += std::fabs(static_cast<double>(xr[c])) * sig[static_cast<size_t>(r)] / 2 + std::fabs(static_cast<double>(w8[i])) * s / 508.0;
+              }
+              if (outliers)
+                for (int32_t e = q.outlier_rowptr[static_cast<size_t>(r)]; e < q.outlier_rowptr[static_cast<size_t>(r) + 1]; ++e) {
+                  const int64_t c = q.outlier_col[static_cast<size_t>(e)];
+                  const size_t i = static_cast<size_t>(r * sh.k + c);
+                  // The twin: the dense sum used the int8 centroid with the pieces; the correction swaps it for the fp16
+                  // value with fp32 x (as the kernel's epilogue).
+                  acc += static_cast<double>(f16_to_f32(q.outlier_val[static_cast<size_t>(e)]) - w8[i]) * xr[c];
+                }
+              want[static_cast<size_t>(mm * sh.n + r)] = static_cast<float>(acc);
+              bound[static_cast<size_t>(mm * sh.n + r)] = b;
+            }
+          }
+          const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
+          cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
+          ASSERT_GE(xfrag.bytes(), cuda::anyprec_i8_x_bytes(sh.k, m));
+          for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+            if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+            LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
+            const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+              cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, cuda::GemvPath::TensorCoreInt8LutStream, xfrag.get());
+            });
+            const std::string what = "anyprec int8 " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" +
+                                     std::to_string(bits) + " m" + std::to_string(m) + (outliers ? " outliers" : "");
+            expect_close(got, want, scale, kGemvBudget, what + " vs twin");
+            int bad = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+              const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+              if (!(err <= bound[i] + kGemvBudget * scale[i]) && bad++ < 3)
+                ADD_FAILURE() << what << " vs fp16-LUT reference: output " << i << " got " << got[i] << " want " << ref[i]
+                              << " (rounding budget " << bound[i] << ")";
+            }
+            EXPECT_EQ(bad, 0) << what;
+          }
         }
       }
     }
@@ -795,6 +907,12 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
        "streamed tensor-core kernel needs pre-split activations and k a multiple of 256");
   says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::TensorCoreRegisterLutStream, mfrag.get()); },
+       "register tables are an any-precision path");
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                cuda::GemvPath::TensorCoreInt8LutStream, xfrag.get()); },
+       "int8 GEMV: needs k a multiple of 128 and >= 2048");
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                 cuda::GemvPath::TensorCoreInt8LutStream, mfrag.get()); },
        "register tables are an any-precision path");
   says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
   const UniformQuantized u = test::random_quantized(4, 64, 4, 32, false, false, 1);

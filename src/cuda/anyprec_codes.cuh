@@ -6,9 +6,27 @@
 
 #include <cstdint>
 
+#include "cuda/packed.h"
+
 namespace lowbit::cuda {
 
 __device__ __forceinline__ int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// The b-bit code of column c of `row`, read bit by bit from planes 0..B-1 (used for outlier corrections).
+template <int B>
+__device__ __forceinline__ int code_at(const AnyPrecDevice& w, int64_t row, int64_t c) {
+  const int64_t tile = c / 1024, first = tile * 32;
+  const int64_t nw = min_i64(32, w.words - first);
+  const int64_t o = c - tile * 1024, u = o / (8 * nw), rest = o % (8 * nw);
+  const int64_t word = first + rest / 8;
+  const int bit = static_cast<int>(8 * u + rest % 8);
+  int code = 0;
+#pragma unroll
+  for (int j = 0; j < B; ++j)
+    code |= static_cast<int>((__ldg(w.plane_data + (j * w.n + row) * w.words + word) >> bit) & 1u) << (B - 1 - j);
+  return code;
+}
+
 
 // Bit transpose of column slot i (0..7) of every byte: byte u of the result holds the B-bit code of column 8u + i,
 // plane 0 the most significant bit. Plane j's bit is moved from position i to position B-1-j of each byte by one
@@ -124,6 +142,24 @@ __device__ __forceinline__ void register_selectors(const uint32_t (&w)[B], int s
     sel = transpose_slot<B, 0x11111111u>(w, s);
     msel = 0u;
   }
+}
+
+// One row's int8 table in registers (int8_tables.h): the 2^B int8 centroids, four per word (2 bits: one word).
+template <int B>
+struct I8Table {
+  static_assert(B >= 2 && B <= 4, "int8 register tables: 2..4 bits");
+  static constexpr int kWords = B == 2 ? 1 : 1 << (B - 2);
+  uint32_t v[kWords];
+};
+
+// Four int8 centroids, byte q for the code in nibble q of sel (register_selectors); 4 bits: the two 8-entry halves
+// looked up with the low 3 bits and merged under msel (nibble q: q + 4 * the code's plane-0 bit). One PRMT per four
+// weights at 2..3 bits, three at 4.
+template <int B>
+__device__ __forceinline__ uint32_t i8_lookup(const I8Table<B>& t, uint32_t sel, uint32_t msel) {
+  if constexpr (B == 4) return prmt(prmt(t.v[0], t.v[1], sel), prmt(t.v[2], t.v[3], sel), msel);
+  else if constexpr (B == 3) return prmt(t.v[0], t.v[1], sel);
+  else return prmt(t.v[0], t.v[0], sel);
 }
 
 }  // namespace lowbit::cuda

@@ -75,21 +75,6 @@ __device__ __forceinline__ void load_x8(const float* __restrict__ xr, int64_t c,
   }
 }
 
-// The b-bit code of column c of `row`, read bit by bit from planes 0..B-1 (used for outlier corrections).
-template <int B>
-__device__ __forceinline__ int code_at(const AnyPrecDevice& w, int64_t row, int64_t c) {
-  const int64_t tile = c / 1024, first = tile * 32;
-  const int64_t nw = min_i64(32, w.words - first);
-  const int64_t o = c - tile * 1024, u = o / (8 * nw), rest = o % (8 * nw);
-  const int64_t word = first + rest / 8;
-  const int bit = static_cast<int>(8 * u + rest % 8);
-  int code = 0;
-#pragma unroll
-  for (int j = 0; j < B; ++j)
-    code |= static_cast<int>((__ldg(w.plane_data + (j * w.n + row) * w.words + word) >> bit) & 1u) << (B - 1 - j);
-  return code;
-}
-
 // The fused outlier entries (add_outlier_partials, store_tc_fragments): entry e of `row` adds (val - lut[code]) * x[c],
 // the code re-read from the planes.
 template <int B>
@@ -971,6 +956,7 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       LOWBIT_CHECK(anyprec_stream_fits(w.n, w.k, m), "anyprec GEMV: the streamed register-table kernel needs k a multiple of 128 and >= ",
                    16 * 32 * kStreamWarps, ", and batch <= 2 (asked: ", w.n, "x", w.k, ", batch ", m, ")");
     if (path == GemvPath::Auto) path = anyprec_auto_path(w.n, w.k, m, B, xfrag != nullptr);
+    if (path == GemvPath::TensorCoreInt8LutStream) return anyprec_gemv_i8(w, B, x, m, y, s, true, xfrag);   // outliers fused
     if (is_tensor_core(path)) {
       launch_tc<B>(w, x, m, y, s, fused, xfrag, path);
     } else {

@@ -101,15 +101,15 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
       << " tokens (batch 1, median of 3); decode = " << o.decode << " greedy steps after a " << o.prompt
       << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time; 'no PDL': the same decode\n"
          "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh);\n"
-         "'other x': at 2..3 bits, the same decode timed in the same run with the register-table GEMV's other activation\n"
-         "precision (x rounded to fp16 when the run carries it as fp16 hi + lo, the default, and the reverse under\n"
-         "LOWBIT_GEMV_HALF_X=1; '-' where the width does not use that kernel); 'dequant+cuBLAS': packed weights above batch 8,\n"
+         "'int8 tables toggled': at 2..4 bits and batch <= 8, the same decode timed in the same run with the int8 GEMV\n"
+         "(GemvPath::TensorCoreInt8LutStream) switched the other way (off when the run has it on, the default; on under\n"
+         "LOWBIT_INT8_TABLES=0); 'dequant+cuBLAS': packed weights above batch 8,\n"
          "the same decode timed in the same run with the fused GEMM off (LOWBIT_FUSED_GEMM=0: every linear dequantized\n"
          "to fp16, then cuBLAS); for fp16 weights where our dense GEMV runs (batch 1..2), the same decode with cuBLAS in place of our dense GEMV\n"
          "(LOWBIT_DENSE_GEMV=0)\n";
   const bool pdl = pdl_enabled();
   out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
-         " | decode tok/s, no PDL | decode tok/s, other x | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV\n";
+         " | decode tok/s, no PDL | decode tok/s, int8 tables toggled | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV\n";
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
     for (const std::string& kind : o.kinds) {
@@ -140,12 +140,12 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             plain_tok_s = time_decode(m, b, o.prompt, o.decode, batch, nullptr);
             set_pdl(true);
           }
-          std::string other_x = "-";   // the register-table GEMV with the other activation precision
-          if (kind == "anyprec" && b <= 3) {
-            const bool half_x = half_x_gemv_enabled();
-            set_half_x_gemv(!half_x);
+          std::string other_x = "-";   // the GEMVs with the int8 tables toggled
+          if (kind == "anyprec" && b <= 4 && batch <= kMaxGemvBatch) {
+            const bool i8 = int8_tables_enabled();
+            set_int8_tables(!i8);
             std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
-            set_half_x_gemv(half_x);
+            set_int8_tables(i8);
             other_x = line;
           }
           std::string dequant = "-";   // the large-batch path the fused GEMM replaced, same run

@@ -24,10 +24,10 @@ int splits_for(int span, int rows, int heads, int sms) {
 
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
 // GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
-// dense_gemv_enabled).
+// dense_gemv_enabled, int8_tables_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
-         (dense_gemv_enabled() ? 0u : 0x40000u);
+         (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u);
 }
 
 }  // namespace

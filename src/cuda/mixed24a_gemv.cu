@@ -559,7 +559,8 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   const bool fused = mode == OutlierMode::Fused;
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   LOWBIT_CHECK(path != GemvPath::ScalarPairs, "mixed24a GEMV: merged pair lookups are an any-precision path");
-  LOWBIT_CHECK(!is_register_table(path), "mixed24a GEMV: register tables are an any-precision path");
+  LOWBIT_CHECK(!is_register_table(path) && path != GemvPath::TensorCoreInt8LutStream,
+               "mixed24a GEMV: register tables are an any-precision path");
   const bool smem_x = path == GemvPath::ScalarSharedX;
   if (smem_x) {
     static const int64_t optin = [] {

@@ -23,6 +23,18 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// mma.sync m16n8k32 with int8 A and B and int32 accumulators (the int8 GEMV, anyprec_gemv_i8.cu). Its fragments hold
+// four consecutive k per register (lowest k in the low byte), lane = 4 g + t:
+//   A (16 x 32, row): a0 = (row g, k 4t..4t+3), a1 = (row g+8, k 4t..), a2 = (row g, k 16+4t..), a3 = (row g+8, k 16+4t..)
+//   B (32 x 8, col):  b0 = (k 4t..4t+3; col g), b1 = (k 16+4t..16+4t+3; col g)
+//   C: as m16n8k16's.
+__device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // (hi, lo) fp16 pairs of two activations: hi = fp16(v), lo = fp16(v - hi), so hi + lo carries ~22 bits of v.
 __device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uint32_t& lo) {
   const __half2 h = __floats2half2_rn(v0, v1);

@@ -8,6 +8,7 @@
 #include <random>
 #include <tuple>
 
+#include "cuda/int8_tables.h"
 #include "cuda/launch.cuh"
 #include "formats/anyprec/layout.h"
 #include "formats/mixed24a/layout.h"
@@ -23,6 +24,7 @@ DevicePackedWeight::DevicePackedWeight(const PackedWeight& w)
   LOWBIT_CHECK(format_ == "anyprec" || format_ == "mixed24a", "CUDA backend: packed format '", format_,
                "' has no GPU kernel yet (anyprec and mixed24a do; QUIK models run with --device cpu)");
   for (const auto& [name, view] : w.parts) parts_.emplace(name, DeviceBuffer<uint8_t>(view.data, view.nbytes));
+  if (format_ == "anyprec") derive_int8_tables();
 }
 
 const uint8_t* DevicePackedWeight::part(const std::string& name) const {
@@ -76,6 +78,11 @@ AnyPrecDevice DevicePackedWeight::anyprec() const {
   d.plane_data = reinterpret_cast<const uint32_t*>(part("planes"));
   for (int b = kAnyPrecMinBits; b <= d.planes; ++b)
     if ((d.widths >> b) & 1u) d.lut[b] = reinterpret_cast<const __half*>(part("lut" + std::to_string(b)));
+  for (int b = kAnyPrecMinBits; b <= 4 && b <= d.planes; ++b)
+    if ((d.widths >> b) & 1u) {
+      d.lut8[b] = reinterpret_cast<const int8_t*>(part("derived_lut8_" + std::to_string(b)));
+      d.lut8_scale[b] = reinterpret_cast<const float*>(part("derived_lut8s_" + std::to_string(b)));
+    }
   view_outliers(d);
   return d;
 }
@@ -127,7 +134,43 @@ __global__ void f32_to_f16_kernel(const float* __restrict__ in, __half* __restri
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) out[i] = __float2half_rn(in[i]);
 }
+// One row's int8 table per thread (int8_tables.h), rows n .. n16 - 1 zero.
+template <int E>
+__global__ void int8_tables_kernel(const __half* __restrict__ lut, int64_t n, int64_t n16, int8_t* __restrict__ q,
+                                   float* __restrict__ scale) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= n16) return;
+  float c[E];
+  int8_t t[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) c[e] = r < n ? __half2float(lut[r * E + e]) : 0.0f;
+  scale[r] = i8_table_row(c, E, t);
+#pragma unroll
+  for (int e = 0; e < E; ++e) q[r * E + e] = t[e];
+}
 }  // namespace
+
+void DevicePackedWeight::derive_int8_tables() {
+  const int planes = static_cast<int>(params_.at("planes"));
+  const uint32_t widths = static_cast<uint32_t>(params_.at("widths"));
+  const int64_t n16 = (n_ + 15) / 16 * 16;
+  for (int b = kAnyPrecMinBits; b <= 4 && b <= planes; ++b) {
+    if (((widths >> b) & 1u) == 0) continue;
+    const std::string tb = "derived_lut8_" + std::to_string(b), sb = "derived_lut8s_" + std::to_string(b);
+    parts_.erase(tb);
+    parts_.erase(sb);
+    auto& q = parts_.emplace(tb, DeviceBuffer<uint8_t>(static_cast<size_t>(n16 << b))).first->second;
+    auto& sc = parts_.emplace(sb, DeviceBuffer<uint8_t>(static_cast<size_t>(4 * n16))).first->second;
+    const auto* lut = reinterpret_cast<const __half*>(part("lut" + std::to_string(b)));
+    auto* qp = reinterpret_cast<int8_t*>(q.get());
+    auto* sp = reinterpret_cast<float*>(sc.get());
+    if (b == 2) int8_tables_kernel<4><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp);
+    else if (b == 3) int8_tables_kernel<8><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp);
+    else int8_tables_kernel<16><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp);
+    LOWBIT_CUDA_CHECK(cudaGetLastError());
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));   // the tables are complete before any stream's GEMV reads them
+}
 
 void fill_random_bytes(void* p, int64_t nbytes, uint64_t seed, cudaStream_t s) {
   if (nbytes > 0) fill_bytes_kernel<<<grid_for(nbytes), 256, 0, s>>>(static_cast<uint8_t*>(p), nbytes, seed);
@@ -155,6 +198,7 @@ DevicePackedWeight DevicePackedWeight::random_anyprec(int64_t n, int64_t k, uint
     auto& lut = w.parts_.emplace("lut" + std::to_string(b), DeviceBuffer<uint8_t>(static_cast<size_t>(2 * (n << b)))).first->second;
     fill_random_half(reinterpret_cast<__half*>(lut.get()), n << b, seed + static_cast<uint64_t>(b), -0.05f, 0.05f);
   }
+  w.derive_int8_tables();
   return w;
 }
 
@@ -170,7 +214,8 @@ std::unique_ptr<DevicePackedWeight> DevicePackedWeight::concat_rows(const std::v
     for (const char* p : {"planes", "widths", "sparse"})
       if (w->params_.at(p) != f.params_.at(p)) return nullptr;
     for (const auto& [name, buf] : w->parts_)
-      if (name != "planes" && name.rfind("lut", 0) != 0 && name.rfind("outlier_", 0) != 0) return nullptr;   // unknown part
+      if (name != "planes" && name.rfind("lut", 0) != 0 && name.rfind("outlier_", 0) != 0 && name.rfind("derived_", 0) != 0)
+        return nullptr;   // unknown part
     N += w->n_;
   }
   std::unique_ptr<DevicePackedWeight> out(new DevicePackedWeight());
@@ -190,7 +235,7 @@ std::unique_ptr<DevicePackedWeight> DevicePackedWeight::concat_rows(const std::v
     }
   out->parts_.emplace("planes", std::move(planes));
   for (const auto& [name, buf] : f.parts_) {   // per-row LUTs and the outliers' columns / values: concatenated
-    if (name == "planes" || name == "outlier_rowptr") continue;
+    if (name == "planes" || name == "outlier_rowptr" || name.rfind("derived_", 0) == 0) continue;
     size_t total = 0;
     for (const DevicePackedWeight* w : ws) total += w->parts_.at(name).bytes();
     DeviceBuffer<uint8_t> cat(total);
@@ -214,6 +259,7 @@ std::unique_ptr<DevicePackedWeight> DevicePackedWeight::concat_rows(const std::v
     out->params_["nnz"] = rowptr.back();
     out->parts_.emplace("outlier_rowptr", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(rowptr.data()), rowptr.size() * 4));
   }
+  out->derive_int8_tables();
   return out;
 }
 
@@ -353,6 +399,7 @@ static bool anyprec_stream_preferred(int64_t n, int64_t k, int m, int bits) {
 }
 
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
+  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled() && anyprec_i8_fits(n, k, m)) return GemvPath::TensorCoreInt8LutStream;
   if (presplit && (bits == 3 || bits == 4) && anyprec_stream_fits(n, k, m) && anyprec_stream_preferred(n, k, m, bits))
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutStreamHalfX : GemvPath::TensorCoreRegisterLutStream;
   if (presplit && bits <= 4 && m >= kRegisterLutMinBatch)
@@ -418,6 +465,10 @@ bool& half_x_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_GEMV_HALF_X", false);
   return on;
 }
+bool& int8_tables_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_INT8_TABLES", true);
+  return on;
+}
 bool& fused_gemm_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
@@ -427,6 +478,8 @@ bool& fused_gemm_state() {   // from the environment on first use
 bool fused_gemm_enabled() { return fused_gemm_state(); }
 void set_fused_gemm(bool on) { fused_gemm_state() = on; }
 bool half_x_gemv_enabled() { return half_x_state(); }
+bool int8_tables_enabled() { return int8_tables_state(); }
+void set_int8_tables(bool on) { int8_tables_state() = on; }
 void set_half_x_gemv(bool on) { half_x_state() = on; }
 
 bool narrow_rows(int64_t n, int64_t k, int m, int bits) {

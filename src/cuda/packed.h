@@ -29,6 +29,10 @@ struct AnyPrecDevice {
   uint32_t widths = 0;                      // bit b: width b served
   const uint32_t* plane_data = nullptr;     // [P, n, words]
   const __half* lut[9] = {};                // lut[b]: [n, 2^b] for every served b
+  // Derived at upload for the served widths 2..4 (int8_tables.h; the int8 GEMV, GemvPath::TensorCoreInt8LutStream):
+  // lut8[b] [n16, 2^b] int8 centroids and lut8_scale[b] [n16] their row scales, n16 = n rounded up to 16 (zeros).
+  const int8_t* lut8[5] = {};
+  const float* lut8_scale[5] = {};
   const int32_t* rowptr = nullptr;          // CSR of outliers, or null
   const int32_t* col = nullptr;
   const __half* val = nullptr;
@@ -82,6 +86,9 @@ class DevicePackedWeight {
   const uint8_t* part(const std::string& name) const;
   template <typename View>
   void view_outliers(View& d) const;   // the CSR outlier parts, when the weight has them
+  // anyprec: the int8 tables of the served widths 2..4 (parts "derived_lut8_<b>", "derived_lut8s_<b>") from the fp16
+  // LUTs; rebuilt, never concatenated, by concat_rows (their rows are padded to 16).
+  void derive_int8_tables();
   std::string format_;
   int64_t n_ = 0, k_ = 0;
   std::map<std::string, int64_t> params_;
@@ -98,6 +105,10 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   TensorCoreRegisterLutStream  the register-table kernel with persistent CTAs streaming each warp's plane words,
 //                          LUT rows and x fragments through shared memory by cp.async (batch 1..2, k a multiple of
 //                          128 and >= 2048); ...StreamHalfX the same with x rounded to fp16 as above;
+//   TensorCoreInt8LutStream  the streamed kernel's memory side with int8 tables and int8 mma.sync (any-precision 2..4
+//                          bits, batch 1..8, k a multiple of 128 and >= 2048; anyprec_gemv_i8.cu): the centroids
+//                          rounded to int8 under a row scale, x as two int8 pieces under a column scale
+//                          (int8_tables.h); outliers always fused, corrected against the int8 centroid;
 //   TensorCoreStream       2/4/16 tensor-core kernel with persistent CTAs streaming each warp's code words, metadata,
 //                          scales and x fragments through shared memory by cp.async (x pre-split; k a multiple of
 //                          256 and >= 1024);
@@ -108,7 +119,7 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   Auto                   anyprec_auto_path / mixed24a_auto_path: the fastest measured by `lowbit bench --kernels`
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
 enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX, TensorCoreRegisterLutHalfX,
-                      TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX, TensorCoreStream };
+                      TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX, TensorCoreStream, TensorCoreInt8LutStream };
 constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
 // The register-table kernels (any-precision 2..4 bits, x pre-split), and every tensor-core path.
 constexpr bool is_register_table(GemvPath p) {
@@ -118,7 +129,17 @@ constexpr bool is_register_table(GemvPath p) {
 constexpr bool is_streamed(GemvPath p) {
   return p == GemvPath::TensorCoreRegisterLutStream || p == GemvPath::TensorCoreRegisterLutStreamHalfX;
 }
-constexpr bool is_tensor_core(GemvPath p) { return p == GemvPath::TensorCore || is_register_table(p); }
+constexpr bool is_tensor_core(GemvPath p) {
+  return p == GemvPath::TensorCore || is_register_table(p) || p == GemvPath::TensorCoreInt8LutStream;
+}
+// Whether the int8 GEMV (TensorCoreInt8LutStream, anyprec_gemv_i8) serves this shape and batch: k a multiple of 128
+// and >= 2048, batch 1..8 (2..4 bits).
+constexpr bool anyprec_i8_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 128 == 0 && k >= 2048 && m >= 1 && m <= kMaxGemvBatch; }
+// Whether Auto runs the int8 GEMV where it fits (2..4 bits, batch 1..8). On unless LOWBIT_INT8_TABLES=0 in the
+// environment (read once); set_int8_tables() overrides it (benchmarks time both in one run; a captured decode graph is
+// keyed on it). Its centroids are the fp16 LUT's rounded to int8 under a row scale (int8_tables.h).
+bool int8_tables_enabled();
+void set_int8_tables(bool on);
 // Whether the streamed register-table kernel serves this shape and batch (k % 128 == 0, k >= 2048, m <= 2).
 constexpr bool anyprec_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 128 == 0 && k >= 2048 && m <= 2; }
 // Whether the streamed 2/4/16 tensor-core kernel serves this shape (k % 256 == 0, k >= 1024; any batch 1..8).
@@ -154,6 +175,10 @@ bool narrow_rows(int64_t n, int64_t k, int m, int bits);
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s,
                   OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
 size_t anyprec_xfrag_bytes(int64_t k);
+// The int8 GEMV (GemvPath::TensorCoreInt8LutStream) on its own: xq, a scratch of anyprec_i8_x_bytes(k, m) bytes
+// (anyprec_xfrag_bytes(k) is always enough), receives the activations' int8 pieces first. Outliers are always fused.
+void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq);
+size_t anyprec_i8_x_bytes(int64_t k, int m);
 // xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
                    OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);

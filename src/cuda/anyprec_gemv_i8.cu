@@ -1,0 +1,278 @@
+// The any-precision GEMV on int8 tensor cores (GemvPath::TensorCoreInt8LutStream; 2..4 bits, batch 1..8, k a
+// multiple of 128 and >= 2048).
+//
+// Why: the register-table kernels (anyprec_gemv.cu) are bound by their integer instructions, not by memory (ncu,
+// H200, 3 bits 28672x8192 batch 1: 3.1 instructions per weight, the ALU pipe the busiest; a third of all instructions
+// PRMT). An fp16 centroid is two bytes, so a lookup of four codes takes four PRMT: the low bytes, the high bytes, and
+// two interleaves into half2 pairs. Here each row's centroids are int8 under a row scale (int8_tables.h, derived at
+// upload from the fp16 LUT: each centroid off by at most max|c| / 254), so one PRMT looks up four codes as the four
+// bytes of an int8 A register of mma.sync m16n8k32; at 4 bits three PRMT (two 8-entry halves and a merge) where the
+// fp16 tables take eight. The activations become two int8 pieces under one scale per batch column (x ~ s (hi + lo /
+// 254), off by at most max|x| / 64516), one mma each into int32 accumulators: the sums are exact, and
+// y = sigma_row * s_col * (sum_hi + sum_lo / 254) in fp32 at the end.
+//
+// Fragments: lane (g, t) holds rows g and g + 8 of its 16-row tile and words 16 gi + 4t + e (e = 0..3) of group gi of
+// each plane row, as the streamed register-table kernel. Slot s = 0..3 of word e is one mma: the selector of slot s
+// (register_selectors: nibble q = the code of word bit 4q + s) gives A bytes q of a0 / a1 (rows g / g + 8, k 4t + q)
+// and, shifted by 16, the codes of bits 16 + 4q + s for a2 / a3 (k 16 + 4t + q). The activation pieces of those
+// bits are written in that order by anyprec_i8_x_kernel, so the mma's k index never has to match a column of x:
+// each lane's B bytes are the x pieces of its own codes' columns.
+//
+// Memory side as the streamed register-table kernel: persistent CTAs of 4 warps, each warp streaming its work items
+// (tile, group of 16 words) through a private cp.async ring; a stage holds the group's plane words of the lane's two
+// rows, at the tile's first group the tile's 16 int8 table rows and scales, and the group's x pieces of every batch
+// column (1 KB per column).
+#include "cuda/anyprec_codes.cuh"
+#include "cuda/int8_tables.h"
+#include "cuda/launch.cuh"
+#include "cuda/mma.cuh"
+#include "cuda/packed.h"
+#include "cuda/stream.cuh"
+
+namespace lowbit::cuda {
+namespace {
+
+constexpr int kI8Warps = 4;
+constexpr int kI8XHeaderBytes = 256;   // the xq scratch: float scale[8], padded; then the pieces
+
+// The x pieces of batch column col, group gi, word e, slot s, lane t: one uint4 {b0 hi, b1 hi, b0 lo, b1 lo}, where byte q of
+// b0 / b1 is the piece of the column of word bit 4q + s / 16 + 4q + s. Index within the pieces: gi * 64 M + ((4e + s) M
+// + col) * 4 + t, M columns per group (columns m .. M - 1 zero).
+__host__ __device__ constexpr int64_t i8_x_index(int64_t gi, int e, int s, int col, int t, int M) {
+  return gi * 64 * M + (static_cast<int64_t>(4 * e + s) * M + col) * 4 + t;
+}
+
+// The activations' int8 pieces (int8_tables.h) in the GEMV's order, and each column's scale in the header. Grid (chunks, M):
+// every block first reduces max |x| over its column's whole row (k floats from L2; the blocks of a column agree), then
+// writes its chunk of the column's entries; columns >= m are zero.
+__global__ void anyprec_i8_x_kernel(int64_t k, int64_t W, const float* __restrict__ x, int m, int M, bool vec,
+                                    uint8_t* __restrict__ xq) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int col = static_cast<int>(blockIdx.y);
+  __shared__ float red[32];
+  float mx = 0.0f;
+  if (col < m && vec) {   // x 16-byte aligned (k % 128 == 0: every column too)
+    const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(col) * k);
+    for (int64_t i = threadIdx.x; i < k / 4; i += blockDim.x) {
+      const float4 v = __ldg(xr + i);
+      mx = i8_absmax_step(i8_absmax_step(i8_absmax_step(i8_absmax_step(mx, v.x), v.y), v.z), v.w);
+    }
+  } else if (col < m) {
+    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) mx = i8_absmax_step(mx, __ldg(x + static_cast<int64_t>(col) * k + i));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    mx = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (threadIdx.x == 0) red[0] = mx;
+  }
+  __syncthreads();
+  const float s = red[0] / kI8Max;
+  float* scales = reinterpret_cast<float*>(xq);
+  if (blockIdx.x == 0 && threadIdx.x == 0) scales[col] = col < m ? s : 0.0f;
+  const int64_t G = (W + 15) / 16;
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;   // (gi, e, s, t)
+  if (id >= G * 64) return;
+  const int t = static_cast<int>(id % 4), sl = static_cast<int>(id / 4 % 4), e = static_cast<int>(id / 16 % 4);
+  const int64_t gi = id / 64, word = 16 * gi + 4 * t + e, T = word / 32;
+  const int nw = static_cast<int>(min_i64(32, W - 32 * T)), wt = static_cast<int>(word % 32);
+  uint32_t b[4] = {0u, 0u, 0u, 0u};   // b0 hi, b1 hi, b0 lo, b1 lo
+  if (col < m && word < W) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int bit = 16 * h + 4 * q + sl;
+        const int64_t c = 1024 * T + static_cast<int64_t>(bit / 8) * 8 * nw + 8 * wt + bit % 8;
+        int8_t hi, lo;
+        i8_x_pieces(c < k ? x[static_cast<int64_t>(col) * k + c] : 0.0f, s, hi, lo);
+        b[h] |= static_cast<uint32_t>(static_cast<uint8_t>(hi)) << (8 * q);
+        b[2 + h] |= static_cast<uint32_t>(static_cast<uint8_t>(lo)) << (8 * q);
+      }
+  }
+  reinterpret_cast<uint4*>(xq + kI8XHeaderBytes)[i8_x_index(gi, e, sl, col, t, M)] = make_uint4(b[0], b[1], b[2], b[3]);
+}
+
+// The fused outliers' coefficient of entry e: val - sigma * q[code], the int8 centroid the dense part used.
+template <int B>
+struct I8OutlierEntry {
+  AnyPrecDevice w;
+  __device__ __forceinline__ float operator()(int64_t row, int64_t e, int64_t& xcol) const {
+    const int64_t c = __ldg(w.col + e);
+    xcol = c;
+    const int8_t q = w.lut8[B][row * (1 << B) + code_at<B>(w, row, c)];
+    return __half2float(w.val[e]) - __ldg(w.lut8_scale[B] + row) * static_cast<float>(q);
+  }
+};
+
+template <int B, int M, int kStages>
+struct I8Stage {
+  static constexpr int kPlaneBytes = 2 * B * 32 * 16;   // [row half][plane][lane] uint4
+  static constexpr int kTabBytes = 16 << B;             // 16 rows x 2^B int8
+  static constexpr int kTabChunks = kTabBytes / 16;
+  static constexpr int kScaleBytes = 64;                // 16 row scales
+  static constexpr int kXBytes = 1024 * M;              // [e][s][col][t] uint4
+  static constexpr int kBytes = kPlaneBytes + kTabBytes + kScaleBytes + kXBytes;
+  static constexpr int kWarpBytes = kStages * kBytes;
+  // Two stages: registers capped for 4 CTAs per SM at batch <= 2 (3 above, whose stages are larger); deeper: 2.
+  static constexpr int kMinBlocks = kStages == 2 ? (M <= 2 ? 4 : 3) : 2;
+};
+
+template <int B, bool kFusedOutliers, int M, int kStages>
+__global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages>::kMinBlocks)) anyprec_gemv_i8_stream_kernel(
+    AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint8_t* __restrict__ xq) {
+  using S = I8Stage<B, M, kStages>;
+  extern __shared__ __align__(16) unsigned char i8_smem[];
+  const int64_t n = w.n, k = w.k, W = w.words, G = (W + 15) / 16, tiles = (n + 15) / 16;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const int8_t* tab = w.lut8[B];
+  const float* tab_scale = w.lut8_scale[B];
+  const uint4* xp = reinterpret_cast<const uint4*>(xq + kI8XHeaderBytes);
+  StreamRing<kStages, kI8Warps> ring(static_cast<uint32_t>(__cvta_generic_to_shared(i8_smem)) + warp * S::kWarpBytes, S::kBytes,
+                                     tiles, G, warp);
+  auto issue_weights = [&] {   // the lane's plane words and, at a tile's first group, the tile's tables and scales
+    const uint32_t st = ring.issue_stage();
+    const int64_t it_gi = ring.it_item, row0 = ring.it_tile * 16, word = 16 * it_gi + 4 * t;
+    const bool ok = word < W;   // W % 4 == 0: the lane's 4 words are all in or all out
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = min_i64(row0 + g + 8 * h, n - 1);
+#pragma unroll
+      for (int j = 0; j < B; ++j)
+        cp_async(st + ((h * B + j) * 32 + lane) * 16, w.plane_data + (j * n + row) * W + (ok ? word : 0), 16, ok);
+    }
+    if (it_gi == warp) {   // rows are padded to 16 (lut8, lut8_scale): the tile's copies are always in bounds
+      if (lane < S::kTabChunks) cp_async(st + S::kPlaneBytes + 16 * lane, tab + (row0 << B) + 16 * lane, 16);
+      else if (lane < S::kTabChunks + 4)
+        cp_async(st + S::kPlaneBytes + S::kTabBytes + 16 * (lane - S::kTabChunks), tab_scale + row0 + 4 * (lane - S::kTabChunks), 16);
+    }
+  };
+  auto issue_x = [&] {   // the group's pieces of all M columns
+    const uint32_t st = ring.issue_stage() + S::kPlaneBytes + S::kTabBytes + S::kScaleBytes;
+#pragma unroll
+    for (int c = 0; c < S::kXBytes / 16 / 32; ++c) cp_async(st + 16 * (lane + 32 * c), xp + ring.it_item * 64 * M + lane + 32 * c, 16);
+  };
+  ring.prologue(issue_weights, issue_x);   // xq and y belong to the kernels before
+  const float* xscale = reinterpret_cast<const float*>(xq);
+  const float sx0 = 2 * t < m_total ? __ldg(xscale + 2 * t) : 0.0f, sx1 = 2 * t + 1 < m_total ? __ldg(xscale + 2 * t + 1) : 0.0f;
+  const int xl = (g < M ? g : 0) * 4 + t;   // lanes of columns >= M read column 0's pieces (not stored)
+  int buf = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t row0 = tile * 16;
+    I8Table<B> tab0, tab1;
+    float sg0 = 0.0f, sg1 = 0.0f;
+    int acc_h[2][4] = {}, acc_l[2][4] = {};   // two chains per piece (slot parity)
+    for (int64_t gi = warp; gi < G; gi += kI8Warps) {
+      const uint32_t st = ring.next(issue_weights, issue_x);
+      if (gi == warp) {   // the tile's first group: its tables and scales
+        const uint32_t tb = st + S::kPlaneBytes;
+        if constexpr (B == 2) {
+          tab0.v[0] = lds_u32(tb + 4 * g);
+          tab1.v[0] = lds_u32(tb + 4 * (g + 8));
+        } else if constexpr (B == 3) {
+          uint32_t a[2], b[2];
+          lds_u32x2(tb + 8 * g, a);
+          lds_u32x2(tb + 8 * (g + 8), b);
+          tab0.v[0] = a[0]; tab0.v[1] = a[1]; tab1.v[0] = b[0]; tab1.v[1] = b[1];
+        } else {
+          lds_u32x4(tb + 16 * g, tab0.v);
+          lds_u32x4(tb + 16 * (g + 8), tab1.v);
+        }
+        sg0 = __uint_as_float(lds_u32(tb + S::kTabBytes + 4 * g));
+        sg1 = __uint_as_float(lds_u32(tb + S::kTabBytes + 4 * (g + 8)));
+      }
+      uint32_t p0[B][4], p1[B][4];
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        lds_u32x4(st + (j * 32 + lane) * 16, p0[j]);
+        lds_u32x4(st + ((B + j) * 32 + lane) * 16, p1[j]);
+      }
+      const uint32_t xs = st + S::kPlaneBytes + S::kTabBytes + S::kScaleBytes + 16 * xl;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        uint32_t w0[B], w1[B];
+#pragma unroll
+        for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t v0, m0, v1, m1;
+          register_selectors<B>(w0, s, v0, m0);
+          register_selectors<B>(w1, s, v1, m1);
+          uint32_t a[4];
+          a[0] = i8_lookup<B>(tab0, v0, m0);
+          a[1] = i8_lookup<B>(tab1, v1, m1);
+          a[2] = i8_lookup<B>(tab0, v0 >> 16, m0 >> 16);
+          a[3] = i8_lookup<B>(tab1, v1 >> 16, m1 >> 16);
+          uint32_t xb[4];
+          lds_u32x4(xs + 16 * 4 * M * (4 * e + s), xb);
+          mma_s8_16832(acc_h[s & 1], a, xb[0], xb[1]);
+          mma_s8_16832(acc_l[s & 1], a, xb[2], xb[3]);
+        }
+      }
+    }
+    // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8.
+    float acc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float sum = static_cast<float>(acc_h[0][i] + acc_h[1][i]) + static_cast<float>(acc_l[0][i] + acc_l[1][i]) * (1.0f / kI8LoSteps);
+      acc[i] = sum * (i < 2 ? sg0 : sg1) * (i % 2 == 0 ? sx0 : sx1);
+    }
+    if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
+    store_tc_fragments<kI8Warps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, OutlierX{x, k, 1}, y,
+                                                 I8OutlierEntry<B>{w}, buf);
+    buf ^= 1;
+  }
+  cp_async_wait<0>();   // no copy outlives the CTA
+}
+
+template <int B, int M, int kStages>
+void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq) {
+  const size_t smem = static_cast<size_t>(kI8Warps) * I8Stage<B, M, kStages>::kWarpBytes;
+  auto kern = fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages>;
+  launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kI8Warps * 32, smem, (w.n + 15) / 16), kI8Warps * 32, smem, s, w, x, m, y,
+             static_cast<const uint8_t*>(xq));
+}
+
+template <int B, int M>
+void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq) {
+  const int64_t G = (w.words + 15) / 16;
+  const dim3 xgrid(static_cast<unsigned>((G * 64 + 255) / 256), static_cast<unsigned>(M));
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, 256, 0, s, w.k, w.words, x, m, M, vec, xq);
+  // Four stages for grids of at most two tiles per SM with at least four groups per warp (the streamed register-table
+  // kernel's rule), two otherwise.
+  static const int sms = device_sm_count();
+  const bool deep = (w.n + 15) / 16 <= 2LL * sms && G >= 4 * kI8Warps;
+  deep ? launch_i8<B, M, 4>(w, x, m, y, s, fused, xq) : launch_i8<B, M, 2>(w, x, m, y, s, fused, xq);
+}
+
+}  // namespace
+
+size_t anyprec_i8_x_bytes(int64_t k, int m) {
+  const int M = m <= 2 ? m : m <= 4 ? 4 : 8;
+  return kI8XHeaderBytes + static_cast<size_t>((k / 32 + 15) / 16) * 1024 * M;
+}
+
+void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq) {
+  LOWBIT_CHECK(bits >= 2 && bits <= 4 && w.lut8[bits] != nullptr && w.lut8_scale[bits] != nullptr,
+               "anyprec int8 GEMV: int8 tables serve widths 2..4 (asked: ", bits, ")");
+  LOWBIT_CHECK(anyprec_i8_fits(w.n, w.k, m) && xq != nullptr, "anyprec int8 GEMV: needs k a multiple of 128 and >= 2048, batch 1..",
+               kMaxGemvBatch, " and an xfrag scratch (asked: ", w.n, "x", w.k, ", batch ", m, ")");
+  fused = fused && w.rowptr != nullptr;
+  auto* q = static_cast<uint8_t*>(xq);
+  auto run = [&](auto b) {
+    constexpr int B = decltype(b)::value;
+    if (m == 1) launch_i8_batch<B, 1>(w, x, m, y, s, fused, q);
+    else if (m == 2) launch_i8_batch<B, 2>(w, x, m, y, s, fused, q);
+    else if (m <= 4) launch_i8_batch<B, 4>(w, x, m, y, s, fused, q);
+    else launch_i8_batch<B, 8>(w, x, m, y, s, fused, q);
+  };
+  dispatch_int<2, 3, 4>(bits, run);
+}
+
+}  // namespace lowbit::cuda
