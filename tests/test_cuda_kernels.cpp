@@ -177,13 +177,13 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
 //   - the format's own reference (fp16 centroids, fp32 x), within the named budget of the two roundings: per output
 //     sum_c |x_c| sigma_r / 2 (a centroid is off by at most half its row's int8 step) + sum_c |w8_rc| s / 508 (an
 //     activation by at most half the low piece's step), plus kGemvBudget.
-// The tables derived on the device are byte-for-byte the host's. Shapes: one tile of 64 rows, 17x8320 (65 words:
-// a part last group; 17 rows: a part tile), 9001x2432 (more tiles than one wave of persistent CTAs), 40x28672; every
-// width 2..4, batches 1..8 (the stage forms M = 1, 2, 4, 8), with and without ~1.5% outliers; the SpMV mode runs
-// fused too.
+// The tables derived on the device are byte-for-byte the host's. Shapes: 64x4096 (four tiles, eight warps per CTA),
+// 17x8320 (65 words: a part last group; 17 rows: a part tile), 9001x2432 (four warps per CTA, more tiles than one wave
+// of persistent CTAs), 40x28672, 33x2048 (four groups: four warps); every width 2..4, batches 1..8 (the stage forms
+// M = 1, 2, 4, 8), with and without ~1.5% outliers; the SpMV mode runs fused too.
 TEST(CudaKernels, AnyPrecInt8GemvMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
-  const Shape shapes[] = {{64, 4096}, {17, 8320}, {9001, 2432}, {40, 28672}};
+  const Shape shapes[] = {{64, 4096}, {17, 8320}, {9001, 2432}, {40, 28672}, {33, 2048}};
   uint32_t seed = 500;
   for (const Shape& sh : shapes)
     for (bool outliers : {false, true}) {

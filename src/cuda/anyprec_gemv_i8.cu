@@ -32,7 +32,6 @@
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kI8Warps = 4;
 constexpr int kI8XHeaderBytes = 256;   // the xq scratch: float scale[8], padded; then the pieces
 
 // The x pieces of batch column col, group gi, word e, slot s, lane t: one uint4 {b0 hi, b1 hi, b0 lo, b1 lo}, where byte q of
@@ -42,58 +41,68 @@ __host__ __device__ constexpr int64_t i8_x_index(int64_t gi, int e, int s, int c
   return gi * 64 * M + (static_cast<int64_t>(4 * e + s) * M + col) * 4 + t;
 }
 
-// The activations' int8 pieces (int8_tables.h) in the GEMV's order, and each column's scale in the header. Grid (chunks, M):
-// every block first reduces max |x| over its column's whole row (k floats from L2; the blocks of a column agree), then
-// writes its chunk of the column's entries; columns >= m are zero.
-__global__ void anyprec_i8_x_kernel(int64_t k, int64_t W, const float* __restrict__ x, int m, int M, bool vec,
-                                    uint8_t* __restrict__ xq) {
+// The activations' int8 pieces (int8_tables.h) in the GEMV's order, and each column's scale in the header. Grid (chunks, M)
+// of kI8XThreads threads, one entry (gi, e, s, t) each: every block first loads its entries' 8 activations, then reduces
+// max |x| over its column's whole row (k floats from L2, 8 float4 loads in flight per thread: a loop waiting on one
+// load per iteration took k / 1024 round trips; the blocks of a column agree), then writes its entries; columns >= m
+// are zero.
+constexpr int kI8XThreads = 512;
+__global__ void __launch_bounds__(kI8XThreads) anyprec_i8_x_kernel(int64_t k, int64_t W, const float* __restrict__ x, int m, int M,
+                                                                  bool vec, uint8_t* __restrict__ xq) {
   pdl_launch_dependents();
   pdl_wait();
   const int col = static_cast<int>(blockIdx.y);
-  __shared__ float red[32];
-  float mx = 0.0f;
-  if (col < m && vec) {   // x 16-byte aligned (k % 128 == 0: every column too)
-    const float4* xr = reinterpret_cast<const float4*>(x + static_cast<int64_t>(col) * k);
-    for (int64_t i = threadIdx.x; i < k / 4; i += blockDim.x) {
-      const float4 v = __ldg(xr + i);
-      mx = i8_absmax_step(i8_absmax_step(i8_absmax_step(i8_absmax_step(mx, v.x), v.y), v.z), v.w);
+  const float* xr = x + static_cast<int64_t>(col) * k;
+  const int64_t G = (W + 15) / 16;
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;   // (gi, e, s, t)
+  const int t = static_cast<int>(id % 4), sl = static_cast<int>(id / 4 % 4), e = static_cast<int>(id / 16 % 4);
+  const int64_t gi = id / 64, word = 16 * gi + 4 * t + e, T = word / 32;
+  const bool live = id < G * 64 && col < m && word < W;
+  float xv[8];   // the columns of word bits 16 h + 4 q + sl, index 4 h + q (0 past k or the row's words)
+  {
+    const int nw = static_cast<int>(min_i64(32, W - 32 * T)), wt = static_cast<int>(word % 32);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int bit = 16 * (i / 4) + 4 * (i % 4) + sl;
+      const int64_t c = 1024 * T + static_cast<int64_t>(bit / 8) * 8 * nw + 8 * wt + bit % 8;
+      xv[i] = live && c < k ? __ldg(xr + c) : 0.0f;
     }
-  } else if (col < m) {
-    for (int64_t i = threadIdx.x; i < k; i += blockDim.x) mx = i8_absmax_step(mx, __ldg(x + static_cast<int64_t>(col) * k + i));
+  }
+  __shared__ float red[kI8XThreads / 32];
+  float mx = 0.0f;
+  if (col < m) {
+    const int64_t n4 = vec ? k / 4 : 0;   // x 16-byte aligned (k % 128 == 0: every column too)
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+    for (int64_t base = threadIdx.x; base < n4; base += 8 * blockDim.x) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int64_t i = base + u * blockDim.x;
+        v[u] = i < n4 ? __ldg(x4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) mx = i8_absmax_step(i8_absmax_step(i8_absmax_step(i8_absmax_step(mx, v[u].x), v[u].y), v[u].z), v[u].w);
+    }
+    if (!vec)
+      for (int64_t i = threadIdx.x; i < k; i += blockDim.x) mx = i8_absmax_step(mx, __ldg(xr + i));
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
   __syncthreads();
-  if (threadIdx.x < 32) {
-    mx = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+  mx = 0.0f;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (threadIdx.x == 0) red[0] = mx;
-  }
-  __syncthreads();
-  const float s = red[0] / kI8Max;
-  float* scales = reinterpret_cast<float*>(xq);
-  if (blockIdx.x == 0 && threadIdx.x == 0) scales[col] = col < m ? s : 0.0f;
-  const int64_t G = (W + 15) / 16;
-  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;   // (gi, e, s, t)
+  for (int i = 0; i < kI8XThreads / 32; ++i) mx = i8_absmax_step(mx, red[i]);
+  const float s = mx / kI8Max;
+  if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
   if (id >= G * 64) return;
-  const int t = static_cast<int>(id % 4), sl = static_cast<int>(id / 4 % 4), e = static_cast<int>(id / 16 % 4);
-  const int64_t gi = id / 64, word = 16 * gi + 4 * t + e, T = word / 32;
-  const int nw = static_cast<int>(min_i64(32, W - 32 * T)), wt = static_cast<int>(word % 32);
   uint32_t b[4] = {0u, 0u, 0u, 0u};   // b0 hi, b1 hi, b0 lo, b1 lo
-  if (col < m && word < W) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int bit = 16 * h + 4 * q + sl;
-        const int64_t c = 1024 * T + static_cast<int64_t>(bit / 8) * 8 * nw + 8 * wt + bit % 8;
-        int8_t hi, lo;
-        i8_x_pieces(c < k ? x[static_cast<int64_t>(col) * k + c] : 0.0f, s, hi, lo);
-        b[h] |= static_cast<uint32_t>(static_cast<uint8_t>(hi)) << (8 * q);
-        b[2 + h] |= static_cast<uint32_t>(static_cast<uint8_t>(lo)) << (8 * q);
-      }
+  for (int i = 0; i < 8; ++i) {
+    int8_t hi, lo;
+    i8_x_pieces(xv[i], s, hi, lo);
+    b[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(hi)) << (8 * (i % 4));
+    b[2 + i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(lo)) << (8 * (i % 4));
   }
   reinterpret_cast<uint4*>(xq + kI8XHeaderBytes)[i8_x_index(gi, e, sl, col, t, M)] = make_uint4(b[0], b[1], b[2], b[3]);
 }
@@ -110,7 +119,7 @@ struct I8OutlierEntry {
   }
 };
 
-template <int B, int M, int kStages>
+template <int B, int M, int kStages, int kWarps>
 struct I8Stage {
   static constexpr int kPlaneBytes = 2 * B * 32 * 16;   // [row half][plane][lane] uint4
   static constexpr int kTabBytes = 16 << B;             // 16 rows x 2^B int8
@@ -119,14 +128,17 @@ struct I8Stage {
   static constexpr int kXBytes = 1024 * M;              // [e][s][col][t] uint4
   static constexpr int kBytes = kPlaneBytes + kTabBytes + kScaleBytes + kXBytes;
   static constexpr int kWarpBytes = kStages * kBytes;
-  // Two stages: registers capped for 4 CTAs per SM at batch <= 2 (3 above, whose stages are larger); deeper: 2.
-  static constexpr int kMinBlocks = kStages == 2 ? (M <= 2 ? 4 : 3) : 2;
+  // The registers' cap: 4-warp CTAs with two stages, 4 per SM at batch <= 2, 3 above (larger stages); 8 warps: 2.
+  // (Five per SM, one accumulator chain per piece, 88 registers: 8192x28672 3 bits batch 1 at 42.6-43.4 us against
+  // 36.4-36.6; H200, results/issue7-int8-tables-v18-h200.txt part 4.)
+  static constexpr int kMinBlocks = kWarps == 4 && kStages == 2 ? (M <= 2 ? 4 : 3) : 2;
 };
 
-template <int B, bool kFusedOutliers, int M, int kStages>
-__global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages>::kMinBlocks)) anyprec_gemv_i8_stream_kernel(
+// kI8Warps: the warps of a CTA, each taking every kI8Warps-th group of the tile's rows (4, or 8 for grids of few tiles).
+template <int B, bool kFusedOutliers, int M, int kStages, int kI8Warps>
+__global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warps>::kMinBlocks)) anyprec_gemv_i8_stream_kernel(
     AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint8_t* __restrict__ xq) {
-  using S = I8Stage<B, M, kStages>;
+  using S = I8Stage<B, M, kStages, kI8Warps>;
   extern __shared__ __align__(16) unsigned char i8_smem[];
   const int64_t n = w.n, k = w.k, W = w.words, G = (W + 15) / 16, tiles = (n + 15) / 16;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
@@ -230,25 +242,29 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages>::kMinBl
   cp_async_wait<0>();   // no copy outlives the CTA
 }
 
-template <int B, int M, int kStages>
+template <int B, int M, int kStages, int kWarps>
 void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq) {
-  const size_t smem = static_cast<size_t>(kI8Warps) * I8Stage<B, M, kStages>::kWarpBytes;
-  auto kern = fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages>;
-  launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kI8Warps * 32, smem, (w.n + 15) / 16), kI8Warps * 32, smem, s, w, x, m, y,
+  const size_t smem = static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes;
+  auto kern = fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps>;
+  launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kWarps * 32, smem, (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y,
              static_cast<const uint8_t*>(xq));
 }
 
 template <int B, int M>
 void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq) {
-  const int64_t G = (w.words + 15) / 16;
-  const dim3 xgrid(static_cast<unsigned>((G * 64 + 255) / 256), static_cast<unsigned>(M));
+  const int64_t G = (w.words + 15) / 16, tiles = (w.n + 15) / 16;
+  const dim3 xgrid(static_cast<unsigned>((G * 64 + kI8XThreads - 1) / kI8XThreads), static_cast<unsigned>(M));
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, 256, 0, s, w.k, w.words, x, m, M, vec, xq);
-  // Four stages for grids of at most two tiles per SM with at least four groups per warp (the streamed register-table
-  // kernel's rule), two otherwise.
+  launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, kI8XThreads, 0, s, w.k, w.words, x, m, M, vec, xq);
+  // Grids of at most two tiles per SM (the 4096-row matrices of 7B models: 256 tiles) have few warps to hide the
+  // latency with four per tile (ncu, H200, 4096x11008 3 bits batch 1: 1.8 warps per scheduler, 64% of cycles without an
+  // eligible warp): eight warps per tile there (rows of at least 8 groups). Measured against four warps with two or
+  // four stages (H200, part 4 of results/issue7-int8-tables-v18-h200.txt): within run-to-run noise on the 4096-row
+  // shapes (4096x11008 3 bits batch 1: 14.3-14.6 us against 15.0 / 14.7), so the gain is small; elsewhere four
+  // warps, two stages (four stages no faster on any of the seven 7B..70B shapes).
   static const int sms = device_sm_count();
-  const bool deep = (w.n + 15) / 16 <= 2LL * sms && G >= 4 * kI8Warps;
-  deep ? launch_i8<B, M, 4>(w, x, m, y, s, fused, xq) : launch_i8<B, M, 2>(w, x, m, y, s, fused, xq);
+  if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq);
+  launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq);
 }
 
 }  // namespace

@@ -161,8 +161,8 @@ __device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__
   return v[0];   // index `lane`
 }
 
-// The tensor-core GEMVs' epilogue. The CTA's warps each hold an m16n8 accumulator fragment of the same 16 rows
-// (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); after one barrier warp w stores rows 4w .. 4w + 3 for
+// The tensor-core GEMVs' epilogue. The CTA's warps (4 or more) each hold an m16n8 accumulator fragment of the same 16 rows
+// (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); after one barrier warp w < 4 stores rows 4w .. 4w + 3 for
 // every batch column (lane 4 mm + r: row 4w + r, column mm, kMaxGemvBatch = 8 columns at most), each value the sum of
 // the warps' fragments read from shared memory, plus, with outliers, its correction from outlier_corrections (entry:
 // see there; rowptr, xo: the weight's CSR row pointers and the activations gathered, OutlierX). buf: which half of the
@@ -172,17 +172,18 @@ template <int kWarps, bool kOutliers, typename Entry>
 __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
                                                    int m_total, const int32_t* __restrict__ rowptr, OutlierX xo,
                                                    float* __restrict__ y, Entry entry, int buf = 0) {
+  static_assert(kWarps >= 4, "warps 0..3 store the 16 rows");
   __shared__ float part[2][kWarps][32][4];   // each warp's fragment
   float extra = 0.0f;
   if constexpr (kOutliers) {   // before the barrier: the warps' outlier loads overlap the others' arrival
-    if (rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections(rowptr, row0 + 4 * warp, n, xo, m_total, lane, entry);
+    if (warp < 4 && rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections(rowptr, row0 + 4 * warp, n, xo, m_total, lane, entry);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[buf][warp][lane][i] = acc[i];
   __syncthreads();
   const int lr = warp * 4 + lane % 4, mm = lane / 4;   // lane (rr = lane % 4, mm = lane / 4): one value each, all at once
   const int64_t row = row0 + lr;
-  if (mm < m_total && row < n) {
+  if (warp < 4 && mm < m_total && row < n) {
     float v = 0.0f;
     for (int wi = 0; wi < kWarps; ++wi) v += part[buf][wi][4 * (lr % 8) + mm / 2][2 * (lr / 8) + mm % 2];
     y[mm * n + row] = v + extra;

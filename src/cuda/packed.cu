@@ -399,7 +399,14 @@ static bool anyprec_stream_preferred(int64_t n, int64_t k, int m, int bits) {
 }
 
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
-  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled() && anyprec_i8_fits(n, k, m)) return GemvPath::TensorCoreInt8LutStream;
+  // The int8 GEMV where it fits (session 18, H200, results/issue7-int8-tables-v18-h200.txt part 5): faster than the
+  // register-table kernels at 2..4 bits, batch 1..8, on all seven 7B..70B shapes (28672x8192 3 bits batch 1 38.0 against
+  // 50.9 us streamed; 4 bits 4096x11008 18.5 against 22.7) but for 3 bits at batch 5..8 on the 4096-wide matrices of
+  // at most 11008 rows (11008x4096 batch 8: 18.3 against 17.3, 4096x4096 10.4 against 10.1), left to the
+  // register-table kernel.
+  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled() && anyprec_i8_fits(n, k, m) &&
+      !(bits == 3 && m > 4 && k <= 4096 && n <= 11008))
+    return GemvPath::TensorCoreInt8LutStream;
   if (presplit && (bits == 3 || bits == 4) && anyprec_stream_fits(n, k, m) && anyprec_stream_preferred(n, k, m, bits))
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutStreamHalfX : GemvPath::TensorCoreRegisterLutStream;
   if (presplit && bits <= 4 && m >= kRegisterLutMinBatch)
