@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/half.h"
+#include "cuda/int8_tables.h"   // host + device arithmetic, no CUDA needed: the GPU's int8 GEMV operands
 #include "formats/anyprec/layout.h"
 #include "formats/format_table.h"
 #include "io/lowbit_file.h"
@@ -508,3 +509,73 @@ TEST(AnyPrecAccumulation, Fp32StaysExactWhereFp16AccumulationDrifts) {
     EXPECT_GT(e16, 100 * e32) << "k=" << k;
   }
 }
+
+namespace lowbit {
+namespace {
+
+// The int8 forms of the GPU's int8 GEMV (cuda/int8_tables.h, shared by the kernels and their CPU twin), against their
+// named budgets on every table width the GEMV serves (2..4 bits: 4, 8, 16 centroids per row) and on activations:
+//   - a centroid becomes sigma * q with |sigma * q - c| <= sigma / 2 = max|c| / 254, |q| <= 127, the row's largest
+//     magnitude exactly +-127 (the whole int8 range used);
+//   - an activation becomes s (hi + lo / 254) within s / 508 = max|x| / 64516;
+//   - zero rows / columns give scale 0 and zeros; a NaN makes the scale NaN (outputs NaN, never finite garbage).
+TEST(AnyPrecInt8Tables, RoundingStaysWithinItsBudgetAtEveryWidth) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  for (int bits = 2; bits <= 4; ++bits) {
+    const int E = 1 << bits;
+    double worst = 0;
+    for (int row = 0; row < 2000; ++row) {
+      std::vector<float> c(static_cast<size_t>(E));
+      const float scale = std::ldexp(1.0f, static_cast<int>(rng() % 20) - 14);   // rows from 2^-14 to 2^5
+      for (float& v : c) v = f16_to_f32(f32_to_f16(scale * nd(rng)));           // fp16 centroids, as stored
+      std::vector<int8_t> q(static_cast<size_t>(E));
+      const float sigma = cuda::i8_table_row(c.data(), E, q.data());
+      float mx = 0;
+      int qmax = 0;
+      for (float v : c) mx = std::max(mx, std::fabs(v));
+      for (int e = 0; e < E; ++e) {
+        qmax = std::max(qmax, std::abs(static_cast<int>(q[static_cast<size_t>(e)])));
+        const double err = std::fabs(static_cast<double>(sigma) * q[static_cast<size_t>(e)] - c[static_cast<size_t>(e)]);
+        // sigma / 2, plus the fp32 rounding of c / sigma (|c / sigma| <= 127: 127 * 2^-24 < 1e-5 steps)
+        ASSERT_LE(err, sigma * (0.5 + 1e-5)) << bits << " bits, row " << row << " entry " << e;
+        worst = std::max(worst, err / mx);
+      }
+      EXPECT_EQ(qmax, 127) << bits << " bits, row " << row;
+      EXPECT_FLOAT_EQ(sigma, mx / 127.0f);
+    }
+    EXPECT_LE(worst, (0.5 + 1e-5) / 127) << bits << " bits";
+    EXPECT_GT(worst, 1.0 / 254 * 0.9) << bits << " bits: the budget is reached, the test can see a wrong rounding";
+  }
+  std::vector<int8_t> q(8, 5);
+  const std::vector<float> zeros(8, 0.0f);
+  EXPECT_EQ(cuda::i8_table_row(zeros.data(), 8, q.data()), 0.0f);
+  for (int8_t v : q) EXPECT_EQ(v, 0);
+  std::vector<float> nan_row(8, 1.0f);
+  nan_row[3] = std::nanf("");
+  EXPECT_TRUE(std::isnan(cuda::i8_table_row(nan_row.data(), 8, q.data())));
+  // Activations: two int8 pieces under the column scale.
+  for (int col = 0; col < 200; ++col) {
+    std::vector<float> x(4096);
+    for (float& v : x) v = nd(rng) * (rng() % 50 == 0 ? 100.0f : 1.0f);   // outlier channels
+    float mx = 0;
+    for (float v : x) mx = cuda::i8_absmax_step(mx, v);
+    const float s = mx / cuda::kI8Max;
+    for (float v : x) {
+      int8_t hi, lo;
+      cuda::i8_x_pieces(v, s, hi, lo);
+      ASSERT_LE(std::abs(static_cast<int>(hi)), 127);
+      ASSERT_LE(std::abs(static_cast<int>(lo)), 127);
+      const double got = static_cast<double>(s) * (hi + lo / 254.0);
+      ASSERT_LE(std::fabs(got - v), s / 508.0 * (1 + 1e-4) + 1e-7 * std::fabs(v)) << "x " << v << " scale " << s;
+    }
+  }
+  int8_t hi = 1, lo = 1;
+  cuda::i8_x_pieces(3.0f, 0.0f, hi, lo);
+  EXPECT_EQ(hi, 0);
+  EXPECT_EQ(lo, 0);
+  EXPECT_TRUE(std::isnan(cuda::i8_absmax_step(1.0f, std::nanf(""))));
+}
+
+}  // namespace
+}  // namespace lowbit
