@@ -80,9 +80,20 @@ class QuikLinear(torch.nn.Module):
         return y.float().reshape(*shape[:-1], self.n)
 
 
-def load_lowbit(path, bits=None, abits=None, fp8=None):
+def int8_tables(lut):
+    """The GPU int8 GEMV's centroids (src/cuda/int8_tables.h, the same float32 operations): each row's fp16 LUT
+    rounded to int8 under the row scale sigma = max|c| / 127, returned as sigma * q."""
+    import numpy as np
+    c = lut.astype(np.float32)
+    s = (np.abs(c).max(axis=1, keepdims=True) / np.float32(127)).astype(np.float32)
+    q = np.where(s > 0, np.rint(c / np.where(s > 0, s, np.float32(1))), np.float32(0)).astype(np.float32)
+    return (s * q).astype(np.float32)
+
+
+def load_lowbit(path, bits=None, abits=None, fp8=None, i8=False):
     """A transformers model holding exactly the weights a .lowbit file encodes (any-precision: the b-bit view;
-    quik: its linears replaced by QuikLinear, activations quantized at abits / fp8 or the file's own)."""
+    quik: its linears replaced by QuikLinear, activations quantized at abits / fp8 or the file's own). i8: the
+    any-precision LUTs of widths 2..4 as the GPU's int8 GEMV uses them (int8_tables), in every layer."""
     import json
     import sys as _sys
     import tempfile
@@ -114,6 +125,10 @@ def load_lowbit(path, bits=None, abits=None, fp8=None):
                 state[name] = torch.from_numpy(mixed24a_decode(parts, entry["shape"], entry["params"]))
             elif entry["format"] == "anyprec":
                 parts = {p: f.get_tensor(t).numpy() for p, t in entry["parts"].items()}
+                b = entry["params"]["planes"] if bits is None else bits
+                if i8 and b <= 4:
+                    n = entry["shape"][0]
+                    parts[f"lut{b}"] = int8_tables(parts[f"lut{b}"].reshape(n, 1 << b))
                 state[name] = torch.from_numpy(anyprec_decode(parts, entry["shape"], entry["params"], bits))
             else:
                 raise SystemExit(f"{path}: format {entry['format']} not supported by this harness")
@@ -144,6 +159,10 @@ def main():
     ap.add_argument("--hf-dir", default="")
     ap.add_argument("--lowbit", default="")
     ap.add_argument("--bits", default="", help="any-precision .lowbit: width(s) to evaluate, e.g. 3,4,8")
+    ap.add_argument("--int8-tables", action="store_true",
+                    help="any-precision .lowbit: widths 2..4 with the centroids the GPU's int8 GEMV uses (each row's LUT "
+                         "rounded to int8 under a row scale), in every layer; a what-if for models whose layers the "
+                         "GPU path does not reach (it needs k >= 2048)")
     ap.add_argument("--abits", default="", help="quik .lowbit: activation variants to evaluate, e.g. 16,8,4,fp8 "
                                                 "(default: the file's own)")
     args = ap.parse_args()
@@ -180,7 +199,7 @@ def main():
         if args.lowbit and args.abits:
             model = load_lowbit(args.lowbit, None, 8 if bits == "fp8" else bits, bits == "fp8").eval().to(dev)
         elif args.lowbit:
-            model = load_lowbit(args.lowbit, bits).eval().to(dev)
+            model = load_lowbit(args.lowbit, bits, i8=args.int8_tables).eval().to(dev)
         nll, count, t0 = 0.0, 0, time.time()
         with torch.no_grad():
             for w in range(n):
@@ -189,6 +208,8 @@ def main():
                 nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
                 count += args.ctx - 1
         label = ("abits " if args.abits else "bits ") + str(bits) + " " if bits else ""
+        if args.int8_tables:
+            label += "int8-tables "
         print(f"{label}tokens {ids.numel()} windows {n} predicted {count} "
               f"mean_nll {nll / count:.6f} ppl {math.exp(nll / count):.4f} seconds {time.time() - t0:.1f} "
               f"torch {torch.__version__} threads {torch.get_num_threads()} device {dev}", flush=True)
