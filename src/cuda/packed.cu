@@ -404,7 +404,7 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
   // 50.9 us streamed; 4 bits 4096x11008 18.5 against 22.7) but for 3 bits at batch 5..8 on the 4096-wide matrices of
   // at most 11008 rows (11008x4096 batch 8: 18.3 against 17.3, 4096x4096 10.4 against 10.1), left to the
   // register-table kernel.
-  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled() && anyprec_i8_fits(n, k, m) &&
+  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled(bits) && anyprec_i8_fits(n, k, m) &&
       !(bits == 3 && m > 4 && k <= 4096 && n <= 11008))
     return GemvPath::TensorCoreInt8LutStream;
   if (presplit && (bits == 3 || bits == 4) && anyprec_stream_fits(n, k, m) && anyprec_stream_preferred(n, k, m, bits))
@@ -476,6 +476,10 @@ bool& int8_tables_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_INT8_TABLES", true);
   return on;
 }
+bool& int8_tables_4bit_state() {
+  static bool on = env_switch("LOWBIT_INT8_TABLES_4BIT", false);
+  return on;
+}
 bool& fused_gemm_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
@@ -485,8 +489,10 @@ bool& fused_gemm_state() {   // from the environment on first use
 bool fused_gemm_enabled() { return fused_gemm_state(); }
 void set_fused_gemm(bool on) { fused_gemm_state() = on; }
 bool half_x_gemv_enabled() { return half_x_state(); }
-bool int8_tables_enabled() { return int8_tables_state(); }
+bool int8_tables_enabled(int bits) { return int8_tables_state() && (bits <= 3 || int8_tables_4bit_state()); }
 void set_int8_tables(bool on) { int8_tables_state() = on; }
+bool int8_tables_4bit_requested() { return int8_tables_4bit_state(); }
+void set_int8_tables_4bit(bool on) { int8_tables_4bit_state() = on; }
 void set_half_x_gemv(bool on) { half_x_state() = on; }
 
 bool narrow_rows(int64_t n, int64_t k, int m, int bits) {
