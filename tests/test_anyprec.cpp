@@ -570,6 +570,17 @@ TEST(AnyPrecInt8Tables, RoundingStaysWithinItsBudgetAtEveryWidth) {
       ASSERT_LE(std::fabs(got - v), s / 508.0 * (1 + 1e-4) + 1e-7 * std::fabs(v)) << "x " << v << " scale " << s;
     }
   }
+  // Two pieces per centroid (the 4-bit tables): within max|c| / 64516.
+  for (int row = 0; row < 2000; ++row) {
+    std::vector<float> c(16);
+    for (float& v : c) v = f16_to_f32(f32_to_f16(0.01f * nd(rng)));
+    std::vector<int8_t> q2(16), l2(16);
+    const float sigma = cuda::i8_table_row2(c.data(), 16, q2.data(), l2.data());
+    for (int e = 0; e < 16; ++e) {
+      const double got = static_cast<double>(sigma) * (q2[static_cast<size_t>(e)] + l2[static_cast<size_t>(e)] / 254.0);
+      ASSERT_LE(std::fabs(got - c[static_cast<size_t>(e)]), sigma * (1.0 / 508 + 1e-5)) << "row " << row << " entry " << e;
+    }
+  }
   int8_t hi = 1, lo = 1;
   cuda::i8_x_pieces(3.0f, 0.0f, hi, lo);
   EXPECT_EQ(hi, 0);

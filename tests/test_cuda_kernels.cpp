@@ -175,8 +175,8 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
 //     the outliers corrected against the int8 centroid with the fp32 x; budget kGemvBudget (only the fp32 scaling and
 //     the sum of the warps' partials differ);
 //   - the format's own reference (fp16 centroids, fp32 x), within the named budget of the two roundings: per output
-//     sum_c |x_c| sigma_r / 2 (a centroid is off by at most half its row's int8 step) + sum_c |w8_rc| s / 508 (an
-//     activation by at most half the low piece's step), plus kGemvBudget.
+//     sum_c |x_c| sigma_r / 2 (a centroid is off by at most half its row's int8 step; at 4 bits, two pieces, sigma_r /
+//     508) + sum_c |w8_rc| s / 508 (an activation by at most half the low piece's step), plus kGemvBudget.
 // The tables derived on the device are byte-for-byte the host's. Shapes: 64x4096 (four tiles, eight warps per CTA),
 // 17x8320 (65 words: a part last group; 17 rows: a part tile), 9001x2432 (four warps per CTA, more tiles than one wave
 // of persistent CTAs), 40x28672, 33x2048 (four groups: four warps); every width 2..4, batches 1..8 (the stage forms
@@ -196,18 +196,25 @@ TEST(CudaKernels, AnyPrecInt8GemvMatchesCpuTwin) {
       for (int bits = 2; bits <= 4; ++bits) {
         const int E = 1 << bits;
         // Host tables and their device twins.
-        std::vector<int8_t> tq(static_cast<size_t>(n16 * E), 0);
+        // 4 bits: two pieces per centroid (i8_table_row2), tl the second.
+        std::vector<int8_t> tq(static_cast<size_t>(n16 * E), 0), tl(tq.size(), 0);
         std::vector<float> sig(static_cast<size_t>(n16), 0.0f);
         for (int64_t r = 0; r < sh.n; ++r) {
           std::vector<float> c(static_cast<size_t>(E));
           for (int e = 0; e < E; ++e) c[static_cast<size_t>(e)] = f16_to_f32(q.luts.at(bits)[static_cast<size_t>(r * E + e)]);
-          sig[static_cast<size_t>(r)] = cuda::i8_table_row(c.data(), E, tq.data() + r * E);
+          sig[static_cast<size_t>(r)] = bits == 4 ? cuda::i8_table_row2(c.data(), E, tq.data() + r * E, tl.data() + r * E)
+                                                  : cuda::i8_table_row(c.data(), E, tq.data() + r * E);
         }
         std::vector<int8_t> dq(tq.size());
         std::vector<float> dsig(sig.size());
         LOWBIT_CUDA_CHECK(cudaMemcpy(dq.data(), dw.anyprec().lut8[bits], dq.size(), cudaMemcpyDeviceToHost));
         LOWBIT_CUDA_CHECK(cudaMemcpy(dsig.data(), dw.anyprec().lut8_scale[bits], dsig.size() * 4, cudaMemcpyDeviceToHost));
         ASSERT_EQ(dq, tq) << "int8 tables, " << bits << " bits";
+        if (bits == 4) {
+          LOWBIT_CUDA_CHECK(cudaMemcpy(dq.data(), dw.anyprec().lut8_lo4, dq.size(), cudaMemcpyDeviceToHost));
+          ASSERT_EQ(dq, tl) << "int8 tables' second pieces, 4 bits";
+        }
+        const double centroid_step = bits == 4 ? 1.0 / 508 : 0.5;   // the centroid rounding bound, in units of sigma
         ASSERT_EQ(0, std::memcmp(dsig.data(), sig.data(), sig.size() * 4)) << "int8 table scales, " << bits << " bits";
         // The int8 view of the dense weights (outliers keep their fp16 values) and of the int8 centroids alone.
         std::vector<float> w8(static_cast<size_t>(sh.n * sh.k)), wd(w8.size());
@@ -215,7 +222,9 @@ TEST(CudaKernels, AnyPrecInt8GemvMatchesCpuTwin) {
         for (int64_t r = 0; r < sh.n; ++r)
           for (int64_t c = 0; c < sh.k; ++c) {
             const int code = q.codes[static_cast<size_t>(r * sh.k + c)] >> (q.planes - bits);
-            w8[static_cast<size_t>(r * sh.k + c)] = sig[static_cast<size_t>(r)] * tq[static_cast<size_t>(r * E + code)];
+            const size_t t = static_cast<size_t>(r * E + code);
+            w8[static_cast<size_t>(r * sh.k + c)] =
+                static_cast<float>(sig[static_cast<size_t>(r)] * (tq[t] + (bits == 4 ? tl[t] / static_cast<double>(cuda::kI8LoSteps) : 0.0)));
           }
         for (int m : {1, 2, 3, 5, 8}) {
           if (sh.n * sh.k > 1000000 && m != 1 && m != 8) continue;   // the large shapes: the ends of the batch range
@@ -239,7 +248,8 @@ TEST(CudaKernels, AnyPrecInt8GemvMatchesCpuTwin) {
               for (int64_t c = 0; c < sh.k; ++c) {
                 const size_t i = static_cast<size_t>(r * sh.k + c);
                 acc += static_cast<double>(w8[i]) * xq[static_cast<size_t>(c)];
-                b += std::fabs(static_cast<double>(xr[c])) * sig[static_cast<size_t>(r)] / 2 + std::fabs(static_cast<double>(w8[i])) * s / 508.0;
+                b += std::fabs(static_cast<double>(xr[c])) * sig[static_cast<size_t>(r)] * (centroid_step + 1e-5) +
+                     std::fabs(static_cast<double>(w8[i])) * s / 508.0;
               }
               if (outliers)
                 for (int32_t e = q.outlier_rowptr[static_cast<size_t>(r)]; e < q.outlier_rowptr[static_cast<size_t>(r) + 1]; ++e) {

@@ -7,7 +7,10 @@
 // two interleaves into half2 pairs. Here each row's centroids are int8 under a row scale (int8_tables.h, derived at
 // upload from the fp16 LUT: each centroid off by at most max|c| / 254), so one PRMT looks up four codes as the four
 // bytes of an int8 A register of mma.sync m16n8k32; at 4 bits three PRMT (two 8-entry halves and a merge) where the
-// fp16 tables take eight. The activations become two int8 pieces under one scale per batch column (x ~ s (hi + lo /
+// fp16 tables take eight. At 4 bits the centroids carry a second int8 piece (c ~ sigma (hi + lo / 254), off by at
+// most max|c| / 64516): one piece cost +0.69% perplexity there (a what-if on every layer of SmolLM2, docs/PERF.md
+// session 18; +0.09% at 3 bits), and the second piece's lookup (three more PRMT) and mma (into the x low piece's
+// accumulator, the same 1/254 scale) keep the 4-bit kernel exact to fp16 level. The activations become two int8 pieces under one scale per batch column (x ~ s (hi + lo /
 // 254), off by at most max|x| / 64516), one mma each into int32 accumulators: the sums are exact, and
 // y = sigma_row * s_col * (sum_hi + sum_lo / 254) in fp32 at the end.
 //
@@ -107,22 +110,26 @@ __global__ void __launch_bounds__(kI8XThreads) anyprec_i8_x_kernel(int64_t k, in
   reinterpret_cast<uint4*>(xq + kI8XHeaderBytes)[i8_x_index(gi, e, sl, col, t, M)] = make_uint4(b[0], b[1], b[2], b[3]);
 }
 
-// The fused outliers' coefficient of entry e: val - sigma * q[code], the int8 centroid the dense part used.
+// The fused outliers' coefficient of entry e: val - sigma * q[code] (4 bits: sigma * (q + lo / 254)), the int8 centroid
+// the dense part used.
 template <int B>
 struct I8OutlierEntry {
   AnyPrecDevice w;
   __device__ __forceinline__ float operator()(int64_t row, int64_t e, int64_t& xcol) const {
     const int64_t c = __ldg(w.col + e);
     xcol = c;
-    const int8_t q = w.lut8[B][row * (1 << B) + code_at<B>(w, row, c)];
-    return __half2float(w.val[e]) - __ldg(w.lut8_scale[B] + row) * static_cast<float>(q);
+    const int64_t i = row * (1 << B) + code_at<B>(w, row, c);
+    float q = static_cast<float>(w.lut8[B][i]);
+    if constexpr (B == 4) q += static_cast<float>(w.lut8_lo4[i]) * (1.0f / kI8LoSteps);
+    return __half2float(w.val[e]) - __ldg(w.lut8_scale[B] + row) * q;
   }
 };
 
 template <int B, int M, int kStages, int kWarps>
 struct I8Stage {
   static constexpr int kPlaneBytes = 2 * B * 32 * 16;   // [row half][plane][lane] uint4
-  static constexpr int kTabBytes = 16 << B;             // 16 rows x 2^B int8
+  static constexpr int kPieces = B == 4 ? 2 : 1;         // centroid pieces (int8_tables.h: two at 4 bits)
+  static constexpr int kTabBytes = kPieces * (16 << B);  // [piece] 16 rows x 2^B int8
   static constexpr int kTabChunks = kTabBytes / 16;
   static constexpr int kScaleBytes = 64;                // 16 row scales
   static constexpr int kXBytes = 1024 * M;              // [e][s][col][t] uint4
@@ -144,6 +151,7 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
   const int8_t* tab = w.lut8[B];
   const float* tab_scale = w.lut8_scale[B];
+  const int8_t* tab_lo = w.lut8_lo4;   // 4 bits: the centroids' second pieces
   const uint4* xp = reinterpret_cast<const uint4*>(xq + kI8XHeaderBytes);
   StreamRing<kStages, kI8Warps> ring(static_cast<uint32_t>(__cvta_generic_to_shared(i8_smem)) + warp * S::kWarpBytes, S::kBytes,
                                      tiles, G, warp);
@@ -159,9 +167,14 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
         cp_async(st + ((h * B + j) * 32 + lane) * 16, w.plane_data + (j * n + row) * W + (ok ? word : 0), 16, ok);
     }
     if (it_gi == warp) {   // rows are padded to 16 (lut8, lut8_scale): the tile's copies are always in bounds
-      if (lane < S::kTabChunks) cp_async(st + S::kPlaneBytes + 16 * lane, tab + (row0 << B) + 16 * lane, 16);
-      else if (lane < S::kTabChunks + 4)
-        cp_async(st + S::kPlaneBytes + S::kTabBytes + 16 * (lane - S::kTabChunks), tab_scale + row0 + 4 * (lane - S::kTabChunks), 16);
+      constexpr int kPieceChunks = S::kTabChunks / S::kPieces;
+#pragma unroll
+      for (int c = lane; c < S::kTabChunks + 4; c += 32) {   // the pieces' tables, then the 16 row scales
+        if (c < S::kTabChunks)
+          cp_async(st + S::kPlaneBytes + 16 * c, (c < kPieceChunks ? tab : tab_lo) + (row0 << B) + 16 * (c % kPieceChunks), 16);
+        else
+          cp_async(st + S::kPlaneBytes + S::kTabBytes + 16 * (c - S::kTabChunks), tab_scale + row0 + 4 * (c - S::kTabChunks), 16);
+      }
     }
   };
   auto issue_x = [&] {   // the group's pieces of all M columns
@@ -176,7 +189,7 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
   int buf = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int64_t row0 = tile * 16;
-    I8Table<B> tab0, tab1;
+    I8Table<B> tab0, tab1, tlo0, tlo1;   // tlo: 4 bits, the centroids' second pieces
     float sg0 = 0.0f, sg1 = 0.0f;
     int acc_h[2][4] = {}, acc_l[2][4] = {};   // two chains per piece (slot parity)
     for (int64_t gi = warp; gi < G; gi += kI8Warps) {
@@ -194,6 +207,8 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
         } else {
           lds_u32x4(tb + 16 * g, tab0.v);
           lds_u32x4(tb + 16 * (g + 8), tab1.v);
+          lds_u32x4(tb + 256 + 16 * g, tlo0.v);
+          lds_u32x4(tb + 256 + 16 * (g + 8), tlo1.v);
         }
         sg0 = __uint_as_float(lds_u32(tb + S::kTabBytes + 4 * g));
         sg1 = __uint_as_float(lds_u32(tb + S::kTabBytes + 4 * (g + 8)));
@@ -224,6 +239,14 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
           lds_u32x4(xs + 16 * 4 * M * (4 * e + s), xb);
           mma_s8_16832(acc_h[s & 1], a, xb[0], xb[1]);
           mma_s8_16832(acc_l[s & 1], a, xb[2], xb[3]);
+          if constexpr (B == 4) {   // the centroids' second pieces times x's first: the same 1/254 scale as acc_l
+            uint32_t al[4];
+            al[0] = i8_lookup<B>(tlo0, v0, m0);
+            al[1] = i8_lookup<B>(tlo1, v1, m1);
+            al[2] = i8_lookup<B>(tlo0, v0 >> 16, m0 >> 16);
+            al[3] = i8_lookup<B>(tlo1, v1 >> 16, m1 >> 16);
+            mma_s8_16832(acc_l[s & 1], al, xb[0], xb[1]);
+          }
         }
       }
     }
@@ -246,6 +269,15 @@ template <int B, int M, int kStages, int kWarps>
 void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq) {
   const size_t smem = static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes;
   auto kern = fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps>;
+  // The ring plus the epilogue's static scratch may pass 48 KB with a ring under it (4 bits, batch 1: 44.5 + 4 KB), which
+  // persistent_grid only allows for rings above 48 KB: raise the limit to the ring's size for every form.
+  static const bool limits = [] {
+    for (auto k : {anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps>, anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps>})
+      LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes)));
+    return true;
+  }();
+  (void)limits;
   launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kWarps * 32, smem, (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y,
              static_cast<const uint8_t*>(xq));
 }

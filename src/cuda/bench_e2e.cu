@@ -102,8 +102,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
       << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time; 'no PDL': the same decode\n"
          "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh);\n"
          "'int8 tables toggled': at 2..4 bits and batch <= 8, the same decode timed in the same run with the int8 GEMV\n"
-         "(GemvPath::TensorCoreInt8LutStream) switched the other way for that width (by default on at 2..3 bits, off at 4:\n"
-         "LOWBIT_INT8_TABLES, LOWBIT_INT8_TABLES_4BIT); 'dequant+cuBLAS': packed weights above batch 8,\n"
+         "(GemvPath::TensorCoreInt8LutStream) switched the other way (off when the run has it on, the default; on under\n"
+         "LOWBIT_INT8_TABLES=0); 'dequant+cuBLAS': packed weights above batch 8,\n"
          "the same decode timed in the same run with the fused GEMM off (LOWBIT_FUSED_GEMM=0: every linear dequantized\n"
          "to fp16, then cuBLAS); for fp16 weights where our dense GEMV runs (batch 1..2), the same decode with cuBLAS in place of our dense GEMV\n"
          "(LOWBIT_DENSE_GEMV=0)\n";
@@ -140,15 +140,12 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             plain_tok_s = time_decode(m, b, o.prompt, o.decode, batch, nullptr);
             set_pdl(true);
           }
-          std::string other_x = "-";   // the GEMVs with the int8 tables toggled at this width
+          std::string other_x = "-";   // the GEMVs with the int8 tables toggled
           if (kind == "anyprec" && b <= 4 && batch <= kMaxGemvBatch) {
-            const bool master = int8_tables_enabled(3), four = int8_tables_4bit_requested();
-            if (b == 4 && master) set_int8_tables_4bit(!four);
-            else set_int8_tables(!master);
-            if (b == 4 && !master) set_int8_tables_4bit(true);   // 4 bits switched on needs both
+            const bool i8 = int8_tables_enabled();
+            set_int8_tables(!i8);
             std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
-            set_int8_tables(master);
-            set_int8_tables_4bit(four);
+            set_int8_tables(i8);
             other_x = line;
           }
           std::string dequant = "-";   // the large-batch path the fused GEMM replaced, same run

@@ -27,8 +27,7 @@ int splits_for(int span, int rows, int heads, int sms) {
 // dense_gemv_enabled, int8_tables_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
-         (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled(3) ? 0u : 0x80000u) |
-         (int8_tables_enabled(4) ? 0x100000u : 0u);
+         (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u);
 }
 
 }  // namespace

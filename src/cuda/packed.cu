@@ -82,6 +82,7 @@ AnyPrecDevice DevicePackedWeight::anyprec() const {
     if ((d.widths >> b) & 1u) {
       d.lut8[b] = reinterpret_cast<const int8_t*>(part("derived_lut8_" + std::to_string(b)));
       d.lut8_scale[b] = reinterpret_cast<const float*>(part("derived_lut8s_" + std::to_string(b)));
+      if (b == 4) d.lut8_lo4 = reinterpret_cast<const int8_t*>(part("derived_lut8lo_4"));
     }
   view_outliers(d);
   return d;
@@ -134,19 +135,22 @@ __global__ void f32_to_f16_kernel(const float* __restrict__ in, __half* __restri
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) out[i] = __float2half_rn(in[i]);
 }
-// One row's int8 table per thread (int8_tables.h), rows n .. n16 - 1 zero.
+// One row's int8 table per thread (int8_tables.h), rows n .. n16 - 1 zero; lo: the second pieces (4 bits), or null.
 template <int E>
 __global__ void int8_tables_kernel(const __half* __restrict__ lut, int64_t n, int64_t n16, int8_t* __restrict__ q,
-                                   float* __restrict__ scale) {
+                                   float* __restrict__ scale, int8_t* __restrict__ lo) {
   const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= n16) return;
   float c[E];
-  int8_t t[E];
+  int8_t t[E], u[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) c[e] = r < n ? __half2float(lut[r * E + e]) : 0.0f;
-  scale[r] = i8_table_row(c, E, t);
+  scale[r] = lo != nullptr ? i8_table_row2(c, E, t, u) : i8_table_row(c, E, t);
 #pragma unroll
-  for (int e = 0; e < E; ++e) q[r * E + e] = t[e];
+  for (int e = 0; e < E; ++e) {
+    q[r * E + e] = t[e];
+    if (lo != nullptr) lo[r * E + e] = u[e];
+  }
 }
 }  // namespace
 
@@ -159,14 +163,18 @@ void DevicePackedWeight::derive_int8_tables() {
     const std::string tb = "derived_lut8_" + std::to_string(b), sb = "derived_lut8s_" + std::to_string(b);
     parts_.erase(tb);
     parts_.erase(sb);
+    parts_.erase("derived_lut8lo_4");
     auto& q = parts_.emplace(tb, DeviceBuffer<uint8_t>(static_cast<size_t>(n16 << b))).first->second;
     auto& sc = parts_.emplace(sb, DeviceBuffer<uint8_t>(static_cast<size_t>(4 * n16))).first->second;
     const auto* lut = reinterpret_cast<const __half*>(part("lut" + std::to_string(b)));
     auto* qp = reinterpret_cast<int8_t*>(q.get());
     auto* sp = reinterpret_cast<float*>(sc.get());
-    if (b == 2) int8_tables_kernel<4><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp);
-    else if (b == 3) int8_tables_kernel<8><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp);
-    else int8_tables_kernel<16><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp);
+    if (b == 2) int8_tables_kernel<4><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp, nullptr);
+    else if (b == 3) int8_tables_kernel<8><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp, nullptr);
+    else {
+      auto& lo = parts_.emplace("derived_lut8lo_4", DeviceBuffer<uint8_t>(static_cast<size_t>(n16 << 4))).first->second;
+      int8_tables_kernel<16><<<grid_for(n16), 256>>>(lut, n_, n16, qp, sp, reinterpret_cast<int8_t*>(lo.get()));
+    }
     LOWBIT_CUDA_CHECK(cudaGetLastError());
   }
   LOWBIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));   // the tables are complete before any stream's GEMV reads them
@@ -399,13 +407,13 @@ static bool anyprec_stream_preferred(int64_t n, int64_t k, int m, int bits) {
 }
 
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
-  // The int8 GEMV where it fits (session 18, H200, results/issue7-int8-tables-v18-h200.txt part 5): faster than the
-  // register-table kernels at 2..4 bits, batch 1..8, on all seven 7B..70B shapes (28672x8192 3 bits batch 1 38.0 against
-  // 50.9 us streamed; 4 bits 4096x11008 18.5 against 22.7) but for 3 bits at batch 5..8 on the 4096-wide matrices of
-  // at most 11008 rows (11008x4096 batch 8: 18.3 against 17.3, 4096x4096 10.4 against 10.1), left to the
-  // register-table kernel.
-  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled(bits) && anyprec_i8_fits(n, k, m) &&
-      !(bits == 3 && m > 4 && k <= 4096 && n <= 11008))
+  // The int8 GEMV where it fits (session 18, H200, results/issue7-int8-tables-v18-h200.txt parts 5 and 9): faster than
+  // the register-table kernels at 2..4 bits, batch 1..8, on the seven 7B..70B shapes (28672x8192 batch 1: 3 bits 38.0
+  // against 50.9 us streamed; 4 bits, two centroid pieces, 70.0 against 77.7) except 3 bits at batch 5..8 on 4096-wide
+  // matrices of at most 11008 rows (11008x4096 batch 8: 18.3 against 17.3 us) and 4 bits on 4096x4096 (batch 1: 11.7
+  // against 11.0, batch 8: 13.0 against 12.4), left to the register-table kernels.
+  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled() && anyprec_i8_fits(n, k, m) &&
+      !(bits == 3 && m > 4 && k <= 4096 && n <= 11008) && !(bits == 4 && n * k <= 4096LL * 4096))
     return GemvPath::TensorCoreInt8LutStream;
   if (presplit && (bits == 3 || bits == 4) && anyprec_stream_fits(n, k, m) && anyprec_stream_preferred(n, k, m, bits))
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutStreamHalfX : GemvPath::TensorCoreRegisterLutStream;
@@ -476,10 +484,7 @@ bool& int8_tables_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_INT8_TABLES", true);
   return on;
 }
-bool& int8_tables_4bit_state() {
-  static bool on = env_switch("LOWBIT_INT8_TABLES_4BIT", false);
-  return on;
-}
+
 bool& fused_gemm_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
@@ -489,10 +494,8 @@ bool& fused_gemm_state() {   // from the environment on first use
 bool fused_gemm_enabled() { return fused_gemm_state(); }
 void set_fused_gemm(bool on) { fused_gemm_state() = on; }
 bool half_x_gemv_enabled() { return half_x_state(); }
-bool int8_tables_enabled(int bits) { return int8_tables_state() && (bits <= 3 || int8_tables_4bit_state()); }
+bool int8_tables_enabled() { return int8_tables_state(); }
 void set_int8_tables(bool on) { int8_tables_state() = on; }
-bool int8_tables_4bit_requested() { return int8_tables_4bit_state(); }
-void set_int8_tables_4bit(bool on) { int8_tables_4bit_state() = on; }
 void set_half_x_gemv(bool on) { half_x_state() = on; }
 
 bool narrow_rows(int64_t n, int64_t k, int m, int bits) {

@@ -31,8 +31,10 @@ struct AnyPrecDevice {
   const __half* lut[9] = {};                // lut[b]: [n, 2^b] for every served b
   // Derived at upload for the served widths 2..4 (int8_tables.h; the int8 GEMV, GemvPath::TensorCoreInt8LutStream):
   // lut8[b] [n16, 2^b] int8 centroids and lut8_scale[b] [n16] their row scales, n16 = n rounded up to 16 (zeros).
+  // 4 bits in two pieces (int8_tables.h, i8_table_row2): lut8[4] the hi and lut8_lo4 the lo bytes.
   const int8_t* lut8[5] = {};
   const float* lut8_scale[5] = {};
+  const int8_t* lut8_lo4 = nullptr;
   const int32_t* rowptr = nullptr;          // CSR of outliers, or null
   const int32_t* col = nullptr;
   const __half* val = nullptr;
@@ -135,16 +137,13 @@ constexpr bool is_tensor_core(GemvPath p) {
 // Whether the int8 GEMV (TensorCoreInt8LutStream, anyprec_gemv_i8) serves this shape and batch: k a multiple of 128
 // and >= 2048, batch 1..8 (2..4 bits).
 constexpr bool anyprec_i8_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 128 == 0 && k >= 2048 && m >= 1 && m <= kMaxGemvBatch; }
-// Whether Auto runs the int8 GEMV where it fits (batch 1..8): at 2..3 bits unless LOWBIT_INT8_TABLES=0 in the
-// environment, at 4 bits only with LOWBIT_INT8_TABLES_4BIT=1 as well (both read once). Its centroids are the fp16
-// LUT's rounded to int8 under a row scale (int8_tables.h); measured as a what-if on every layer of SmolLM2 (full
-// WikiText-2, docs/PERF.md session 18) that costs +0.09% perplexity at 3 bits and +0.69% at 4 bits, so 4 bits keeps the
-// exact fp16 tables unless asked. set_int8_tables() / set_int8_tables_4bit() override them (benchmarks time both in
-// one run; a captured decode graph is keyed on them).
-bool int8_tables_enabled(int bits);
+// Whether Auto runs the int8 GEMV where it fits (2..4 bits, batch 1..8). On unless LOWBIT_INT8_TABLES=0 in the
+// environment (read once); set_int8_tables() overrides it (benchmarks time both in one run; a captured decode graph is
+// keyed on it). Its centroids are the fp16 LUT's rounded to int8 under a row scale, in two pieces at 4 bits
+// (int8_tables.h): one piece measured +0.09% perplexity at 3 bits and +0.69% at 4 bits as a what-if on every layer of
+// SmolLM2 (docs/PERF.md, session 18), so 4 bits carries the second piece.
+bool int8_tables_enabled();
 void set_int8_tables(bool on);
-bool int8_tables_4bit_requested();
-void set_int8_tables_4bit(bool on);
 // Whether the streamed register-table kernel serves this shape and batch (k % 128 == 0, k >= 2048, m <= 2).
 constexpr bool anyprec_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 128 == 0 && k >= 2048 && m <= 2; }
 // Whether the streamed 2/4/16 tensor-core kernel serves this shape (k % 256 == 0, k >= 1024; any batch 1..8).
