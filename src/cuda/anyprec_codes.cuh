@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/packed.h"
+#include "cuda/stream.cuh"
 
 namespace lowbit::cuda {
 
@@ -141,6 +142,23 @@ __device__ __forceinline__ void register_selectors(const uint32_t (&w)[B], int s
   } else {
     sel = transpose_slot<B, 0x11111111u>(w, s);
     msel = 0u;
+  }
+}
+
+// The streamed GEMVs' plane copies of one work item: lane (g, t)'s words 16 gi + 4t .. +3 of planes 0..B-1 of rows
+// row0 + g and row0 + g + 8 (clamped to n - 1), one 16-byte cp.async each, to st + ((h B + j) 32 + lane) 16 (row half
+// h, plane j); zeros past the row's W words (W % 4 == 0: the lane's 4 words are all in or all out).
+template <int B>
+__device__ __forceinline__ void cp_async_plane_words(uint32_t st, const AnyPrecDevice& w, int64_t row0, int64_t gi, int g,
+                                                     int t, int lane) {
+  const int64_t n = w.n, W = w.words, word = 16 * gi + 4 * t;
+  const bool ok = word < W;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = min_i64(row0 + g + 8 * h, n - 1);
+#pragma unroll
+    for (int j = 0; j < B; ++j)
+      cp_async(st + ((h * B + j) * 32 + lane) * 16, w.plane_data + (j * n + row) * W + (ok ? word : 0), 16, ok);
   }
 }
 

@@ -742,15 +742,8 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
                                          S::kBytes, tiles, G, warp);
   auto issue_weights = [&] {   // the plane words of the lane's rows and, at a tile's first group, the tile's LUT rows
     const uint32_t st = ring.issue_stage();
-    const int64_t it_gi = ring.it_item, row0 = ring.it_tile * 16, word = 16 * it_gi + 4 * t;
-    const bool ok = word < W;   // W % 4 == 0: the lane's 4 words are all in or all out
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = min_i64(row0 + g + 8 * h, n - 1);
-#pragma unroll
-      for (int j = 0; j < B; ++j)
-        cp_async(st + ((h * B + j) * 32 + lane) * 16, w.plane_data + (j * n + row) * W + (ok ? word : 0), 16, ok);
-    }
+    const int64_t it_gi = ring.it_item, row0 = ring.it_tile * 16;
+    cp_async_plane_words<B>(st, w, row0, it_gi, g, t, lane);
     if (it_gi == warp && lane < 16 * S::kLutChunks) {   // row lane / chunks, its 16-byte chunk lane % chunks
       const int64_t row = min_i64(row0 + lane / S::kLutChunks, n - 1);
       cp_async(st + S::kPlaneBytes + 16 * lane, lut + row * E + 8 * (lane % S::kLutChunks), S::kLutRowBytes < 16 ? S::kLutRowBytes : 16);

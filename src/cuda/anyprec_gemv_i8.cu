@@ -125,6 +125,9 @@ struct I8OutlierEntry {
   }
 };
 
+// The batch columns a stage holds for batch m (the kernel forms M = 1, 2, 4, 8; columns m .. M - 1 are zero).
+constexpr int i8_columns(int m) { return m <= 2 ? m : m <= 4 ? 4 : 8; }
+
 template <int B, int M, int kStages, int kWarps>
 struct I8Stage {
   static constexpr int kPlaneBytes = 2 * B * 32 * 16;   // [row half][plane][lane] uint4
@@ -157,15 +160,8 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
                                      tiles, G, warp);
   auto issue_weights = [&] {   // the lane's plane words and, at a tile's first group, the tile's tables and scales
     const uint32_t st = ring.issue_stage();
-    const int64_t it_gi = ring.it_item, row0 = ring.it_tile * 16, word = 16 * it_gi + 4 * t;
-    const bool ok = word < W;   // W % 4 == 0: the lane's 4 words are all in or all out
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = min_i64(row0 + g + 8 * h, n - 1);
-#pragma unroll
-      for (int j = 0; j < B; ++j)
-        cp_async(st + ((h * B + j) * 32 + lane) * 16, w.plane_data + (j * n + row) * W + (ok ? word : 0), 16, ok);
-    }
+    const int64_t it_gi = ring.it_item, row0 = ring.it_tile * 16;
+    cp_async_plane_words<B>(st, w, row0, it_gi, g, t, lane);
     if (it_gi == warp) {   // rows are padded to 16 (lut8, lut8_scale): the tile's copies are always in bounds
       constexpr int kPieceChunks = S::kTabChunks / S::kPieces;
 #pragma unroll
@@ -302,7 +298,7 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
 }  // namespace
 
 size_t anyprec_i8_x_bytes(int64_t k, int m) {
-  const int M = m <= 2 ? m : m <= 4 ? 4 : 8;
+  const int M = i8_columns(m);
   return kI8XHeaderBytes + static_cast<size_t>((k / 32 + 15) / 16) * 1024 * M;
 }
 
@@ -315,10 +311,7 @@ void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, fl
   auto* q = static_cast<uint8_t*>(xq);
   auto run = [&](auto b) {
     constexpr int B = decltype(b)::value;
-    if (m == 1) launch_i8_batch<B, 1>(w, x, m, y, s, fused, q);
-    else if (m == 2) launch_i8_batch<B, 2>(w, x, m, y, s, fused, q);
-    else if (m <= 4) launch_i8_batch<B, 4>(w, x, m, y, s, fused, q);
-    else launch_i8_batch<B, 8>(w, x, m, y, s, fused, q);
+    dispatch_int<1, 2, 4, 8>(i8_columns(m), [&](auto mm) { launch_i8_batch<B, decltype(mm)::value>(w, x, m, y, s, fused, q); });
   };
   dispatch_int<2, 3, 4>(bits, run);
 }

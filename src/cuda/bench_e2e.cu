@@ -140,13 +140,13 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             plain_tok_s = time_decode(m, b, o.prompt, o.decode, batch, nullptr);
             set_pdl(true);
           }
-          std::string other_x = "-";   // the GEMVs with the int8 tables toggled
+          std::string int8_toggled = "-";   // the GEMVs with the int8 tables toggled
           if (kind == "anyprec" && b <= 4 && batch <= kMaxGemvBatch) {
             const bool i8 = int8_tables_enabled();
             set_int8_tables(!i8);
             std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
             set_int8_tables(i8);
-            other_x = line;
+            int8_toggled = line;
           }
           std::string dequant = "-";   // the large-batch path the fused GEMM replaced, same run
           if (kind != "fp16" && batch > kMaxGemvBatch && fused_gemm_enabled()) {
@@ -164,7 +164,7 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
           std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %.2f | %s\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
-                        plain_tok_s, other_x.c_str(), kv_bytes / 1e9, dequant.c_str());
+                        plain_tok_s, int8_toggled.c_str(), kv_bytes / 1e9, dequant.c_str());
           out << line << std::flush;
         }
         // Where the time of a decode step goes: batch 1, 16 replays of the step's graph with an event node at the

@@ -476,15 +476,10 @@ GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
 }
 
 namespace {
-bool& half_x_state() {   // from the environment on first use
-  static bool on = env_switch("LOWBIT_GEMV_HALF_X", false);
-  return on;
-}
 bool& int8_tables_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_INT8_TABLES", true);
   return on;
 }
-
 bool& fused_gemm_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
@@ -493,10 +488,12 @@ bool& fused_gemm_state() {   // from the environment on first use
 
 bool fused_gemm_enabled() { return fused_gemm_state(); }
 void set_fused_gemm(bool on) { fused_gemm_state() = on; }
-bool half_x_gemv_enabled() { return half_x_state(); }
+bool half_x_gemv_enabled() {   // from the environment on first use
+  static const bool on = env_switch("LOWBIT_GEMV_HALF_X", false);
+  return on;
+}
 bool int8_tables_enabled() { return int8_tables_state(); }
 void set_int8_tables(bool on) { int8_tables_state() = on; }
-void set_half_x_gemv(bool on) { half_x_state() = on; }
 
 bool narrow_rows(int64_t n, int64_t k, int m, int bits) {
   static const int sms = device_sm_count();

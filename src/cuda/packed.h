@@ -154,10 +154,8 @@ constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this
 // Whether Auto runs the register-table kernel with x rounded to fp16 (TensorCoreRegisterLutHalfX, as the fp16 cuBLAS
 // paths round it) rather than x carried as fp16 hi + lo (fp32-accurate). Off unless LOWBIT_GEMV_HALF_X=1 in the
 // environment (read once): on the H100 the kernel alone is 2-6% faster on 7B shapes and 6-14% on 70B shapes, but
-// the Llama-2-7B / Llama-3-8B decode measured 3% slower with it (docs/PERF.md, session 9). set_half_x_gemv()
-// overrides it (benchmarks time both in one run; a captured decode graph is keyed on it).
+// the Llama-2-7B / Llama-3-8B decode measured 3% slower with it (docs/PERF.md, session 9).
 bool half_x_gemv_enabled();
-void set_half_x_gemv(bool on);
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit);
 // Whether the runtime (packed_matmul) feeds the tensor-core GEMVs pre-split activations (the xfrag argument below):
 // faster than splitting in the loop on every shape and batch measured (docs/PERF.md, session 6).
