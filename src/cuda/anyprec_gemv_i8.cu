@@ -290,8 +290,15 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
   // four stages (H200, part 4 of results/issue7-int8-tables-v18-h200.txt): within run-to-run noise on the 4096-row
   // shapes (4096x11008 3 bits batch 1: 14.3-14.6 us against 15.0 / 14.7), so the gain is small; elsewhere four
   // warps, two stages (four stages no faster on any of the seven 7B..70B shapes).
+  // Batch 5..8 at 2..3 bits on matrices of at least 8192 x 8192: eight warps as well (one CTA of 183 KB per SM where
+  // four warps ran two of 92 KB). H200, 3 bits batch 8 (results/issue7-decode-marginal-v19-h200.txt part 3, forced both
+  // ways in one run): 57344x8192 93.6 against 111.0 us, 28672x8192 50.3 against 55.2, 10240x8192 23.1 against 25.0,
+  // 8192x28672 47.5 against 49.7; Llama-2-70B 3-bit decode batch 8 455.4 -> 485.5 tok/s, while 4 bits (larger
+  // stages) went 332.8 -> 326.6 and keeps four warps; at batch 1 four warps measured as fast or faster (28672x8192
+  // 36.4-37.5 against 37.8 us).
   static const int sms = device_sm_count();
   if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq);
+  if (B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq);
   launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq);
 }
 
