@@ -289,6 +289,77 @@ TEST(CudaKernels, AnyPrecInt8GemvMatchesCpuTwin) {
     }
 }
 
+// The rows' max |x| that the kernels producing x hand the int8 GEMV (packed_matmul's x_max): RMSNorm's and SwiGLU's
+// (atomic, into a slot the RMSNorm zeroes) are exactly the max of what they wrote, their outputs unchanged; the GEMV
+// given them writes the same activation bytes and outputs, bit for bit, as when its x kernel reduces the rows itself.
+// k = 2048, 4224 (a part last tile), 8192; batch 1, 3, 8; 3 bits with outliers.
+TEST(CudaKernels, ProducerRowMaximaAreExactAndChangeNothing) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 700;
+  auto host_max = [](const std::vector<float>& v, int m, int64_t k) {
+    std::vector<float> mx(static_cast<size_t>(m), 0.0f);
+    for (int r = 0; r < m; ++r)
+      for (int64_t c = 0; c < k; ++c) mx[static_cast<size_t>(r)] = cuda::i8_absmax_step(mx[static_cast<size_t>(r)], v[static_cast<size_t>(r * k + c)]);
+    return mx;
+  };
+  for (const int64_t k : {2048, 4224, 8192}) {
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    const int64_t n = 40;
+    const AnyPrecQuantized q = anyprec_weight(n, k, true, seed++);
+    const cuda::DevicePackedWeight dw(pack_anyprec(q, storage));
+    ASSERT_NE(dw.anyprec().rowptr, nullptr);
+    ASSERT_TRUE(cuda::rmsnorm_writes_xmax(static_cast<int>(k)));
+    cuda::DeviceBuffer<uint8_t> xq(cuda::anyprec_xfrag_bytes(k));
+    for (const int m : {1, 3, 8}) {
+      const std::string what = "k " + std::to_string(k) + " batch " + std::to_string(m);
+      cuda::DeviceBuffer<float> slots(16);
+      LOWBIT_CUDA_CHECK(cudaMemset(slots.get(), 0x7F, slots.bytes()));   // garbage the kernels must overwrite / zero
+      // RMSNorm: its max into slot 0.., zeroing slot 8..
+      const std::vector<float> x = random_x(m, k, seed++), d = random_x(m, k, seed++), w = random_x(1, k, seed++);
+      cuda::DeviceBuffer<float> x1(x), x2(x), dd(d), wd(w), y1(x.size()), y2(x.size());
+      cuda::rmsnorm(x1.get(), dd.get(), wd.get(), y1.get(), nullptr, m, static_cast<int>(k), 1e-5f, nullptr, slots.get(), slots.get() + 8);
+      cuda::rmsnorm(x2.get(), dd.get(), wd.get(), y2.get(), nullptr, m, static_cast<int>(k), 1e-5f, nullptr);
+      LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> yv = y1.download(), sv = slots.download();
+      EXPECT_EQ(yv, y2.download()) << what << " rmsnorm y";
+      EXPECT_EQ(x1.download(), x2.download()) << what << " rmsnorm residual";
+      const std::vector<float> want = host_max(yv, m, k);
+      for (int r = 0; r < m; ++r) {
+        EXPECT_EQ(sv[static_cast<size_t>(r)], want[static_cast<size_t>(r)]) << what << " rmsnorm max, row " << r;
+        EXPECT_EQ(sv[static_cast<size_t>(8 + r)], 0.0f) << what << " zeroed slot, row " << r;
+      }
+      auto gemv = [&](const float* xd, const float* xmax, std::vector<uint8_t>& pieces) {
+        cuda::DeviceBuffer<float> yd(static_cast<size_t>(m * n));
+        LOWBIT_CUDA_CHECK(cudaMemset(yd.get(), 0xFF, yd.bytes()));
+        LOWBIT_CUDA_CHECK(cudaMemset(xq.get(), 0xAB, xq.bytes()));
+        cuda::anyprec_gemv_i8(dw.anyprec(), 3, xd, m, yd.get(), nullptr, true, xq.get(), xmax);
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        pieces = xq.download();
+        pieces.resize(cuda::anyprec_i8_x_bytes(k, m));
+        return yd.download();
+      };
+      std::vector<uint8_t> p_own, p_given;
+      const auto own = gemv(y1.get(), nullptr, p_own), given = gemv(y1.get(), slots.get(), p_given);
+      EXPECT_EQ(own, given) << what << " GEMV outputs from rmsnorm's max";
+      EXPECT_EQ(p_own, p_given) << what << " activation pieces from rmsnorm's max";
+      EXPECT_TRUE(std::all_of(own.begin(), own.end(), [](float v) { return std::isfinite(v); })) << what;
+      // SwiGLU: its max atomically into the slot zeroed above.
+      const std::vector<float> gu = random_x(m, 2 * k, seed++);
+      cuda::DeviceBuffer<float> gud(gu), h1(static_cast<size_t>(m * k)), h2(static_cast<size_t>(m * k));
+      cuda::swiglu_rows(gud.get(), gud.get() + k, 2 * k, h1.get(), m, k, nullptr, reinterpret_cast<unsigned*>(slots.get() + 8));
+      cuda::swiglu_rows(gud.get(), gud.get() + k, 2 * k, h2.get(), m, k, nullptr);
+      LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> hv = h1.download(), sv2 = slots.download();
+      EXPECT_EQ(hv, h2.download()) << what << " SwiGLU values";
+      const std::vector<float> want2 = host_max(hv, m, k);
+      for (int r = 0; r < m; ++r) EXPECT_EQ(sv2[static_cast<size_t>(8 + r)], want2[static_cast<size_t>(r)]) << what << " SwiGLU max, row " << r;
+      const auto own2 = gemv(h1.get(), nullptr, p_own), given2 = gemv(h1.get(), slots.get() + 8, p_given);
+      EXPECT_EQ(own2, given2) << what << " GEMV outputs from SwiGLU's max";
+      EXPECT_EQ(p_own, p_given) << what << " activation pieces from SwiGLU's max";
+    }
+  }
+}
+
 // q/k/v (or gate/up) stacked into one weight: its GEMV is, row for row, bit-identical to the GEMVs of its parts
 // (every kernel computes a row from that row's planes, LUT and outliers alone), with outliers, at both kernel
 // layouts (k = 1100: 35 words, one word per lane; k = 4096: 16-byte loads), every path Auto picks for batch 1 / 8.

@@ -240,6 +240,49 @@ TEST(CudaModel, PdlDecodeIsBitIdenticalToPlainLaunches) {
   cuda::set_pdl_mask(mask);
 }
 
+// The rows' max |x| that RMSNorm, attention and SwiGLU hand the int8 GEMVs (LOWBIT_PRODUCER_XMAX, the default) give a
+// decode bit-identical to the GEMVs' activation kernels reducing the rows themselves: a random any-precision model with
+// layers wide enough for the int8 GEMV (dim 2048, hidden 5632), 2..4 bits, batch 1, 3 and 8, CUDA-graph decode steps,
+// attention in one block per head (5-token prompt) and split over blocks with the combine kernel (40-token prompt).
+TEST(CudaModel, ProducerRowMaximaGiveBitIdenticalDecode) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.dim = 2048, c.hidden_dim = 5632, c.n_layers = 2, c.n_heads = 16, c.n_kv_heads = 8, c.head_dim = 128, c.vocab_size = 512;
+  c.max_seq_len = 256;
+  cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 21);
+  const bool producer = cuda::producer_xmax_enabled();
+  ASSERT_EQ(cuda::anyprec_auto_path(2 * c.hidden_dim, c.dim, 1, 3, true), cuda::GemvPath::TensorCoreInt8LutStream)
+      << "the int8 GEMV must run for this test to check anything";
+  for (int bits : {2, 3, 4})
+    for (int batch : {1, 3, 8})
+      for (int prompt_len : {5, 40}) {
+        const std::string what = std::to_string(bits) + " bits batch " + std::to_string(batch) + " prompt " + std::to_string(prompt_len);
+        std::vector<std::vector<float>> logits;
+        std::vector<std::vector<int32_t>> tokens;
+        for (bool on : {false, true}) {
+          cuda::set_producer_xmax(on);
+          cuda::GpuKVCache kv = gpu.new_cache(batch, 64);
+          std::vector<int32_t> prompt;
+          for (int i = 0; i < batch * prompt_len; ++i) prompt.push_back((i * 37 + 11) % c.vocab_size);
+          gpu.forward(prompt.data(), batch, prompt_len, kv, false, bits);
+          gpu.greedy_from_last_logits(batch);
+          std::vector<int32_t> toks;
+          for (int step = 0; step < 6; ++step) {
+            gpu.decode_step_greedy(kv, bits, true);
+            const auto t = gpu.get_decode_tokens(batch);
+            toks.insert(toks.end(), t.begin(), t.end());
+          }
+          tokens.push_back(toks);
+          logits.push_back(download(gpu, gpu.decode_logits(), static_cast<size_t>(batch) * c.vocab_size));
+        }
+        EXPECT_EQ(tokens[0], tokens[1]) << what;
+        EXPECT_EQ(logits[0], logits[1]) << what;
+        EXPECT_TRUE(std::all_of(logits[1].begin(), logits[1].end(), [](float v) { return std::isfinite(v); })) << what;
+        EXPECT_GT(*std::max_element(logits[1].begin(), logits[1].end()), 0.0f) << what << ": logits all zero";
+      }
+  cuda::set_producer_xmax(producer);
+}
+
 // Batch-1 decode steps on the GPU (the GEMV kernels, not dequantize + cuBLAS) against the CPU's decode steps:
 // ids[0, prompt) as a prefill, then one token at a time up to position end - 1, every step's logits compared.
 void expect_decode_matches(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& ids, int prompt, int end,

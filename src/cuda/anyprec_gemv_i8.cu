@@ -44,14 +44,29 @@ __host__ __device__ constexpr int64_t i8_x_index(int64_t gi, int e, int s, int c
   return gi * 64 * M + (static_cast<int64_t>(4 * e + s) * M + col) * 4 + t;
 }
 
+// Entry (gi, e, s, t) of column col: its 8 activations' pieces under scale sc as one 16-byte store.
+__device__ __forceinline__ void i8_x_store(uint8_t* xq, int64_t gi, int e, int sl, int col, int t, int M, float sc, const float (&xv)[8]) {
+  uint32_t b[4] = {0u, 0u, 0u, 0u};   // b0 hi, b1 hi, b0 lo, b1 lo
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    int8_t hi, lo;
+    i8_x_pieces(xv[i], sc, hi, lo);
+    b[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(hi)) << (8 * (i % 4));
+    b[2 + i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(lo)) << (8 * (i % 4));
+  }
+  reinterpret_cast<uint4*>(xq + kI8XHeaderBytes)[i8_x_index(gi, e, sl, col, t, M)] = make_uint4(b[0], b[1], b[2], b[3]);
+}
+
 // The activations' int8 pieces (int8_tables.h) in the GEMV's order, and each column's scale in the header. Grid (chunks, M)
 // of kI8XThreads threads, one entry (gi, e, s, t) each: every block first loads its entries' 8 activations, then reduces
 // max |x| over its column's whole row (k floats from L2, 8 float4 loads in flight per thread: a loop waiting on one
 // load per iteration took k / 1024 round trips; the blocks of a column agree), then writes its entries; columns >= m
-// are zero.
+// are zero. xmax != nullptr: the rows' max |x| as the kernel producing x computed them (exact, the same value): no
+// row-wide reduction (that reduction is most of this kernel's time in a decode step: H200, Llama-2-7B 3 bits, the step
+// 477.8 -> 513.5 tok/s without it; docs/results/issue7-decode-marginal-v19-h200.txt part 4).
 constexpr int kI8XThreads = 512;
 __global__ void __launch_bounds__(kI8XThreads) anyprec_i8_x_kernel(int64_t k, int64_t W, const float* __restrict__ x, int m, int M,
-                                                                  bool vec, uint8_t* __restrict__ xq) {
+                                                                  bool vec, uint8_t* __restrict__ xq, const float* __restrict__ xmax) {
   pdl_launch_dependents();
   pdl_wait();
   const int col = static_cast<int>(blockIdx.y);
@@ -73,6 +88,12 @@ __global__ void __launch_bounds__(kI8XThreads) anyprec_i8_x_kernel(int64_t k, in
   }
   __shared__ float red[kI8XThreads / 32];
   float mx = 0.0f;
+  if (xmax != nullptr) {
+    const float s = col < m ? xmax[col] / kI8Max : 0.0f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = s;
+    if (id < G * 64) i8_x_store(xq, gi, e, sl, col, t, M, s, xv);
+    return;
+  }
   if (col < m) {
     const int64_t n4 = vec ? k / 4 : 0;   // x 16-byte aligned (k % 128 == 0: every column too)
     const float4* x4 = reinterpret_cast<const float4*>(xr);
@@ -98,16 +119,7 @@ __global__ void __launch_bounds__(kI8XThreads) anyprec_i8_x_kernel(int64_t k, in
   for (int i = 0; i < kI8XThreads / 32; ++i) mx = i8_absmax_step(mx, red[i]);
   const float s = mx / kI8Max;
   if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
-  if (id >= G * 64) return;
-  uint32_t b[4] = {0u, 0u, 0u, 0u};   // b0 hi, b1 hi, b0 lo, b1 lo
-#pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    int8_t hi, lo;
-    i8_x_pieces(xv[i], s, hi, lo);
-    b[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(hi)) << (8 * (i % 4));
-    b[2 + i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(lo)) << (8 * (i % 4));
-  }
-  reinterpret_cast<uint4*>(xq + kI8XHeaderBytes)[i8_x_index(gi, e, sl, col, t, M)] = make_uint4(b[0], b[1], b[2], b[3]);
+  if (id < G * 64) i8_x_store(xq, gi, e, sl, col, t, M, s, xv);
 }
 
 // The fused outliers' coefficient of entry e: val - sigma * q[code] (4 bits: sigma * (q + lo / 254)), the int8 centroid
@@ -279,11 +291,12 @@ void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
 }
 
 template <int B, int M>
-void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq) {
+void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq,
+                     const float* xmax) {
   const int64_t G = (w.words + 15) / 16, tiles = (w.n + 15) / 16;
   const dim3 xgrid(static_cast<unsigned>((G * 64 + kI8XThreads - 1) / kI8XThreads), static_cast<unsigned>(M));
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, kI8XThreads, 0, s, w.k, w.words, x, m, M, vec, xq);
+  launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, kI8XThreads, 0, s, w.k, w.words, x, m, M, vec, xq, xmax);
   // Grids of at most two tiles per SM (the 4096-row matrices of 7B models: 256 tiles) have few warps to hide the
   // latency with four per tile (ncu, H200, 4096x11008 3 bits batch 1: 1.8 warps per scheduler, 64% of cycles without an
   // eligible warp): eight warps per tile there (rows of at least 8 groups). Measured against four warps with two or
@@ -309,16 +322,17 @@ size_t anyprec_i8_x_bytes(int64_t k, int m) {
   return kI8XHeaderBytes + static_cast<size_t>((k / 32 + 15) / 16) * 1024 * M;
 }
 
-void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq) {
+void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq,
+                     const float* xmax) {
   LOWBIT_CHECK(bits >= 2 && bits <= 4 && w.lut8[bits] != nullptr && w.lut8_scale[bits] != nullptr,
-               "anyprec int8 GEMV: int8 tables serve widths 2..4 (asked: ", bits, ")");
+               "anyprec int8 GEMV: no int8 tables for width ", bits, " (they serve the weight's widths among 2..4)");
   LOWBIT_CHECK(anyprec_i8_fits(w.n, w.k, m) && xq != nullptr, "anyprec int8 GEMV: needs k a multiple of 128 and >= 2048, batch 1..",
                kMaxGemvBatch, " and an xfrag scratch (asked: ", w.n, "x", w.k, ", batch ", m, ")");
   fused = fused && w.rowptr != nullptr;
   auto* q = static_cast<uint8_t*>(xq);
   auto run = [&](auto b) {
     constexpr int B = decltype(b)::value;
-    dispatch_int<1, 2, 4, 8>(i8_columns(m), [&](auto mm) { launch_i8_batch<B, decltype(mm)::value>(w, x, m, y, s, fused, q); });
+    dispatch_int<1, 2, 4, 8>(i8_columns(m), [&](auto mm) { launch_i8_batch<B, decltype(mm)::value>(w, x, m, y, s, fused, q, xmax); });
   };
   dispatch_int<2, 3, 4>(bits, run);
 }

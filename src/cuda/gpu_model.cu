@@ -24,10 +24,11 @@ int splits_for(int span, int rows, int heads, int sms) {
 
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
 // GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
-// dense_gemv_enabled, int8_tables_enabled).
+// dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
-         (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u);
+         (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
+         (producer_xmax_enabled() ? 0u : 0x100000u);
 }
 
 }  // namespace
@@ -106,6 +107,7 @@ void GpuModel::init_common() {
   LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   gemm_ = std::make_unique<GemmContext>(stream_);
   sms_ = device_sm_count();
+  xmax_ = DeviceBuffer<float>(3 * kMaxGemvBatch);
 }
 
 GpuModel::~GpuModel() {
@@ -417,13 +419,13 @@ void GpuModel::invalidate_graph() {
   graph_ = nullptr;
 }
 
-void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits) {
+void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max) {
   if (!l.packed && dense_gemv_enabled() && dense_gemv_preferred(l.n, l.k, m) && dense_gemv_fits(l.dense, l.n, l.k, m, x)) {
     // Batch 1..2 on fp16 weights: our GEMV reads the fp32 activations and adds the bias itself.
     dense_f16_gemv(l.dense, l.n, l.k, x, static_cast<int>(m), l.bias.size() > 0 ? l.bias.get() : nullptr, y, stream_);
     return;
   }
-  if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_);
+  if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_, OutlierMode::Fused, x_max);
   else if (xh != nullptr) dense_f16_matmul_h(l.dense, l.n, l.k, xh, m, y, *gemm_);
   else dense_f16_matmul(l.dense, l.n, l.k, x, m, y, *gemm_);
   if (l.bias.size() > 0) add_bias_rows(y, l.bias.get(), static_cast<int>(m), static_cast<int>(l.n), stream_);
@@ -434,8 +436,15 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   cudaStream_t s = stream_;
   // The normalised activations in fp16 as well when a dense (cuBLAS) linear reads them: converted once per norm.
   __half* xh = dense_layers_ ? xnh_.get() : nullptr;
+  // The rows' max |x| for the int8 GEMVs' activation kernels, taken by the kernels that produce x (packed_matmul's
+  // x_max: the x kernel then skips its row-wide reduction): slot N by every RMSNorm (q/k/v, gate/up), A by attention
+  // (o; zeroed by the RMSNorm before the layer), S by SwiGLU (down; zeroed by the RMSNorm before gate/up).
+  const bool xm = producer_xmax_enabled() && rows <= kMaxGemvBatch && rmsnorm_writes_xmax(dim) && c_.hidden_dim % 32 == 0;
+  float* slot_n = xm ? xmax_.get() : nullptr;
+  float* slot_a = xm ? xmax_.get() + kMaxGemvBatch : nullptr;
+  float* slot_s = xm ? xmax_.get() + 2 * kMaxGemvBatch : nullptr;
   mark("norms + residuals");
-  rmsnorm(x_.get(), nullptr, layers_[0].attn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s);
+  rmsnorm(x_.get(), nullptr, layers_[0].attn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s, slot_n, slot_a);
   for (int l = 0; l < c_.n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     mark("q/k/v linears");
@@ -443,46 +452,47 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     const float *qin = q_.get(), *kin = kk_.get(), *vin = vv_.get();
     int64_t q_ld = qd, kv_ld = kvd;
     if (L.qkv.n > 0) {   // one GEMV; q, k, v are column ranges of its rows
-      run_linear(L.qkv, xn_.get(), xh, rows, qkv_.get(), bits);
+      run_linear(L.qkv, xn_.get(), xh, rows, qkv_.get(), bits, slot_n);
       qin = qkv_.get();
       kin = qin + qd;
       vin = kin + kvd;
       q_ld = kv_ld = L.qkv.n;
     } else {
-      run_linear(L.q, xn_.get(), xh, rows, q_.get(), bits);
-      run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits);
-      run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits);
+      run_linear(L.q, xn_.get(), xh, rows, q_.get(), bits, slot_n);
+      run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits, slot_n);
+      run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits, slot_n);
     }
     mark("RoPE + KV store");
     rope_kv_store(qin, q_ld, kin, vin, kv_ld, q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, rope_cos_.get(),
                   rope_sin_.get(), l, c_.n_layers, cache.capacity, cache.k.get(), cache.v.get(), s);
     mark("attention");
     attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, c_.n_layers, cache.capacity,
-              c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s);
+              c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s,
+              reinterpret_cast<unsigned*>(slot_a));
     mark("o linear");
-    run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits);
+    run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits, slot_a);
     mark("norms + residuals");
-    rmsnorm(x_.get(), tmp_.get(), L.ffn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s);   // x += attention out
+    rmsnorm(x_.get(), tmp_.get(), L.ffn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s, slot_n, slot_s);   // x += attention out
     mark("gate/up linears");
     const int64_t hid = c_.hidden_dim;
     if (L.gate_up.n > 0) {
-      run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits);
+      run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits, slot_n);
       mark("SwiGLU");
-      swiglu_rows(gu_.get(), gu_.get() + hid, 2 * hid, g_.get(), rows, hid, s);
+      swiglu_rows(gu_.get(), gu_.get() + hid, 2 * hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));
     } else {
-      run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits);
-      run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits);
+      run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits, slot_n);
+      run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits, slot_n);
       mark("SwiGLU");
-      swiglu_rows(g_.get(), u_.get(), hid, g_.get(), rows, hid, s);
+      swiglu_rows(g_.get(), u_.get(), hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));
     }
     mark("down linear");
-    run_linear(L.down, g_.get(), nullptr, rows, tmp_.get(), bits);
+    run_linear(L.down, g_.get(), nullptr, rows, tmp_.get(), bits, slot_s);
     mark(l + 1 < c_.n_layers ? "norms + residuals" : "final norm + head");
     // x += MLP out, then the next layer's attention norm (or, after the last layer, the final norm).
     // The fp16 copy: for the next layer's dense linears, or after the last layer for the (fp16, cuBLAS) head.
     const bool last = l + 1 == c_.n_layers;
     const float* next_norm = last ? final_norm_.get() : layers_[static_cast<size_t>(l) + 1].attn_norm.get();
-    rmsnorm(x_.get(), tmp_.get(), next_norm, xn_.get(), last ? xnh_.get() : xh, rows, dim, c_.rms_eps, s);
+    rmsnorm(x_.get(), tmp_.get(), next_norm, xn_.get(), last ? xnh_.get() : xh, rows, dim, c_.rms_eps, s, slot_n, slot_a);
   }
   if (all_logits || n == 1) {   // every row's logits, or one row per sequence (decode)
     run_linear(head_, xn_.get(), xnh_.get(), rows, logits_.get(), 0);

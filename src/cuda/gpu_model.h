@@ -92,7 +92,8 @@ class GpuModel {
   void ensure_attn_scratch(int rows, int splits);
   void invalidate_graph();
   void note_dense_layers();
-  void run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits);
+  // x_max: the rows' exact max |x| (packed_matmul), or null.
+  void run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max = nullptr);
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
   void forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits);
 
@@ -123,6 +124,7 @@ class GpuModel {
   // Workspace.
   int ws_rows_ = 0, ws_logit_rows_ = 0;
   DeviceBuffer<__half> xnh_;   // xn_ in fp16 (dense linears' input)
+  DeviceBuffer<float> xmax_;   // [3][kMaxGemvBatch]: the rows' max |x| slots of forward_device
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
   DeviceBuffer<float> qkv_, gu_;   // outputs of the stacked linears [rows, qd + 2 kvd] / [rows, 2 hidden]
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;

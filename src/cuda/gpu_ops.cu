@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "cuda/common.h"
+#include "cuda/int8_tables.h"
 #include "cuda/launch.cuh"
 
 namespace lowbit::cuda {
@@ -16,6 +17,14 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
   return v;
+}
+// max |v| as ordered bits (non-negative floats order as unsigned; a NaN, 0x7fc00000 after fabsf, tops +inf, so it
+// propagates as i8_absmax_step does): for atomicMax into an exact row max (the int8 GEMV's column scale).
+__device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
+// One atomicMax per warp of the lanes' |v| into *slot (every lane of the warp calls it, all for the same slot).
+__device__ __forceinline__ void warp_atomic_absmax(unsigned* slot, float v) {
+  const unsigned m = __reduce_max_sync(0xffffffffu, abs_bits(v));
+  if (threadIdx.x % 32 == 0) atomicMax(slot, m);
 }
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -53,8 +62,10 @@ __device__ __forceinline__ float block_rms_inv(float ss, int dim, float eps) {
 }
 
 constexpr int kNormVec = 4;
+// xmax != nullptr: max |y| of the row into xmax[row] (exact, the int8 GEMV's column scale: its x kernel then skips
+// the row-wide reduction); zero != nullptr: zero[row] = 0 (a slot other kernels atomicMax into later in the step).
 __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* delta, const float* w, float* y,
-                                                       __half* yh, int dim, float eps) {
+                                                       __half* yh, int dim, float eps, float* xmax, float* zero) {
   pdl_launch_dependents();
   pdl_wait();
   const int n4 = dim / 4;
@@ -78,18 +89,32 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* de
   const float inv = block_rms_inv(ss, dim, eps);
   float4* yr = reinterpret_cast<float4*>(y + static_cast<int64_t>(blockIdx.x) * dim);
   const float4* w4 = reinterpret_cast<const float4*>(w);
+  float mx = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormVec; ++j) {
     const int i = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
     if (i < n4) {
       const float4 g = w4[i];
       const float4 o = make_float4(g.x * (v[j].x * inv), g.y * (v[j].y * inv), g.z * (v[j].z * inv), g.w * (v[j].w * inv));
+      mx = i8_absmax_step(i8_absmax_step(i8_absmax_step(i8_absmax_step(mx, o.x), o.y), o.z), o.w);
       yr[i] = o;
       if (yh != nullptr) {
         __half2* h = reinterpret_cast<__half2*>(yh + static_cast<int64_t>(blockIdx.x) * dim) + 2 * i;
         h[0] = __floats2half2_rn(o.x, o.y);
         h[1] = __floats2half2_rn(o.z, o.w);
       }
+    }
+  }
+  if (zero != nullptr && threadIdx.x == 0) zero[blockIdx.x] = 0.0f;
+  if (xmax != nullptr) {
+    __shared__ float red[32];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int i = 1; i < static_cast<int>(blockDim.x) / 32; ++i) mx = i8_absmax_step(mx, red[i]);
+      xmax[blockIdx.x] = mx;
     }
   }
 }
@@ -164,7 +189,7 @@ template <int HD, bool kPrefetch>
 __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
     const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, int layers,
     int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch,
-    int single_token) {
+    int single_token, unsigned* xmax_bits) {
   pdl_launch_dependents();
   constexpr bool kPrefetchV = kPrefetch && (HD == 64 || HD == 128);
   // Early loads (the decode form, one new token per sequence): every key but the row's own position p was written by
@@ -326,12 +351,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
   for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, wm[w]);
   float L = 0.0f;
   for (int w = 0; w < kAttnWarps; ++w) L += wl[w] * (wm[w] == -FLT_MAX ? 0.0f : __expf(wm[w] - M));
+  float omax = 0.0f;   // splits == 1: max |out| of the thread's dimensions
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.0f;
     for (int w = 0; w < kAttnWarps; ++w)
       if (wm[w] != -FLT_MAX) a += wacc[w][d] * __expf(wm[w] - M);
     if (splits == 1) {
-      out[(static_cast<int64_t>(r) * heads + h) * hd + d] = L > 0.0f ? a / L : 0.0f;
+      const float o = L > 0.0f ? a / L : 0.0f;
+      out[(static_cast<int64_t>(r) * heads + h) * hd + d] = o;
+      omax = i8_absmax_step(omax, o);
     } else {
       float* sp = scratch + ((static_cast<int64_t>(r) * heads + h) * splits + split) * (hd + 2);
       sp[2 + d] = a;
@@ -341,9 +369,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
       }
     }
   }
+  if (splits == 1 && xmax_bits != nullptr) warp_atomic_absmax(xmax_bits + r, omax);
 }
 
-__global__ void attention_combine_kernel(int heads, int hd, int splits, const float* scratch, float* out) {
+// xmax_bits (attention_kernel with splits == 1, attention_combine_kernel): max |out| of each row atomically into
+// xmax_bits[row] (as abs_bits; zeroed earlier in the step), one atomic per warp.
+__global__ void attention_combine_kernel(int heads, int hd, int splits, const float* scratch, float* out, unsigned* xmax_bits) {
   pdl_launch_dependents();
   pdl_wait();
   const int r = blockIdx.x, h = blockIdx.y;
@@ -355,24 +386,36 @@ __global__ void attention_combine_kernel(int heads, int hd, int splits, const fl
     const float ms = sp[s * (hd + 2)];
     if (ms != -FLT_MAX) L += sp[s * (hd + 2) + 1] * __expf(ms - M);
   }
+  float mx = 0.0f;
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float a = 0.0f;
     for (int s = 0; s < splits; ++s) {
       const float ms = sp[s * (hd + 2)];
       if (ms != -FLT_MAX) a += sp[s * (hd + 2) + 2 + d] * __expf(ms - M);
     }
-    out[(static_cast<int64_t>(r) * heads + h) * hd + d] = L > 0.0f ? a / L : 0.0f;
+    const float o = L > 0.0f ? a / L : 0.0f;
+    out[(static_cast<int64_t>(r) * heads + h) * hd + d] = o;
+    mx = i8_absmax_step(mx, o);
   }
+  if (xmax_bits != nullptr) warp_atomic_absmax(xmax_bits + r, mx);
 }
 
-__global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, float* out, int64_t width, int64_t n) {
+// xmax_bits != nullptr (width % 32 == 0: a warp's lanes in one row): max |out| of each row atomically into
+// xmax_bits[row] (as abs_bits; zeroed earlier in the step), one atomic per warp.
+__global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, float* out, int64_t width, int64_t n, unsigned* xmax_bits) {
   pdl_launch_dependents();
   pdl_wait();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  float h = 0.0f;
   if (i < n) {
     const int64_t r = i / width, c = i % width;
     const float a = g[r * ld + c];
-    out[i] = a / (1.0f + expf(-a)) * u[r * ld + c];
+    h = a / (1.0f + expf(-a)) * u[r * ld + c];
+    out[i] = h;
+  }
+  if (xmax_bits != nullptr) {
+    const int64_t first = i - threadIdx.x % 32;   // the warp's first element: its row is every lane's
+    if (first < n) warp_atomic_absmax(xmax_bits + first / width, h);
   }
 }
 
@@ -450,14 +493,17 @@ __global__ void increment_kernel(int32_t* p, int n) {
 void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, float* x, cudaStream_t s) {
   launch_pdl(kPdlOps, embed_kernel, rows, 256, 0, s, emb, tokens, dim, x);
 }
+bool rmsnorm_writes_xmax(int dim) { return dim % 4 == 0 && dim / 4 <= 1024 * kNormVec; }
+
 void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh, int rows, int dim, float eps,
-             cudaStream_t s) {
+             cudaStream_t s, float* xmax, float* zero) {
   const int n4 = dim / 4;
   if (dim % 4 == 0 && n4 <= 1024 * kNormVec) {
     // As many threads as give every thread one float4 (at most 1024; wider rows take up to kNormVec each).
     const int t = std::min(1024, std::max(32, (n4 + 31) / 32 * 32));
-    launch_pdl(kPdlOps, rmsnorm_kernel, rows, t, 0, s, x, delta, w, y, yh, dim, eps);
+    launch_pdl(kPdlOps, rmsnorm_kernel, rows, t, 0, s, x, delta, w, y, yh, dim, eps, xmax, zero);
   } else {
+    LOWBIT_CHECK(xmax == nullptr && zero == nullptr, "rmsnorm: row maxima need a width the float4 kernel serves (", dim, ")");
     launch_pdl(kPdlOps, rmsnorm_any_kernel, rows, 256, 0, s, x, delta, w, y, yh, dim, eps);
   }
 }
@@ -471,7 +517,7 @@ void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v,
 }
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
-               int splits, float* scratch, bool single_token, cudaStream_t s) {
+               int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits) {
   LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
   const dim3 grid(rows, heads, splits);
   const bool decode = rows <= 8;   // one row per sequence: a grid too small to hide memory latency by occupancy
@@ -484,12 +530,15 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
                     : hd == 256 ? pick(std::integral_constant<int, 256>{})
                                 : pick(std::integral_constant<int, 0>{});
   launch_pdl(kPdlOps, kern, grid, kAttnWarps * 32, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window,
-             kc, vc, out, splits, scratch, single_token ? 1 : 0);
-  if (splits > 1) launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out);
+             kc, vc, out, splits, scratch, single_token ? 1 : 0, xmax_bits);
+  if (splits > 1)
+    launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out, xmax_bits);
 }
-void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s) {
+void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s,
+                 unsigned* xmax_bits) {
+  LOWBIT_CHECK(xmax_bits == nullptr || width % 32 == 0, "swiglu: row maxima need a width that is a multiple of 32 (", width, ")");
   const int64_t n = rows * width;
-  launch_pdl(kPdlOps, swiglu_kernel, blocks_for(n, 256), 256, 0, s, g, u, ld, out, width, n);
+  launch_pdl(kPdlOps, swiglu_kernel, blocks_for(n, 256), 256, 0, s, g, u, ld, out, width, n, xmax_bits);
 }
 void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s) {
   launch_pdl(kPdlOps, bias_kernel, blocks_for(static_cast<int64_t>(rows) * n, 256), 256, 0, s, y, bias, rows, n);

@@ -13,8 +13,12 @@ namespace lowbit::cuda {
 void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, float* x, cudaStream_t s);
 // Per row: x += delta when delta != nullptr (the residual add, written back), then y = x / rms(x) * w (fp32,
 // sum of squares accumulated per thread then reduced); also yh = fp16(y) when yh != nullptr.
+// xmax != nullptr: xmax[r] = max |y[r]| (exact, NaN propagating: the int8 GEMV's column scale, packed_matmul's x_max);
+// zero != nullptr: zero[r] = 0 (a slot that SwiGLU or attention atomically take the max into later in the step).
+// Both need rmsnorm_writes_xmax(dim).
 void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh, int rows, int dim, float eps,
-             cudaStream_t s);
+             cudaStream_t s, float* xmax = nullptr, float* zero = nullptr);
+bool rmsnorm_writes_xmax(int dim);
 // Rotates q [rows, heads * hd] into q_out (compact rows; q_out == q with q_ld == heads * hd rotates in place) and
 // k [rows, kv_heads * hd] (Hugging Face half-split pairs) at per-row positions pos[r] with tables cos/sin
 // [max_pos, hd/2], and stores the rotated k and v as fp16 into the KV cache, layout [seqs][layers][capacity][kv_dim]:
@@ -29,12 +33,16 @@ void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v,
 // `scratch` (>= rows * heads * splits * (hd + 2) floats). single_token: every row is its sequence's only new
 // position (a decode step), so the cache holds every other key it reads from earlier kernels: the decode form loads
 // them before waiting on the kernel before (launch.cuh), and only position pos[r] after.
+// xmax_bits != nullptr: the max |out| of each row taken atomically into xmax_bits[r] (the bits of a non-negative
+// float, NaN on top; the slot zeroed before): exact, as rmsnorm's xmax.
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
-               int splits, float* scratch, bool single_token, cudaStream_t s);
+               int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits = nullptr);
 // out [rows, width] = silu(g) * u, g and u rows ld floats apart (the two halves of a fused gate/up output: ld =
 // 2 width; out may be g when ld == width).
-void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s);
+// xmax_bits: as attention's (width a multiple of 32).
+void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s,
+                 unsigned* xmax_bits = nullptr);
 void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s);   // y[r] += bias
 // Per row r < rows: nll[r] = logsumexp(logits[r]) - logits[r][target[r]], hit[r] = argmax == target (ties: lowest).
 void nll_rows(const float* logits, const int32_t* target, int rows, int vocab, float* nll, int* hit, cudaStream_t s);

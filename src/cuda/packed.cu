@@ -357,7 +357,7 @@ __half* GemmContext::act_scratch(size_t elements) {
 }
 
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
-                   OutlierMode mode) {
+                   OutlierMode mode, const float* x_max) {
   LOWBIT_CHECK(m >= 1, "packed_matmul: batch ", m);
   const bool ap = w.format() == "anyprec";
   int b = bits;
@@ -368,7 +368,10 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
     if (ap) {
       const GemvPath path = anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), b, kPreSplitInRuntime);
       void* xfrag = kPreSplitInRuntime && is_tensor_core(path) ? ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
-      anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
+      if (path == GemvPath::TensorCoreInt8LutStream)   // outliers always fused
+        anyprec_gemv_i8(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), true, xfrag, x_max);
+      else
+        anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
       const GemvPath path = mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime);
       void* xfrag = kPreSplitInRuntime && (path == GemvPath::TensorCore || path == GemvPath::TensorCoreStream)
@@ -480,6 +483,10 @@ bool& int8_tables_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_INT8_TABLES", true);
   return on;
 }
+bool& producer_xmax_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_PRODUCER_XMAX", true);
+  return on;
+}
 bool& fused_gemm_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
@@ -493,6 +500,8 @@ bool half_x_gemv_enabled() {   // from the environment on first use
   return on;
 }
 bool int8_tables_enabled() { return int8_tables_state(); }
+bool producer_xmax_enabled() { return producer_xmax_state(); }
+void set_producer_xmax(bool on) { producer_xmax_state() = on; }
 void set_int8_tables(bool on) { int8_tables_state() = on; }
 
 bool narrow_rows(int64_t n, int64_t k, int m, int bits) {

@@ -179,7 +179,10 @@ void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float
 size_t anyprec_xfrag_bytes(int64_t k);
 // The int8 GEMV (GemvPath::TensorCoreInt8LutStream) on its own: xq, a scratch of anyprec_i8_x_bytes(k, m) bytes
 // (anyprec_xfrag_bytes(k) is always enough), receives the activations' int8 pieces first. Outliers are always fused.
-void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq);
+// xmax != nullptr: xmax[r] = max |x[r]| for the m rows, exact (written by the kernel that produced x: rmsnorm, SwiGLU,
+// attention, gpu_ops.h); the activation kernel then skips its row-wide reduction.
+void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq,
+                     const float* xmax = nullptr);
 size_t anyprec_i8_x_bytes(int64_t k, int m);
 // xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
@@ -272,8 +275,14 @@ void anyprec_outliers_add(const AnyPrecDevice& w, int bits, const float* x, int6
 // y [m, n] fp32 = x [m, k] fp32 · Wᵀ for any m >= 1: the GEMV for m <= 8; above, the fused paths where they measured
 // faster (anyprec_gemm_preferred; 2/4/16 at batch 9..16 mixed24a_gemv_two_tiles), else dequantize + cuBLAS (fp16
 // inputs, fp32 accumulation and output). bits: the anyprec width (0 = widest); ignored by single-width formats.
+// x_max: as anyprec_gemv_i8's xmax (rows' exact max |x|), used where the int8 GEMV runs, ignored elsewhere.
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
-                   OutlierMode mode = OutlierMode::Fused);
+                   OutlierMode mode = OutlierMode::Fused, const float* x_max = nullptr);
+// Whether the runtime hands the int8 GEMV the rows' max |x| from the kernels that produce x (packed_matmul's x_max):
+// on unless LOWBIT_PRODUCER_XMAX=0 in the environment (read once); set_producer_xmax() overrides it (bench --e2e times
+// both in one run; a captured decode graph is keyed on it).
+bool producer_xmax_enabled();
+void set_producer_xmax(bool on);
 
 void cublas_check(cublasStatus_t st, const char* what);
 // Device-side random fills (splitmix64 of seed and index): bytes, and fp16 / fp32 values uniform in [lo, hi).
