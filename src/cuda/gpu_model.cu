@@ -431,6 +431,20 @@ void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, 
   if (l.bias.size() > 0) add_bias_rows(y, l.bias.get(), static_cast<int>(m), static_cast<int>(l.n), stream_);
 }
 
+// Whether a linear of the layers runs the int8 GEMV at this width and batch (Auto's choice, as packed_matmul makes it;
+// the layers share their shapes, so the first layer answers): only then are the rows' maxima worth taking.
+bool GpuModel::runs_int8_gemv(int bits, int rows) const {
+  if (layers_.empty() || rows > kMaxGemvBatch) return false;
+  const Layer& L = layers_.front();
+  for (const GpuLinear* l : {&L.qkv, &L.q, &L.k, &L.v, &L.o, &L.gate_up, &L.gate, &L.up, &L.down}) {
+    if (!l->packed || l->packed->format() != "anyprec") continue;
+    const uint32_t w = l->packed->served_widths();
+    const int b = bits == 0 && w != 0 ? 31 - __builtin_clz(w) : bits;
+    if (anyprec_auto_path(l->packed->n(), l->packed->k(), rows, b, kPreSplitInRuntime) == GemvPath::TensorCoreInt8LutStream) return true;
+  }
+  return false;
+}
+
 void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits) {
   const int dim = c_.dim, H = c_.n_heads, KVH = c_.n_kv_heads, hd = c_.head_dim;
   cudaStream_t s = stream_;
@@ -439,7 +453,8 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   // The rows' max |x| for the int8 GEMVs' activation kernels, taken by the kernels that produce x (packed_matmul's
   // x_max: the x kernel then skips its row-wide reduction): slot N by every RMSNorm (q/k/v, gate/up), A by attention
   // (o; zeroed by the RMSNorm before the layer), S by SwiGLU (down; zeroed by the RMSNorm before gate/up).
-  const bool xm = producer_xmax_enabled() && rows <= kMaxGemvBatch && rmsnorm_writes_xmax(dim) && c_.hidden_dim % 32 == 0;
+  const bool xm = producer_xmax_enabled() && rows <= kMaxGemvBatch && rmsnorm_writes_xmax(dim) && c_.hidden_dim % 32 == 0 &&
+                  runs_int8_gemv(bits, rows);
   float* slot_n = xm ? xmax_.get() : nullptr;
   float* slot_a = xm ? xmax_.get() + kMaxGemvBatch : nullptr;
   float* slot_s = xm ? xmax_.get() + 2 * kMaxGemvBatch : nullptr;
