@@ -10,6 +10,7 @@
 #ifdef LOWBIT_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "cuda/gpu_runtime.h"
 #include "model/model.h"
@@ -192,6 +193,28 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
   EXPECT_EQ(gpu.graph_captures() - captures_before, 1) << "40 graph steps of one batch and cache: one capture, 39 replays";
 }
 
+// A greedy decode of `batch` sequences from a synthetic prompt (token i: (i * mul + add) % vocab, prompt_len each):
+// the prefill, then `steps` CUDA-graph decode steps. Returns the tokens picked and the last step's logits.
+struct GreedyRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;
+};
+GreedyRun greedy_run(cuda::GpuModel& gpu, int vocab, int batch, int prompt_len, int capacity, int steps, int bits, int mul, int add) {
+  cuda::GpuKVCache kv = gpu.new_cache(batch, capacity);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < batch * prompt_len; ++i) prompt.push_back((i * mul + add) % vocab);
+  gpu.forward(prompt.data(), batch, prompt_len, kv, false, bits);
+  gpu.greedy_from_last_logits(batch);
+  GreedyRun r;
+  for (int step = 0; step < steps; ++step) {
+    gpu.decode_step_greedy(kv, bits, true);
+    const auto t = gpu.get_decode_tokens(batch);
+    r.tokens.insert(r.tokens.end(), t.begin(), t.end());
+  }
+  r.logits = download(gpu, gpu.decode_logits(), static_cast<size_t>(batch) * vocab);
+  return r;
+}
+
 // Programmatic dependent launch (cuda/launch.cuh) changes when kernels start, never what they compute: decode graphs
 // captured with every kernel class PDL-launched (not only the default ones) and without PDL give bit-identical logits
 // and tokens, for every weight kind (fp16 / cuBLAS, any-precision register-table, shared-table and CUDA-core
@@ -215,19 +238,9 @@ TEST(CudaModel, PdlDecodeIsBitIdenticalToPlainLaunches) {
           for (bool pdl : {false, true}) {
             cuda::set_pdl(pdl);
             cuda::set_pdl_mask(cuda::kPdlAll);
-            cuda::GpuKVCache kv = gpu.new_cache(batch, capacity);
-            std::vector<int32_t> prompt;
-            for (int i = 0; i < batch * 9; ++i) prompt.push_back((i * 131 + 7) % c.vocab_size);
-            gpu.forward(prompt.data(), batch, 9, kv, false, bits);
-            gpu.greedy_from_last_logits(batch);
-            std::vector<int32_t> toks;
-            for (int step = 0; step < 12; ++step) {
-              gpu.decode_step_greedy(kv, bits, true);
-              const auto t = gpu.get_decode_tokens(batch);
-              toks.insert(toks.end(), t.begin(), t.end());
-            }
-            tokens.push_back(toks);
-            logits.push_back(download(gpu, gpu.decode_logits(), static_cast<size_t>(batch) * c.vocab_size));
+            GreedyRun r = greedy_run(gpu, c.vocab_size, batch, 9, capacity, 12, bits, 131, 7);
+            tokens.push_back(std::move(r.tokens));
+            logits.push_back(std::move(r.logits));
           }
           const std::string what = "kind " + std::to_string(static_cast<int>(kind)) + " bits " + std::to_string(bits) +
                                    " batch " + std::to_string(batch) + " cache " + std::to_string(capacity);
@@ -261,19 +274,9 @@ TEST(CudaModel, ProducerRowMaximaGiveBitIdenticalDecode) {
         std::vector<std::vector<int32_t>> tokens;
         for (bool on : {false, true}) {
           cuda::set_producer_xmax(on);
-          cuda::GpuKVCache kv = gpu.new_cache(batch, 64);
-          std::vector<int32_t> prompt;
-          for (int i = 0; i < batch * prompt_len; ++i) prompt.push_back((i * 37 + 11) % c.vocab_size);
-          gpu.forward(prompt.data(), batch, prompt_len, kv, false, bits);
-          gpu.greedy_from_last_logits(batch);
-          std::vector<int32_t> toks;
-          for (int step = 0; step < 6; ++step) {
-            gpu.decode_step_greedy(kv, bits, true);
-            const auto t = gpu.get_decode_tokens(batch);
-            toks.insert(toks.end(), t.begin(), t.end());
-          }
-          tokens.push_back(toks);
-          logits.push_back(download(gpu, gpu.decode_logits(), static_cast<size_t>(batch) * c.vocab_size));
+          GreedyRun r = greedy_run(gpu, c.vocab_size, batch, prompt_len, 64, 6, bits, 37, 11);
+          tokens.push_back(std::move(r.tokens));
+          logits.push_back(std::move(r.logits));
         }
         EXPECT_EQ(tokens[0], tokens[1]) << what;
         EXPECT_EQ(logits[0], logits[1]) << what;

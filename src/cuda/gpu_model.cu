@@ -434,15 +434,9 @@ void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, 
 // Whether a linear of the layers runs the int8 GEMV at this width and batch (Auto's choice, as packed_matmul makes it;
 // the layers share their shapes, so the first layer answers): only then are the rows' maxima worth taking.
 bool GpuModel::runs_int8_gemv(int bits, int rows) const {
-  if (layers_.empty() || rows > kMaxGemvBatch) return false;
-  const Layer& L = layers_.front();
-  for (const GpuLinear* l : {&L.qkv, &L.q, &L.k, &L.v, &L.o, &L.gate_up, &L.gate, &L.up, &L.down}) {
-    if (!l->packed || l->packed->format() != "anyprec") continue;
-    const uint32_t w = l->packed->served_widths();
-    const int b = bits == 0 && w != 0 ? 31 - __builtin_clz(w) : bits;
-    if (anyprec_auto_path(l->packed->n(), l->packed->k(), rows, b, kPreSplitInRuntime) == GemvPath::TensorCoreInt8LutStream) return true;
-  }
-  return false;
+  if (layers_.empty()) return false;
+  const std::vector<const GpuLinear*> ls = linears(layers_.front());
+  return std::any_of(ls.begin(), ls.end(), [&](const GpuLinear* l) { return l->packed && packed_runs_int8_gemv(*l->packed, bits, rows); });
 }
 
 void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits) {

@@ -356,12 +356,23 @@ __half* GemmContext::act_scratch(size_t elements) {
   return abuf_.get();
 }
 
+namespace {
+int served_width(const DevicePackedWeight& w, int bits) {   // anyprec: 0 = the widest
+  return bits == 0 && w.format() == "anyprec" ? static_cast<int>(31 - __builtin_clz(w.served_widths())) : bits;
+}
+}  // namespace
+
+bool packed_runs_int8_gemv(const DevicePackedWeight& w, int bits, int64_t m) {
+  return w.format() == "anyprec" && m >= 1 && m <= kMaxGemvBatch &&
+         anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), served_width(w, bits), kPreSplitInRuntime) ==
+             GemvPath::TensorCoreInt8LutStream;
+}
+
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
                    OutlierMode mode, const float* x_max) {
   LOWBIT_CHECK(m >= 1, "packed_matmul: batch ", m);
   const bool ap = w.format() == "anyprec";
-  int b = bits;
-  if (ap && b == 0) b = static_cast<int>(31 - __builtin_clz(w.served_widths()));
+  const int b = served_width(w, bits);
   if (m <= kMaxGemvBatch) {
     // The tensor-core paths read pre-split activations from the context's scratch (sized before any graph capture
     // by the uncaptured step that precedes it).

@@ -282,6 +282,9 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
 // on unless LOWBIT_PRODUCER_XMAX=0 in the environment (read once); set_producer_xmax() overrides it (bench --e2e times
 // both in one run; a captured decode graph is keyed on it).
 bool producer_xmax_enabled();
+// Whether packed_matmul runs the int8 GEMV (GemvPath::TensorCoreInt8LutStream) for this weight, width (0 = the widest)
+// and batch: where x_max is read.
+bool packed_runs_int8_gemv(const DevicePackedWeight& w, int bits, int64_t m);
 void set_producer_xmax(bool on);
 
 void cublas_check(cublasStatus_t st, const char* what);
