@@ -67,8 +67,19 @@ constexpr int kNormVec = 4;
 __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* delta, const float* w, float* y,
                                                        __half* yh, int dim, float eps, float* xmax, float* zero) {
   pdl_launch_dependents();
-  pdl_wait();
   const int n4 = dim / 4;
+  // The norm's weights are loaded before the wait (they are weights: no kernel before writes them), so the one round
+  // of memory latency after it is the row's (H200, Llama-2-7B 3-bit decode with the RoPE tables below: 508.3 / 508.0
+  // -> 513.0 / 512.4 tok/s, runs alternated; per-launch timestamps: the GEMV-to-x-kernel gap across a norm 4.0-4.5 ->
+  // 2.9-3.5 us; docs/results/issue7-session20-h200.txt part 4).
+  const float4* w4 = reinterpret_cast<const float4*>(w);
+  float4 wv[kNormVec];
+#pragma unroll
+  for (int j = 0; j < kNormVec; ++j) {
+    const int i = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
+    if (i < n4) wv[j] = w4[i];
+  }
+  pdl_wait();
   float4* xr = reinterpret_cast<float4*>(x + static_cast<int64_t>(blockIdx.x) * dim);
   const float4* dr = delta != nullptr ? reinterpret_cast<const float4*>(delta + static_cast<int64_t>(blockIdx.x) * dim) : nullptr;
   float4 v[kNormVec];
@@ -88,13 +99,12 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* de
   }
   const float inv = block_rms_inv(ss, dim, eps);
   float4* yr = reinterpret_cast<float4*>(y + static_cast<int64_t>(blockIdx.x) * dim);
-  const float4* w4 = reinterpret_cast<const float4*>(w);
   float mx = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormVec; ++j) {
     const int i = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
     if (i < n4) {
-      const float4 g = w4[i];
+      const float4 g = wv[j];
       const float4 o = make_float4(g.x * (v[j].x * inv), g.y * (v[j].y * inv), g.z * (v[j].z * inv), g.w * (v[j].w * inv));
       mx = i8_absmax_step(i8_absmax_step(i8_absmax_step(i8_absmax_step(mx, o.x), o.y), o.z), o.w);
       yr[i] = o;
@@ -151,9 +161,18 @@ __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* 
                                      const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
                                      __half* kc, __half* vc) {
   pdl_launch_dependents();
-  pdl_wait();
   const int r = blockIdx.x, half = hd / 2, kvd = kv_heads * hd;
   const int first = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x), step = static_cast<int>(gridDim.y * blockDim.x);
+  // The tables are weights and pos was copied in before the forward began (as attention's early loads, launch.cuh): when
+  // every index a thread visits has the same rotation pair (step a multiple of half), its one cos / sin is loaded
+  // before the wait.
+  const bool one_pair = step % half == 0;
+  float c1 = 0.0f, s1 = 0.0f;
+  if (one_pair) {
+    c1 = cos_t[static_cast<int64_t>(pos[r]) * half + first % half];
+    s1 = sin_t[static_cast<int64_t>(pos[r]) * half + first % half];
+  }
+  pdl_wait();
   const float* cs = cos_t + static_cast<int64_t>(pos[r]) * half;
   const float* sn = sin_t + static_cast<int64_t>(pos[r]) * half;
   for (int idx = first; idx < heads * half; idx += step) {
@@ -161,16 +180,18 @@ __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* 
     const float* qv = q + r * q_ld + h * hd;
     float* qo = q_out + (static_cast<int64_t>(r) * heads + h) * hd;
     const float a = qv[i], b = qv[i + half];
-    qo[i] = a * cs[i] - b * sn[i];
-    qo[i + half] = b * cs[i] + a * sn[i];
+    const float c = one_pair ? c1 : cs[i], sv = one_pair ? s1 : sn[i];
+    qo[i] = a * c - b * sv;
+    qo[i + half] = b * c + a * sv;
   }
   const int64_t base = ((static_cast<int64_t>(seq[r]) * layers + layer) * capacity + pos[r]) * kvd;
   for (int idx = first; idx < kv_heads * half; idx += step) {
     const int h = idx / half, i = idx % half;
     const float* kv = k + r * kv_ld + h * hd;
     const float a = kv[i], b = kv[i + half];
-    kc[base + h * hd + i] = __float2half_rn(a * cs[i] - b * sn[i]);
-    kc[base + h * hd + i + half] = __float2half_rn(b * cs[i] + a * sn[i]);
+    const float c = one_pair ? c1 : cs[i], sv = one_pair ? s1 : sn[i];
+    kc[base + h * hd + i] = __float2half_rn(a * c - b * sv);
+    kc[base + h * hd + i + half] = __float2half_rn(b * c + a * sv);
   }
   for (int i = first; i < kvd; i += step) vc[base + i] = __float2half_rn(v[r * kv_ld + i]);
 }

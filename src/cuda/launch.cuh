@@ -6,7 +6,7 @@
 //   - it calls pdl_wait() before its first read of anything an earlier kernel wrote (activations, the KV cache,
 //     scratch) and before its first global write (an earlier kernel may still read what it overwrites); the one
 //     exception is what was written before the last copy, event or plain launch in the stream, which serialise
-//     fully: decode attention reads the earlier steps' keys before its wait (gpu_ops.cu);
+//     fully: decode attention reads the earlier steps' keys, and RoPE the positions, before their wait (gpu_ops.cu);
 //   - every thread block reaches pdl_wait() before it exits (early returns come after it), so the grid cannot
 //     complete before the grid it depends on: completion stays transitive along the chain, and a kernel two steps
 //     downstream may read what this one's predecessor wrote;
