@@ -24,11 +24,12 @@ int splits_for(int span, int rows, int heads, int sms) {
 
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
 // GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
-// dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled).
+// dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
+// fold_rope_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
-         (producer_xmax_enabled() ? 0u : 0x100000u);
+         (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u);
 }
 
 }  // namespace
@@ -471,13 +472,19 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
       run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits, slot_n);
       run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits, slot_n);
     }
-    mark("RoPE + KV store");
-    rope_kv_store(qin, q_ld, kin, vin, kv_ld, q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, rope_cos_.get(),
-                  rope_sin_.get(), l, c_.n_layers, cache.capacity, cache.k.get(), cache.v.get(), s);
+    // Decode: RoPE and the KV store inside the attention kernel (one kernel fewer per layer; H200, Llama-2-7B 3-bit:
+    // docs/PERF.md session 20); prefill: their own kernel.
+    const bool fold = attention_folds_rope(rows, hd, n == 1);
+    const RopeIn rope{qin, q_ld, kin, vin, kv_ld, rope_cos_.get(), rope_sin_.get(), cache.k.get(), cache.v.get()};
+    if (!fold) {
+      mark("RoPE + KV store");
+      rope_kv_store(qin, q_ld, kin, vin, kv_ld, q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, rope_cos_.get(),
+                    rope_sin_.get(), l, c_.n_layers, cache.capacity, cache.k.get(), cache.v.get(), s);
+    }
     mark("attention");
     attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, c_.n_layers, cache.capacity,
               c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s,
-              reinterpret_cast<unsigned*>(slot_a));
+              reinterpret_cast<unsigned*>(slot_a), fold ? &rope : nullptr);
     mark("o linear");
     run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits, slot_a);
     mark("norms + residuals");

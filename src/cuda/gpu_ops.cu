@@ -122,9 +122,11 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* de
     for (int off = 16; off > 0; off >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
     __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int i = 1; i < static_cast<int>(blockDim.x) / 32; ++i) mx = i8_absmax_step(mx, red[i]);
-      xmax[blockIdx.x] = mx;
+    if (threadIdx.x < 32) {   // warp 0 merges the warps' maxima by shuffles (a max: any order gives the same value)
+      mx = threadIdx.x < blockDim.x / 32 ? red[threadIdx.x] : 0.0f;
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      if (threadIdx.x == 0) xmax[blockIdx.x] = mx;
     }
   }
 }
@@ -151,6 +153,13 @@ __global__ void rmsnorm_any_kernel(float* x, const float* delta, const float* w,
     yr[i] = v;
     if (yh != nullptr) yh[static_cast<int64_t>(blockIdx.x) * dim + i] = __float2half_rn(v);
   }
+}
+
+// The rotation of one pair (a, b) = (x[i], x[i + hd / 2]) by (c, s): the one expression rope_kv_store_kernel and the
+// attention that folds it in both use (explicit roundings, so both give the same bits).
+__device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float& lo, float& hi) {
+  lo = __fmaf_rn(a, c, -__fmul_rn(b, s));
+  hi = __fmaf_rn(b, c, __fmul_rn(a, s));
 }
 
 // grid (rows, slices): q rotated into q_out (row stride heads * hd; may be q itself); k rotated and, with v, stored
@@ -181,8 +190,7 @@ __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* 
     float* qo = q_out + (static_cast<int64_t>(r) * heads + h) * hd;
     const float a = qv[i], b = qv[i + half];
     const float c = one_pair ? c1 : cs[i], sv = one_pair ? s1 : sn[i];
-    qo[i] = a * c - b * sv;
-    qo[i + half] = b * c + a * sv;
+    rope_rotate(a, b, c, sv, qo[i], qo[i + half]);
   }
   const int64_t base = ((static_cast<int64_t>(seq[r]) * layers + layer) * capacity + pos[r]) * kvd;
   for (int idx = first; idx < kv_heads * half; idx += step) {
@@ -190,8 +198,10 @@ __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* 
     const float* kv = k + r * kv_ld + h * hd;
     const float a = kv[i], b = kv[i + half];
     const float c = one_pair ? c1 : cs[i], sv = one_pair ? s1 : sn[i];
-    kc[base + h * hd + i] = __float2half_rn(a * c - b * sv);
-    kc[base + h * hd + i + half] = __float2half_rn(b * c + a * sv);
+    float lo, hi;
+    rope_rotate(a, b, c, sv, lo, hi);
+    kc[base + h * hd + i] = __float2half_rn(lo);
+    kc[base + h * hd + i + half] = __float2half_rn(hi);
   }
   for (int i = first; i < kvd; i += step) vc[base + i] = __float2half_rn(v[r * kv_ld + i]);
 }
@@ -207,10 +217,14 @@ constexpr int kMaxHd = 256;
 // 16-byte loads and lane l owns the dimension pairs 2l + 64p, read as half2 with eight keys in flight; HD == 0:
 // any even head dimension, element by element.
 template <int HD, bool kPrefetch>
-__global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
+// Blocks per SM the registers must allow: the decode form with values prefetched (head dims 64, 128) 3, so that a 7B
+// decode grid (32 heads x 9 key splits) fits one wave (the folded RoPE took it to 230 registers unbounded, 168 with 48
+// bytes spilled at 3); elsewhere no bound (0: an explicit 1 let prefill grow from 40-64 to 72-144 registers and the
+// 512-token prefill fall ~5%, H200).
+__global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD == 128) ? 3 : 0) attention_kernel(
     const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, int layers,
     int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch,
-    int single_token, unsigned* xmax_bits) {
+    int single_token, unsigned* xmax_bits, RopeIn rope) {
   pdl_launch_dependents();
   constexpr bool kPrefetchV = kPrefetch && (HD == 64 || HD == 128);
   // Early loads (the decode form, one new token per sequence): every key but the row's own position p was written by
@@ -264,13 +278,67 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
       }
     }
   };
+  // RoPE folded in (rope.q != nullptr, the early form only). The rotation tables are read after the wait, beside the
+  // rows they rotate (one round of latency either way; before the wait they held registers across it: 232 a thread).
+  const bool fold = kPrefetchV && early && rope.q != nullptr;
+  const int64_t tb = static_cast<int64_t>(p) * (hd / 2);   // the tables' row of position p
+  // fold: the new position p in the warp's chunk at c0 (warp-uniform): its key rotated and its value from the linears'
+  // rows, rounded to fp16 as rope_kv_store stores them, into lane p - c0's key registers and every lane's value row
+  // p - c0; the first head of each kv group writes both to the cache.
+  __shared__ __align__(16) __half knew[kAttnWarps][kPrefetchV ? HD : 2];
+  auto patch_new = [&](int c0) {
+    if constexpr (kPrefetchV) {
+      const float* kr = rope.k + static_cast<int64_t>(r) * rope.kv_ld + static_cast<int64_t>(kvh) * hd;
+      const float* vr = rope.v + static_cast<int64_t>(r) * rope.kv_ld + static_cast<int64_t>(kvh) * hd;
+      const bool store = h % (heads / kv_heads) == 0;
+      const int64_t at = base + static_cast<int64_t>(p) * kvd;
+#pragma unroll
+      for (int t = 0; t < HD / 64; ++t) {   // pairs i = lane + 32 t
+        const int i = lane + 32 * t;
+        float lo, hi;
+        rope_rotate(kr[i], kr[i + HD / 2], rope.cos_t[tb + i], rope.sin_t[tb + i], lo, hi);
+        knew[warp][i] = __float2half_rn(lo);
+        knew[warp][i + HD / 2] = __float2half_rn(hi);
+        if (store) {
+          rope.kc[at + i] = knew[warp][i];
+          rope.kc[at + i + HD / 2] = knew[warp][i + HD / 2];
+        }
+      }
+      const int jn = p - c0;
+#pragma unroll
+      for (int pp = 0; pp < HD / 64; ++pp) {
+        const __half2 v2 = __floats2half2_rn(vr[2 * lane + 64 * pp], vr[2 * lane + 64 * pp + 1]);
+        if (store) *reinterpret_cast<__half2*>(rope.vc + at + 2 * lane + 64 * pp) = v2;
+        const uint32_t u = *reinterpret_cast<const uint32_t*>(&v2);
+#pragma unroll
+        for (int jj = 0; jj < 32; ++jj)
+          if (jj == jn) vpre[jj][pp] = u;
+      }
+      __syncwarp();
+      if (lane == jn) {
+#pragma unroll
+        for (int i = 0; i < HD / 8; ++i) kraw[i] = reinterpret_cast<const uint4*>(knew[warp])[i];
+      }
+      __syncwarp();
+    }
+  };
   const int c_first = k0 + warp * 32;
   if (early) {
     if (c_first < k1) load_chunk(c_first, -1);
     pdl_wait();
-    if (c_first < k1 && p >= c_first && p < c_first + 32) load_chunk(c_first, p - c_first);   // this chunk holds p
+    if (!fold && c_first < k1 && p >= c_first && p < c_first + 32) load_chunk(c_first, p - c_first);   // this chunk holds p
   }
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(static_cast<int64_t>(r) * heads + h) * hd + i] * scale;
+  if (fold) {
+    if (threadIdx.x < hd) {
+      const int i = static_cast<int>(threadIdx.x) % (hd / 2);
+      const float* qr = rope.q + static_cast<int64_t>(r) * rope.q_ld + static_cast<int64_t>(h) * hd;
+      float lo, hi;
+      rope_rotate(qr[i], qr[i + hd / 2], rope.cos_t[tb + i], rope.sin_t[tb + i], lo, hi);
+      qs[threadIdx.x] = (static_cast<int>(threadIdx.x) < hd / 2 ? lo : hi) * scale;
+    }
+  } else {
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) qs[i] = q[(static_cast<int64_t>(r) * heads + h) * hd + i] * scale;
+  }
   __syncthreads();
   constexpr int kDims = kMaxHd / 32;   // accumulators per lane: dims lane + 32 i (HD == 0) or 2 lane + 64 p + {0, 1}
   float acc[kDims];
@@ -281,6 +349,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attention_kernel(
     const int j = c0 + lane;
     const int cnt = min(32, k1 - c0);
     if (!early || c0 != c_first) load_chunk(c0, -1);
+    if (fold && p >= c0 && p < c0 + 32) patch_new(c0);   // the chunk holds p
     float sc = -FLT_MAX;
     if (j < k1) {
       const __half* kr = kb + static_cast<int64_t>(j) * kvd;
@@ -536,9 +605,20 @@ void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v,
   launch_pdl(kPdlOps, rope_kv_store_kernel, dim3(rows, slices), 256, 0, s, q, q_ld, k, v, kv_ld, q_out, seq, pos, heads, kv_heads, hd,
                                                           cos_t, sin_t, layer, layers, capacity, kc, vc);
 }
+namespace {
+bool& fold_rope_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_FOLD_ROPE", true);
+  return on;
+}
+}  // namespace
+bool fold_rope_enabled() { return fold_rope_state(); }
+void set_fold_rope(bool on) { fold_rope_state() = on; }
+bool attention_folds_rope(int rows, int hd, bool single_token) {
+  return fold_rope_enabled() && single_token && rows <= 8 && (hd == 64 || hd == 128);
+}
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
-               int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits) {
+               int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits, const RopeIn* rope) {
   LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
   const dim3 grid(rows, heads, splits);
   const bool decode = rows <= 8;   // one row per sequence: a grid too small to hide memory latency by occupancy
@@ -550,8 +630,9 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
                     : hd == 128 ? pick(std::integral_constant<int, 128>{})
                     : hd == 256 ? pick(std::integral_constant<int, 256>{})
                                 : pick(std::integral_constant<int, 0>{});
+  LOWBIT_CHECK(rope == nullptr || attention_folds_rope(rows, hd, single_token), "attention: RoPE folds into decode attention only");
   launch_pdl(kPdlOps, kern, grid, kAttnWarps * 32, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window,
-             kc, vc, out, splits, scratch, single_token ? 1 : 0, xmax_bits);
+             kc, vc, out, splits, scratch, single_token ? 1 : 0, xmax_bits, rope != nullptr ? *rope : RopeIn{});
   if (splits > 1)
     launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out, xmax_bits);
 }

@@ -35,9 +35,33 @@ void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v,
 // them before waiting on the kernel before (launch.cuh), and only position pos[r] after.
 // xmax_bits != nullptr: the max |out| of each row taken atomically into xmax_bits[r] (the bits of a non-negative
 // float, NaN on top; the slot zeroed before): exact, as rmsnorm's xmax.
+// RoPE and the KV store folded into decode attention (attention_folds_rope): the q / k / v rows as the linears wrote
+// them (rows q_ld / kv_ld floats apart), the rotation tables, and the cache the new keys and values are written to.
+// Each block rotates its head's q; the blocks whose key range holds the new position take its key and value from k / v
+// (rounded to fp16 as rope_kv_store stores them) and one block per kv head writes them to the cache.
+struct RopeIn {
+  const float* q = nullptr;
+  int64_t q_ld = 0;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t kv_ld = 0;
+  const float* cos_t = nullptr;
+  const float* sin_t = nullptr;
+  __half* kc = nullptr;
+  __half* vc = nullptr;
+};
+// Whether attention() can take a RopeIn for this call: one new token per sequence, a decode grid (rows <= 8), head
+// dimension 64 or 128, and the fold on (LOWBIT_FOLD_ROPE=0 in the environment turns it off, read once;
+// set_fold_rope() overrides it: bench --e2e times both in one run, a captured decode graph is keyed on it).
+bool attention_folds_rope(int rows, int hd, bool single_token);
+bool fold_rope_enabled();
+void set_fold_rope(bool on);
+// rope != nullptr (attention_folds_rope): q is ignored (rope->q is rotated in the kernel) and rope_kv_store must not
+// have run for this step's positions.
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
-               int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits = nullptr);
+               int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits = nullptr,
+               const RopeIn* rope = nullptr);
 // out [rows, width] = silu(g) * u, g and u rows ld floats apart (the two halves of a fused gate/up output: ld =
 // 2 width; out may be g when ld == width).
 // xmax_bits: as attention's (width a multiple of 32).
