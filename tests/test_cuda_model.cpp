@@ -291,8 +291,9 @@ TEST(CudaModel, ProducerRowMaximaGiveBitIdenticalDecode) {
 // their own kernel before attention: the same rotation (rope_rotate) and fp16 rounding of the new key and value, taken
 // by every block whose key range holds the new position and stored by one block per kv head (the next steps read it
 // back from the cache, so a wrong store shows up in their logits). Head dims 64 and 128 with GQA (8 heads on 2 / 4 kv
-// heads), fp16 and 3-bit weights, batch 1, 3 and 8, attention in one block per head (4-token prompt) and split over
-// blocks (70-token prompt: the new position in a later chunk of its warp too).
+// heads), fp16 and 3-bit weights, batch 1, 3 and 8, prompts of 4, 70 and 300 tokens (caches 16 longer): attention in
+// one block per head and split over blocks; at 300 tokens and batch 8, two splits of ~150 keys, so the new position
+// lies in the second chunk of its warp.
 TEST(CudaModel, FoldedRopeDecodeIsBitIdentical) {
   SKIP_WITHOUT_GPU();
   const bool fold = cuda::fold_rope_enabled();
@@ -300,12 +301,12 @@ TEST(CudaModel, FoldedRopeDecodeIsBitIdentical) {
   for (int hd : {64, 128}) {
     ModelConfig c;
     c.dim = 8 * hd, c.hidden_dim = 1024, c.n_layers = 2, c.n_heads = 8, c.n_kv_heads = hd == 64 ? 2 : 4, c.head_dim = hd;
-    c.vocab_size = 384, c.max_seq_len = 256;
+    c.vocab_size = 384, c.max_seq_len = 512;
     ASSERT_TRUE(cuda::attention_folds_rope(1, hd, true) || !fold);
     for (RK kind : {RK::Fp16, RK::AnyPrec}) {
       cuda::GpuModel gpu(c, kind, 31);
       for (int batch : {1, 3, 8})
-        for (int prompt_len : {4, 70}) {
+        for (int prompt_len : {4, 70, 300}) {
           const int bits = kind == RK::AnyPrec ? 3 : 0;
           const std::string what = "hd " + std::to_string(hd) + " kind " + std::to_string(static_cast<int>(kind)) + " batch " +
                                    std::to_string(batch) + " prompt " + std::to_string(prompt_len);
@@ -313,7 +314,7 @@ TEST(CudaModel, FoldedRopeDecodeIsBitIdentical) {
           std::vector<std::vector<int32_t>> tokens;
           for (bool on : {false, true}) {
             cuda::set_fold_rope(on);
-            GreedyRun r = greedy_run(gpu, c.vocab_size, batch, prompt_len, 160, 8, bits, 53, 5);
+            GreedyRun r = greedy_run(gpu, c.vocab_size, batch, prompt_len, prompt_len + 16, 8, bits, 53, 5);
             tokens.push_back(std::move(r.tokens));
             logits.push_back(std::move(r.logits));
           }

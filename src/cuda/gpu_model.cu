@@ -11,15 +11,22 @@ namespace lowbit::cuda {
 namespace {
 
 constexpr int kMinKeysPerSplit = 32;   // attention: one warp's chunk of keys, the least worth a block of its own
+constexpr int kKeysPerBlockShort = 256; // below this many keys a split, the splits stop at one block per SM (below)
 constexpr int kMaxSplits = 32;
 // Split the keys (flash-decoding) only when the (row, head) blocks alone cannot fill the GPU twice over (decode):
-// as many splits as take the grid to two blocks per SM, each split keeping at least kMinKeysPerSplit keys.
+// as many splits as take the grid to two blocks per SM, each split keeping at least kMinKeysPerSplit keys. Short
+// spans stop earlier, at one block per SM or kKeysPerBlockShort keys a split, whichever allows more: there the step is
+// a chain of latencies, and each split adds blocks to merge (H200, Llama-2-7B 3-bit, 385-key cache, splits forced:
+// batch 1 with 4 splits 528.5 / 516.0 tok/s against 520.0 / 504.2 with the 9 of the old rule, 16 splits 494.8; batch 8
+// with 1 split 2,835.1 against 2,710.9 with 2; docs/results/issue7-session20-h200.txt part 7). Long spans keep the
+// old rule (their keys are worth the bandwidth of many blocks).
 int splits_for(int span, int rows, int heads, int sms) {
   const int64_t blocks = static_cast<int64_t>(rows) * heads, want = 2LL * sms;
   if (blocks >= want) return 1;
   const int by_grid = static_cast<int>((want + blocks - 1) / blocks);
   const int by_keys = (span + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
-  return std::clamp(std::min(by_grid, by_keys), 1, kMaxSplits);
+  const int short_cap = static_cast<int>(std::max<int64_t>(sms / blocks, span / kKeysPerBlockShort));
+  return std::clamp(std::min({by_grid, by_keys, short_cap}), 1, kMaxSplits);
 }
 
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
