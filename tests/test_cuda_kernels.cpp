@@ -360,6 +360,41 @@ TEST(CudaKernels, ProducerRowMaximaAreExactAndChangeNothing) {
   }
 }
 
+// SwiGLU in the int8 GEMV's epilogue (a stacked [gate; up] weight): h and each row's max |h| bit-identical to the GEMV's
+// 2 H outputs followed by swiglu_rows, poisoned outputs caught. Every width 2..4 with outliers, batch 1, 2, 5, 8, both CTA
+// forms (n = 128: eight warps; n = 22016, H = 11008 as Llama-2-7B: four; n = 8192 at batch 8: eight on 2..3 bits).
+TEST(CudaKernels, Int8GemvSwiGluEpilogueIsBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 820;
+  for (const Shape& sh : {Shape{128, 2048}, Shape{22016, 4096}, Shape{8192, 8192}}) {
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(sh.n, sh.k, true, seed++), storage));
+    const int64_t H = sh.n / 2;
+    cuda::DeviceBuffer<uint8_t> xq(cuda::anyprec_xfrag_bytes(sh.k));
+    for (int bits = 2; bits <= 4; ++bits)
+      for (const int m : {1, 2, 5, 8}) {
+        const std::string what = std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" + std::to_string(m);
+        const std::vector<float> x = random_x(m, sh.k, seed++);
+        cuda::DeviceBuffer<float> xd(x), gu(static_cast<size_t>(m * sh.n)), h1(static_cast<size_t>(m * H)), h2(static_cast<size_t>(m * H));
+        cuda::DeviceBuffer<unsigned> mx1(8), mx2(8);
+        LOWBIT_CUDA_CHECK(cudaMemset(h1.get(), 0xFF, h1.bytes()));
+        LOWBIT_CUDA_CHECK(cudaMemset(h2.get(), 0xFF, h2.bytes()));
+        LOWBIT_CUDA_CHECK(cudaMemset(mx1.get(), 0, mx1.bytes()));
+        LOWBIT_CUDA_CHECK(cudaMemset(mx2.get(), 0, mx2.bytes()));
+        cuda::anyprec_gemv_i8(dw.anyprec(), bits, xd.get(), m, gu.get(), nullptr, true, xq.get());
+        cuda::swiglu_rows(gu.get(), gu.get() + H, 2 * H, h1.get(), m, H, nullptr, mx1.get());
+        cuda::anyprec_gemv_i8(dw.anyprec(), bits, xd.get(), m, h2.get(), nullptr, true, xq.get(), nullptr, mx2.get());
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> a = h1.download(), b = h2.download();
+        EXPECT_EQ(a, b) << what;
+        EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](float v) { return std::isfinite(v); })) << what;
+        EXPECT_GT(*std::max_element(b.begin(), b.end()), 0.0f) << what;
+        const std::vector<unsigned> ma = mx1.download(), mb = mx2.download();
+        for (int r = 0; r < 8; ++r) EXPECT_EQ(ma[static_cast<size_t>(r)], mb[static_cast<size_t>(r)]) << what << " row max " << r;
+      }
+  }
+}
+
 // q/k/v (or gate/up) stacked into one weight: its GEMV is, row for row, bit-identical to the GEMVs of its parts
 // (every kernel computes a row from that row's planes, LUT and outliers alone), with outliers, at both kernel
 // layouts (k = 1100: 35 words, one word per lane; k = 4096: 16-byte loads), every path Auto picks for batch 1 / 8.

@@ -31,6 +31,7 @@
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
 #include "cuda/stream.cuh"
+#include "cuda/swiglu.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -157,9 +158,14 @@ struct I8Stage {
 };
 
 // kI8Warps: the warps of a CTA, each taking every kI8Warps-th group of the tile's rows (4, or 8 for grids of few tiles).
-template <int B, bool kFusedOutliers, int M, int kStages, int kI8Warps>
+// kSwiGlu (a stacked gate/up weight, n = 2 H, H = 16 hp): the CTA takes its tiles in pairs, gate tile u then up tile
+// u + hp, keeps the gate tile's reduced values in the storing lanes and writes h = silu(gate) * up to y [m, H] (the
+// same expression as swiglu_kernel) after the up tile, and each batch column's max |h| (atomicMax of its bits into
+// hmax_bits[col], a slot zeroed earlier in the step) for the down GEMV's activation kernel: no SwiGLU kernel.
+template <int B, bool kFusedOutliers, int M, int kStages, int kI8Warps, bool kSwiGlu>
 __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warps>::kMinBlocks)) anyprec_gemv_i8_stream_kernel(
-    AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint8_t* __restrict__ xq) {
+    AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint8_t* __restrict__ xq,
+    int64_t hp, unsigned* __restrict__ hmax_bits) {
   using S = I8Stage<B, M, kStages, kI8Warps>;
   extern __shared__ __align__(16) unsigned char i8_smem[];
   const int64_t n = w.n, k = w.k, W = w.words, G = (W + 15) / 16, tiles = (n + 15) / 16;
@@ -190,13 +196,17 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
 #pragma unroll
     for (int c = 0; c < S::kXBytes / 16 / 32; ++c) cp_async(st + 16 * (lane + 32 * c), xp + ring.it_item * 64 * M + lane + 32 * c, 16);
   };
+  if constexpr (kSwiGlu) ring.pair = hp;
   ring.prologue(issue_weights, issue_x);   // xq and y belong to the kernels before
   const float* xscale = reinterpret_cast<const float*>(xq);
   const float sx0 = 2 * t < m_total ? __ldg(xscale + 2 * t) : 0.0f, sx1 = 2 * t + 1 < m_total ? __ldg(xscale + 2 * t + 1) : 0.0f;
   const int xl = (g < M ? g : 0) * 4 + t;   // lanes of columns >= M read column 0's pieces (not stored)
   int buf = 0;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int64_t row0 = tile * 16;
+  const int64_t units = kSwiGlu ? hp : tiles;
+  float gate = 0.0f, hmax = 0.0f;   // kSwiGlu: the lane's gate value, its batch column's max |h| so far
+  for (int64_t unit = blockIdx.x; unit < units; unit += gridDim.x)
+  for (int half = 0; half < (kSwiGlu ? 2 : 1); ++half) {
+    const int64_t tile = unit + half * hp, row0 = tile * 16;
     I8Table<B> tab0, tab1, tlo0, tlo1;   // tlo: 4 bits, the centroids' second pieces
     float sg0 = 0.0f, sg1 = 0.0f;
     int acc_h[2][4] = {}, acc_l[2][4] = {};   // two chains per piece (slot parity)
@@ -265,34 +275,59 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
       const float sum = static_cast<float>(acc_h[0][i] + acc_h[1][i]) + static_cast<float>(acc_l[0][i] + acc_l[1][i]) * (1.0f / kI8LoSteps);
       acc[i] = sum * (i < 2 ? sg0 : sg1) * (i % 2 == 0 ? sx0 : sx1);
     }
-    if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
-    store_tc_fragments<kI8Warps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, OutlierX{x, k, 1}, y,
-                                                 I8OutlierEntry<B>{w}, buf);
+    if (unit + gridDim.x >= units && half == (kSwiGlu ? 1 : 0)) pdl_launch_dependents();   // the CTA's last tile
+    if constexpr (kSwiGlu) {
+      const float v = reduce_tc_fragments<kI8Warps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr,
+                                                                   OutlierX{x, k, 1}, I8OutlierEntry<B>{w}, buf);
+      const int mm = lane / 4;
+      const int64_t j = unit * 16 + warp * 4 + lane % 4;   // the hidden unit of this lane's row in both tiles
+      if (half == 0) {
+        gate = v;
+      } else if (warp < 4 && mm < m_total) {
+        const float h = silu_mul(gate, v);
+        y[mm * (hp * 16) + j] = h;
+        hmax = i8_absmax_step(hmax, h);
+      }
+    } else {
+      store_tc_fragments<kI8Warps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, OutlierX{x, k, 1}, y,
+                                                   I8OutlierEntry<B>{w}, buf);
+    }
     buf ^= 1;
+  }
+  if constexpr (kSwiGlu) {   // each batch column's max over the CTA's units: lanes 4 mm .. 4 mm + 3 of warps 0..3
+    if (warp < 4) {
+      hmax = i8_absmax_step(hmax, __shfl_xor_sync(0xffffffffu, hmax, 1));
+      hmax = i8_absmax_step(hmax, __shfl_xor_sync(0xffffffffu, hmax, 2));
+      if (lane % 4 == 0 && lane / 4 < m_total) atomicMax(hmax_bits + lane / 4, __float_as_uint(hmax));
+    }
   }
   cp_async_wait<0>();   // no copy outlives the CTA
 }
 
 template <int B, int M, int kStages, int kWarps>
-void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq) {
+void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq, unsigned* hmax_bits) {
   const size_t smem = static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes;
-  auto kern = fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps>;
+  const bool sw = hmax_bits != nullptr;
+  auto kern = sw ? (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, true> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, true>)
+                 : (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, false> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, false>);
   // The ring plus the epilogue's static scratch may pass 48 KB with a ring under it (4 bits, batch 1: 44.5 + 4 KB), which
   // persistent_grid only allows for rings above 48 KB: raise the limit to the ring's size for every form.
   static const bool limits = [] {
-    for (auto k : {anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps>, anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps>})
+    for (auto k : {anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, false>, anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, false>,
+                   anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, true>, anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, true>})
       LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes)));
     return true;
   }();
   (void)limits;
-  launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kWarps * 32, smem, (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y,
-             static_cast<const uint8_t*>(xq));
+  const int64_t hp = sw ? w.n / 32 : 0;   // SwiGLU: tile pairs, one per 16 hidden units
+  launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kWarps * 32, smem, sw ? hp : (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y,
+             static_cast<const uint8_t*>(xq), hp, hmax_bits);
 }
 
 template <int B, int M>
 void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq,
-                     const float* xmax) {
+                     const float* xmax, unsigned* hmax_bits) {
   const int64_t G = (w.words + 15) / 16, tiles = (w.n + 15) / 16;
   const dim3 xgrid(static_cast<unsigned>((G * 64 + kI8XThreads - 1) / kI8XThreads), static_cast<unsigned>(M));
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
@@ -310,9 +345,9 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
   // stages) went 332.8 -> 326.6 and keeps four warps; at batch 1 four warps measured as fast or faster (28672x8192
   // 36.4-37.5 against 37.8 us).
   static const int sms = device_sm_count();
-  if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq);
-  if (B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq);
-  launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq);
+  if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
+  if (B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
+  launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq, hmax_bits);
 }
 
 }  // namespace
@@ -323,7 +358,9 @@ size_t anyprec_i8_x_bytes(int64_t k, int m) {
 }
 
 void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq,
-                     const float* xmax) {
+                     const float* xmax, unsigned* hmax_bits) {
+  LOWBIT_CHECK(hmax_bits == nullptr || (w.n % 32 == 0 && w.n > 0), "anyprec int8 GEMV: the SwiGLU epilogue needs gate and up of 16-row tiles (n ",
+               w.n, ")");
   LOWBIT_CHECK(bits >= 2 && bits <= 4 && w.lut8[bits] != nullptr && w.lut8_scale[bits] != nullptr,
                "anyprec int8 GEMV: no int8 tables for width ", bits, " (they serve the weight's widths among 2..4)");
   LOWBIT_CHECK(anyprec_i8_fits(w.n, w.k, m) && xq != nullptr, "anyprec int8 GEMV: needs k a multiple of 128 and >= 2048, batch 1..",
@@ -332,7 +369,7 @@ void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, fl
   auto* q = static_cast<uint8_t*>(xq);
   auto run = [&](auto b) {
     constexpr int B = decltype(b)::value;
-    dispatch_int<1, 2, 4, 8>(i8_columns(m), [&](auto mm) { launch_i8_batch<B, decltype(mm)::value>(w, x, m, y, s, fused, q, xmax); });
+    dispatch_int<1, 2, 4, 8>(i8_columns(m), [&](auto mm) { launch_i8_batch<B, decltype(mm)::value>(w, x, m, y, s, fused, q, xmax, hmax_bits); });
   };
   dispatch_int<2, 3, 4>(bits, run);
 }

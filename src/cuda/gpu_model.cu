@@ -32,11 +32,12 @@ int splits_for(int span, int rows, int heads, int sms) {
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
 // GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
 // dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
-// fold_rope_enabled).
+// fold_rope_enabled; packed.h: fold_swiglu_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
-         (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u);
+         (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u) |
+         (fold_swiglu_enabled() ? 0u : 0x400000u);
 }
 
 }  // namespace
@@ -498,7 +499,11 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     rmsnorm(x_.get(), tmp_.get(), L.ffn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s, slot_n, slot_s);   // x += attention out
     mark("gate/up linears");
     const int64_t hid = c_.hidden_dim;
-    if (L.gate_up.n > 0) {
+    if (L.gate_up.n > 0 && slot_s != nullptr && L.gate_up.packed && L.gate_up.bias.size() == 0 &&
+        packed_swiglu_fuses(*L.gate_up.packed, bits, rows)) {
+      // SwiGLU in the GEMV's epilogue, its row maxima into slot S (H200, Llama-2-7B: docs/PERF.md session 20).
+      packed_matmul_swiglu(*L.gate_up.packed, bits, xn_.get(), rows, g_.get(), *gemm_, slot_n, reinterpret_cast<unsigned*>(slot_s));
+    } else if (L.gate_up.n > 0) {
       run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits, slot_n);
       mark("SwiGLU");
       swiglu_rows(gu_.get(), gu_.get() + hid, 2 * hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));

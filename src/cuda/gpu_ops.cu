@@ -7,6 +7,7 @@
 #include "cuda/common.h"
 #include "cuda/int8_tables.h"
 #include "cuda/launch.cuh"
+#include "cuda/swiglu.cuh"
 
 namespace lowbit::cuda {
 namespace {
@@ -500,7 +501,7 @@ __global__ void swiglu_kernel(const float* g, const float* u, int64_t ld, float*
   if (i < n) {
     const int64_t r = i / width, c = i % width;
     const float a = g[r * ld + c];
-    h = a / (1.0f + expf(-a)) * u[r * ld + c];
+    h = silu_mul(a, u[r * ld + c]);
     out[i] = h;
   }
   if (xmax_bits != nullptr) {

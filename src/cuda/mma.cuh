@@ -161,17 +161,17 @@ __device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__
   return v[0];   // index `lane`
 }
 
-// The tensor-core GEMVs' epilogue. The CTA's warps (4 or more) each hold an m16n8 accumulator fragment of the same 16 rows
+// The tensor-core GEMVs' epilogue, its reduction. The CTA's warps (4 or more) each hold an m16n8 accumulator fragment of the same 16 rows
 // (lane (g, t): rows g / g + 8, batch columns 2t / 2t + 1); after one barrier warp w < 4 stores rows 4w .. 4w + 3 for
-// every batch column (lane 4 mm + r: row 4w + r, column mm, kMaxGemvBatch = 8 columns at most), each value the sum of
+// every batch column (lane 4 mm + r: row 4w + r, column mm, kMaxGemvBatch = 8 columns at most): returns the sum of
 // the warps' fragments read from shared memory, plus, with outliers, its correction from outlier_corrections (entry:
 // see there; rowptr, xo: the weight's CSR row pointers and the activations gathered, OutlierX). buf: which half of the
 // double-buffered scratch (a CTA looping over tiles alternates, so that the next tile's writes never meet this
 // tile's reads without a second barrier).
 template <int kWarps, bool kOutliers, typename Entry>
-__device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
-                                                   int m_total, const int32_t* __restrict__ rowptr, OutlierX xo,
-                                                   float* __restrict__ y, Entry entry, int buf = 0) {
+__device__ __forceinline__ float reduce_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
+                                                     int m_total, const int32_t* __restrict__ rowptr, OutlierX xo, Entry entry,
+                                                     int buf) {
   static_assert(kWarps >= 4, "warps 0..3 store the 16 rows");
   __shared__ float part[2][kWarps][32][4];   // each warp's fragment
   float extra = 0.0f;
@@ -182,12 +182,24 @@ __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int wa
   for (int i = 0; i < 4; ++i) part[buf][warp][lane][i] = acc[i];
   __syncthreads();
   const int lr = warp * 4 + lane % 4, mm = lane / 4;   // lane (rr = lane % 4, mm = lane / 4): one value each, all at once
-  const int64_t row = row0 + lr;
-  if (warp < 4 && mm < m_total && row < n) {
-    float v = 0.0f;
+  float v = 0.0f;
+  if (warp < 4 && mm < m_total && row0 + lr < n) {
     for (int wi = 0; wi < kWarps; ++wi) v += part[buf][wi][4 * (lr % 8) + mm / 2][2 * (lr / 8) + mm % 2];
-    y[mm * n + row] = v + extra;
+    v += extra;
   }
+  return v;
+}
+
+// The tensor-core GEMVs' epilogue: reduce_tc_fragments' value of lane (row 4 warp + lane % 4, batch column lane / 4)
+// stored to y [m, n] (warps 0..3; lanes past m_total or n store nothing).
+template <int kWarps, bool kOutliers, typename Entry>
+__device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
+                                                   int m_total, const int32_t* __restrict__ rowptr, OutlierX xo,
+                                                   float* __restrict__ y, Entry entry, int buf = 0) {
+  const float v = reduce_tc_fragments<kWarps, kOutliers>(acc, warp, lane, row0, n, m_total, rowptr, xo, entry, buf);
+  const int64_t row = row0 + warp * 4 + lane % 4;
+  const int mm = lane / 4;
+  if (warp < 4 && mm < m_total && row < n) y[mm * n + row] = v;
 }
 
 }  // namespace lowbit::cuda

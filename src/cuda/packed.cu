@@ -368,6 +368,20 @@ bool packed_runs_int8_gemv(const DevicePackedWeight& w, int bits, int64_t m) {
              GemvPath::TensorCoreInt8LutStream;
 }
 
+// 2..3 bits only: at 4 bits the epilogue measured slower (H200, Llama-2-7B 4-bit: batch 1 325.3 against 327.0 tok/s,
+// batch 8 2,238.5 against 2,253.8, same run; results/issue7-session20-h200.txt part 9).
+bool packed_swiglu_fuses(const DevicePackedWeight& w, int bits, int64_t m) {
+  return fold_swiglu_enabled() && w.n() % 32 == 0 && served_width(w, bits) <= 3 && packed_runs_int8_gemv(w, bits, m);
+}
+
+void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* h, GemmContext& ctx,
+                          const float* x_max, unsigned* h_max_bits) {
+  LOWBIT_CHECK(packed_swiglu_fuses(w, bits, m) && h_max_bits != nullptr, "packed_matmul_swiglu: not served for ", w.n(), "x", w.k(),
+               " at batch ", m, " (packed_swiglu_fuses)");
+  void* xfrag = ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2);
+  anyprec_gemv_i8(w.anyprec(), served_width(w, bits), x, static_cast<int>(m), h, ctx.stream(), true, xfrag, x_max, h_max_bits);
+}
+
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
                    OutlierMode mode, const float* x_max) {
   LOWBIT_CHECK(m >= 1, "packed_matmul: batch ", m);
@@ -498,6 +512,10 @@ bool& producer_xmax_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_PRODUCER_XMAX", true);
   return on;
 }
+bool& fold_swiglu_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_FOLD_SWIGLU", true);
+  return on;
+}
 bool& fused_gemm_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
@@ -514,6 +532,8 @@ bool int8_tables_enabled() { return int8_tables_state(); }
 bool producer_xmax_enabled() { return producer_xmax_state(); }
 void set_producer_xmax(bool on) { producer_xmax_state() = on; }
 void set_int8_tables(bool on) { int8_tables_state() = on; }
+bool fold_swiglu_enabled() { return fold_swiglu_state(); }
+void set_fold_swiglu(bool on) { fold_swiglu_state() = on; }
 
 bool narrow_rows(int64_t n, int64_t k, int m, int bits) {
   static const int sms = device_sm_count();

@@ -181,8 +181,11 @@ size_t anyprec_xfrag_bytes(int64_t k);
 // (anyprec_xfrag_bytes(k) is always enough), receives the activations' int8 pieces first. Outliers are always fused.
 // xmax != nullptr: xmax[r] = max |x[r]| for the m rows, exact (written by the kernel that produced x: rmsnorm, SwiGLU,
 // attention, gpu_ops.h); the activation kernel then skips its row-wide reduction.
+// hmax_bits != nullptr (the SwiGLU epilogue; w a stacked gate/up weight, n = 2 H, n % 32 == 0): y [m, H] receives
+// silu(gate) * up instead of the 2 H outputs (gpu_ops.h swiglu_rows' values, bit for bit), and hmax_bits[r] the bits of
+// each row's max |h| by atomicMax (the slot zeroed before, as swiglu_rows' xmax_bits).
 void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq,
-                     const float* xmax = nullptr);
+                     const float* xmax = nullptr, unsigned* hmax_bits = nullptr);
 size_t anyprec_i8_x_bytes(int64_t k, int m);
 // xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
@@ -286,6 +289,16 @@ bool producer_xmax_enabled();
 // and batch: where x_max is read.
 bool packed_runs_int8_gemv(const DevicePackedWeight& w, int bits, int64_t m);
 void set_producer_xmax(bool on);
+// SwiGLU in the gate/up GEMV's epilogue (anyprec_gemv_i8's hmax_bits): whether it serves this stacked gate/up weight,
+// width and batch (the int8 GEMV runs at 2..3 bits, n % 32 == 0) and is on (LOWBIT_FOLD_SWIGLU=0 in the environment turns it off,
+// read once; set_fold_swiglu() overrides it: bench --e2e times both in one run, a captured decode graph is keyed on it).
+bool fold_swiglu_enabled();
+void set_fold_swiglu(bool on);
+bool packed_swiglu_fuses(const DevicePackedWeight& w, int bits, int64_t m);
+// h [m, n / 2] = silu(x W_gateᵀ) * (x W_upᵀ) for a stacked [gate; up] weight where packed_swiglu_fuses, h_max_bits as
+// anyprec_gemv_i8's hmax_bits; x_max as packed_matmul's.
+void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* h, GemmContext& ctx,
+                          const float* x_max, unsigned* h_max_bits);
 
 void cublas_check(cublasStatus_t st, const char* what);
 // Device-side random fills (splitmix64 of seed and index): bytes, and fp16 / fp32 values uniform in [lo, hi).

@@ -89,12 +89,26 @@ struct StreamRing {
   int warp;
   int64_t it_tile, it_item;
   int it_stage = 0, stage = 0;
+  // pair > 0: the tiles come in pairs (u, u + pair) for units u = blockIdx.x, + gridDim.x, ... < pair (the int8 GEMV's
+  // SwiGLU epilogue: a gate tile, then its up tile); it_half: which of the pair the cursor is on.
+  int64_t pair = 0;
+  int it_half = 0;
+  __device__ __forceinline__ bool live() const { return pair > 0 ? it_tile - it_half * pair < pair : it_tile < tiles; }
   __device__ __forceinline__ StreamRing(uint32_t base_, uint32_t stage_bytes_, int64_t tiles_, int64_t items_, int warp_)
       : base(base_), stage_bytes(stage_bytes_), tiles(tiles_), items(items_), warp(warp_), it_tile(blockIdx.x), it_item(warp_) {}
   __device__ __forceinline__ uint32_t issue_stage() const { return base + it_stage * stage_bytes; }
   __device__ __forceinline__ void advance() {
     it_item += kWarps;
-    if (it_item >= items) { it_item = warp; it_tile += gridDim.x; }
+    if (it_item >= items) {
+      it_item = warp;
+      if (pair > 0 && it_half == 0) {
+        it_tile += pair;
+        it_half = 1;
+      } else {
+        it_tile += gridDim.x - it_half * pair;
+        it_half = 0;
+      }
+    }
     it_stage = it_stage + 1 == kStages ? 0 : it_stage + 1;
   }
   // The first kStages - 1 items: their weights before the previous kernel's end (pdl_wait), their activations after
@@ -102,17 +116,18 @@ struct StreamRing {
   template <typename Weights, typename X>
   __device__ __forceinline__ void prologue(Weights weights, X x) {
     const int64_t t0 = it_tile, i0 = it_item;
-    for (int p = 0; p + 1 < kStages; ++p) { if (it_tile < tiles) weights(); advance(); }
+    const int h0 = it_half;
+    for (int p = 0; p + 1 < kStages; ++p) { if (live()) weights(); advance(); }
     pdl_wait();
-    it_tile = t0; it_item = i0; it_stage = 0;
-    for (int p = 0; p + 1 < kStages; ++p) { if (it_tile < tiles) x(); cp_async_commit(); advance(); }
+    it_tile = t0; it_item = i0; it_half = h0; it_stage = 0;
+    for (int p = 0; p + 1 < kStages; ++p) { if (live()) x(); cp_async_commit(); advance(); }
   }
   // Before computing the next item: the copies of the item kStages - 1 ahead go out, the next item's have arrived
   // (all lanes' copies visible to the warp); returns its stage's address.
   template <typename Weights, typename X>
   __device__ __forceinline__ uint32_t next(Weights weights, X x) {
     __syncwarp();   // every lane is done with the stage the next copies overwrite
-    if (it_tile < tiles) { weights(); x(); }
+    if (live()) { weights(); x(); }
     cp_async_commit();
     advance();
     cp_async_wait<kStages - 1>();
