@@ -146,49 +146,29 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             plain_tok_s = time_decode(m, b, o.prompt, o.decode, batch, nullptr);
             set_pdl(true);
           }
-          std::string int8_toggled = "-";   // the GEMVs with the int8 tables toggled
-          if (kind == "anyprec" && b <= 4 && batch <= kMaxGemvBatch) {
-            const bool i8 = int8_tables_enabled();
-            set_int8_tables(!i8);
+          // The same decode timed with one run-time switch set to `value` (restored after), where `when` holds; "-" elsewhere.
+          auto flipped = [&](bool when, bool (*get)(), void (*set)(bool), bool value) -> std::string {
+            if (!when) return "-";
+            const bool was = get();
+            set(value);
             std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
-            set_int8_tables(i8);
-            int8_toggled = line;
-          }
-          std::string own_max = "-";   // the int8 GEMVs' activation kernels reducing max |x| themselves
-          if (kind == "anyprec" && b <= 4 && batch <= kMaxGemvBatch && int8_tables_enabled() && producer_xmax_enabled()) {
-            set_producer_xmax(false);
-            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
-            set_producer_xmax(true);
-            own_max = line;
-          }
-          std::string rope_kernel = "-";   // RoPE and the KV store in their own kernel, as before session 20
-          if (batch <= 8 && fold_rope_enabled() && attention_folds_rope(batch, c.head_dim, true)) {
-            set_fold_rope(false);
-            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
-            set_fold_rope(true);
-            rope_kernel = line;
-          }
-          std::string swiglu_kernel = "-";   // SwiGLU in its own kernel, as before session 20
-          if (kind == "anyprec" && b <= 3 && batch <= kMaxGemvBatch && int8_tables_enabled() && producer_xmax_enabled() &&
-              fold_swiglu_enabled()) {
-            set_fold_swiglu(false);
-            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
-            set_fold_swiglu(true);
-            swiglu_kernel = line;
-          }
-          std::string dequant = "-";   // the large-batch path the fused GEMM replaced, same run
-          if (kind != "fp16" && batch > kMaxGemvBatch && fused_gemm_enabled()) {
-            set_fused_gemm(false);
-            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
-            set_fused_gemm(true);
-            dequant = line;
-          }
-          if (kind == "fp16" && dense_gemv_preferred(c.dim, c.dim, batch) && dense_gemv_enabled()) {
-            set_dense_gemv(false);
-            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
-            set_dense_gemv(true);
-            dequant = line;
-          }
+            set(was);
+            return line;
+          };
+          const bool i8 = kind == "anyprec" && b <= 4 && batch <= kMaxGemvBatch;
+          // the GEMVs with the int8 tables toggled
+          const std::string int8_toggled = flipped(i8, int8_tables_enabled, set_int8_tables, !int8_tables_enabled());
+          // the int8 GEMVs' activation kernels reducing max |x| themselves
+          const bool given_max = i8 && int8_tables_enabled() && producer_xmax_enabled();
+          const std::string own_max = flipped(given_max, producer_xmax_enabled, set_producer_xmax, false);
+          // RoPE and the KV store in their own kernel; SwiGLU in its own kernel (both as before session 20)
+          const std::string rope_kernel =
+              flipped(batch <= 8 && fold_rope_enabled() && attention_folds_rope(batch, c.head_dim, true), fold_rope_enabled, set_fold_rope, false);
+          const std::string swiglu_kernel = flipped(given_max && b <= 3 && fold_swiglu_enabled(), fold_swiglu_enabled, set_fold_swiglu, false);
+          // above batch 8 the large-batch path the fused GEMM replaced; fp16 at batch 1..2 cuBLAS in place of our GEMV
+          std::string dequant = flipped(kind != "fp16" && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
+          if (kind == "fp16")
+            dequant = flipped(dense_gemv_preferred(c.dim, c.dim, batch) && dense_gemv_enabled(), dense_gemv_enabled, set_dense_gemv, false);
           std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %s | %s | %s | %.2f | %s\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
