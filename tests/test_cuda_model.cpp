@@ -10,6 +10,7 @@
 #ifdef LOWBIT_WITH_CUDA
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 
 #include "cuda/gpu_ops.h"
@@ -216,6 +217,21 @@ GreedyRun greedy_run(cuda::GpuModel& gpu, int vocab, int batch, int prompt_len, 
   return r;
 }
 
+// A greedy decode run with a run-time switch off and then on (set(false), set(true)): both give the same tokens and
+// logits, bit for bit, and the logits are finite and not all zero.
+void expect_same_decode_both_ways(const std::function<void(bool)>& set, const std::function<GreedyRun()>& run,
+                                  const std::string& what) {
+  GreedyRun r[2];
+  for (const bool on : {false, true}) {
+    set(on);
+    r[on] = run();
+  }
+  EXPECT_EQ(r[0].tokens, r[1].tokens) << what;
+  EXPECT_EQ(r[0].logits, r[1].logits) << what;
+  EXPECT_TRUE(std::all_of(r[1].logits.begin(), r[1].logits.end(), [](float v) { return std::isfinite(v); })) << what;
+  EXPECT_GT(*std::max_element(r[1].logits.begin(), r[1].logits.end()), 0.0f) << what << ": logits all zero";
+}
+
 // Programmatic dependent launch (cuda/launch.cuh) changes when kernels start, never what they compute: decode graphs
 // captured with every kernel class PDL-launched (not only the default ones) and without PDL give bit-identical logits
 // and tokens, for every weight kind (fp16 / cuBLAS, any-precision register-table, shared-table and CUDA-core
@@ -234,20 +250,14 @@ TEST(CudaModel, PdlDecodeIsBitIdenticalToPlainLaunches) {
     for (int bits : kind == RK::AnyPrec ? std::vector<int>{2, 3, 4, 8} : std::vector<int>{0})
       for (int batch : {1, 3})
         for (int capacity : {40, 512}) {
-          std::vector<std::vector<float>> logits;
-          std::vector<std::vector<int32_t>> tokens;
-          for (bool pdl : {false, true}) {
-            cuda::set_pdl(pdl);
-            cuda::set_pdl_mask(cuda::kPdlAll);
-            GreedyRun r = greedy_run(gpu, c.vocab_size, batch, 9, capacity, 12, bits, 131, 7);
-            tokens.push_back(std::move(r.tokens));
-            logits.push_back(std::move(r.logits));
-          }
           const std::string what = "kind " + std::to_string(static_cast<int>(kind)) + " bits " + std::to_string(bits) +
                                    " batch " + std::to_string(batch) + " cache " + std::to_string(capacity);
-          EXPECT_EQ(tokens[0], tokens[1]) << what;
-          EXPECT_EQ(logits[0], logits[1]) << what;
-          EXPECT_GT(*std::max_element(logits[0].begin(), logits[0].end()), 0.0f) << what << ": logits all zero";
+          expect_same_decode_both_ways(
+              [](bool pdl) {
+                cuda::set_pdl(pdl);
+                cuda::set_pdl_mask(cuda::kPdlAll);
+              },
+              [&] { return greedy_run(gpu, c.vocab_size, batch, 9, capacity, 12, bits, 131, 7); }, what);
         }
   }
   cuda::set_pdl(true);
@@ -271,18 +281,8 @@ TEST(CudaModel, ProducerRowMaximaGiveBitIdenticalDecode) {
     for (int batch : {1, 3, 8})
       for (int prompt_len : {5, 40}) {
         const std::string what = std::to_string(bits) + " bits batch " + std::to_string(batch) + " prompt " + std::to_string(prompt_len);
-        std::vector<std::vector<float>> logits;
-        std::vector<std::vector<int32_t>> tokens;
-        for (bool on : {false, true}) {
-          cuda::set_producer_xmax(on);
-          GreedyRun r = greedy_run(gpu, c.vocab_size, batch, prompt_len, 64, 6, bits, 37, 11);
-          tokens.push_back(std::move(r.tokens));
-          logits.push_back(std::move(r.logits));
-        }
-        EXPECT_EQ(tokens[0], tokens[1]) << what;
-        EXPECT_EQ(logits[0], logits[1]) << what;
-        EXPECT_TRUE(std::all_of(logits[1].begin(), logits[1].end(), [](float v) { return std::isfinite(v); })) << what;
-        EXPECT_GT(*std::max_element(logits[1].begin(), logits[1].end()), 0.0f) << what << ": logits all zero";
+        expect_same_decode_both_ways(cuda::set_producer_xmax,
+                                     [&] { return greedy_run(gpu, c.vocab_size, batch, prompt_len, 64, 6, bits, 37, 11); }, what);
       }
   cuda::set_producer_xmax(producer);
 }
@@ -310,18 +310,8 @@ TEST(CudaModel, FoldedRopeDecodeIsBitIdentical) {
           const int bits = kind == RK::AnyPrec ? 3 : 0;
           const std::string what = "hd " + std::to_string(hd) + " kind " + std::to_string(static_cast<int>(kind)) + " batch " +
                                    std::to_string(batch) + " prompt " + std::to_string(prompt_len);
-          std::vector<std::vector<float>> logits;
-          std::vector<std::vector<int32_t>> tokens;
-          for (bool on : {false, true}) {
-            cuda::set_fold_rope(on);
-            GreedyRun r = greedy_run(gpu, c.vocab_size, batch, prompt_len, prompt_len + 16, 8, bits, 53, 5);
-            tokens.push_back(std::move(r.tokens));
-            logits.push_back(std::move(r.logits));
-          }
-          EXPECT_EQ(tokens[0], tokens[1]) << what;
-          EXPECT_EQ(logits[0], logits[1]) << what;
-          EXPECT_TRUE(std::all_of(logits[1].begin(), logits[1].end(), [](float v) { return std::isfinite(v); })) << what;
-          EXPECT_GT(*std::max_element(logits[1].begin(), logits[1].end()), 0.0f) << what << ": logits all zero";
+          expect_same_decode_both_ways(
+              cuda::set_fold_rope, [&] { return greedy_run(gpu, c.vocab_size, batch, prompt_len, prompt_len + 16, 8, bits, 53, 5); }, what);
         }
     }
   }
@@ -341,18 +331,7 @@ TEST(CudaModel, FoldedSwiGluDecodeIsBitIdentical) {
   for (int bits : {2, 3})
     for (int batch : {1, 3, 8}) {
       const std::string what = std::to_string(bits) + " bits batch " + std::to_string(batch);
-      std::vector<std::vector<float>> logits;
-      std::vector<std::vector<int32_t>> tokens;
-      for (bool on : {false, true}) {
-        cuda::set_fold_swiglu(on);
-        GreedyRun r = greedy_run(gpu, c.vocab_size, batch, 12, 64, 6, bits, 41, 3);
-        tokens.push_back(std::move(r.tokens));
-        logits.push_back(std::move(r.logits));
-      }
-      EXPECT_EQ(tokens[0], tokens[1]) << what;
-      EXPECT_EQ(logits[0], logits[1]) << what;
-      EXPECT_TRUE(std::all_of(logits[1].begin(), logits[1].end(), [](float v) { return std::isfinite(v); })) << what;
-      EXPECT_GT(*std::max_element(logits[1].begin(), logits[1].end()), 0.0f) << what << ": logits all zero";
+      expect_same_decode_both_ways(cuda::set_fold_swiglu, [&] { return greedy_run(gpu, c.vocab_size, batch, 12, 64, 6, bits, 41, 3); }, what);
     }
   cuda::set_fold_swiglu(fold);
 }
