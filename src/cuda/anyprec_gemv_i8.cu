@@ -25,6 +25,8 @@
 // (tile, group of 16 words) through a private cp.async ring; a stage holds the group's plane words of the lane's two
 // rows, at the tile's first group the tile's 16 int8 table rows and scales, and the group's x pieces of every batch
 // column (1 KB per column).
+#include <cstdlib>
+
 #include "cuda/anyprec_codes.cuh"
 #include "cuda/int8_tables.h"
 #include "cuda/launch.cuh"
@@ -154,7 +156,8 @@ struct I8Stage {
   // The registers' cap: 4-warp CTAs with two stages, 4 per SM at batch <= 2, 3 above (larger stages); 8 warps: 2.
   // (Five per SM, one accumulator chain per piece, 88 registers: 8192x28672 3 bits batch 1 at 42.6-43.4 us against
   // 36.4-36.6; H200, results/issue7-int8-tables-v18-h200.txt part 4.)
-  static constexpr int kMinBlocks = kWarps == 4 && kStages == 2 ? (M <= 2 ? 4 : 3) : 2;
+  // Three stages (4 bits at batch 1, below): 4-warp CTAs capped for three per SM (4 bits: 5.7 KB stages), 8 warps two.
+  static constexpr int kMinBlocks = kWarps == 4 ? (kStages == 2 ? (M <= 2 ? 4 : 3) : 3) : 2;
 };
 
 // kI8Warps: the warps of a CTA, each taking every kI8Warps-th group of the tile's rows (4, or 8 for grids of few tiles).
@@ -325,6 +328,17 @@ void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
              static_cast<const uint8_t*>(xq), hp, hmax_bits);
 }
 
+// The int8 GEMV's ring stages at batch 1 for width b: 3 at 4 bits, else 2; LOWBIT_I8_STAGES=2|3 in the environment
+// sets every width (read once; bench runs compare them).
+int i8_stages(int b) {
+  static const int forced = [] {
+    const char* v = std::getenv("LOWBIT_I8_STAGES");
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    return n == 2 || n == 3 ? n : 0;
+  }();
+  return forced != 0 ? forced : b == 4 ? 3 : 2;
+}
+
 template <int B, int M>
 void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq,
                      const float* xmax, unsigned* hmax_bits) {
@@ -345,6 +359,17 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
   // stages) went 332.8 -> 326.6 and keeps four warps; at batch 1 four warps measured as fast or faster (28672x8192
   // 36.4-37.5 against 37.8 us).
   static const int sms = device_sm_count();
+  // 4 bits at batch 1: three ring stages (two items of every warp loaded before the PDL wait, while the norm or
+  // attention and the activation kernel before it run). H200, Llama-2-7B decode, runs of one binary alternated
+  // (docs/results/issue7-session21-h200.txt part 3): 4-bit 328.7 / 328.8 tok/s with two stages, 342.3 / 340.5 with three,
+  // 342.3 / 343.6 with four; at 2 and 3 bits three stages were slower (3-bit 540.3 -> 507.8, 2-bit 600.4 -> 583.1) and
+  // Llama-2-70B 3-bit with four 92.5 -> 82.1.
+  if constexpr (M == 1) {
+    if (i8_stages(B) == 3) {
+      if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 3, 8>(w, x, m, y, s, fused, xq, hmax_bits);
+      return launch_i8<B, M, 3, 4>(w, x, m, y, s, fused, xq, hmax_bits);
+    }
+  }
   if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
   if (B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
   launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq, hmax_bits);
