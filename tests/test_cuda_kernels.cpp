@@ -856,8 +856,9 @@ TEST(CudaKernels, SamplingDrawsTheCpuSamplersDistribution) {
 }
 
 // The GPU attention against a CPU twin on the same fp16 cache: every head dimension path (the compile-time 64 / 128
-// / 256 kernels and the generic one), GQA, a sliding window, key splits with the combine pass, rows of two
-// sequences at different positions. Output poisoned with NaN first.
+// / 256 kernels and the generic one), GQA, a sliding window, key splits merged by the combine kernel and (up to 8
+// splits) inside thread-block clusters, the two bit for bit the same, rows of two sequences at different positions.
+// Output poisoned with NaN first.
 TEST(CudaKernels, AttentionMatchesCpuTwinEveryHeadDimWindowAndSplit) {
   SKIP_WITHOUT_GPU();
   const int layers = 2, layer = 1, capacity = 300, seqs = 2;
@@ -869,7 +870,7 @@ TEST(CudaKernels, AttentionMatchesCpuTwinEveryHeadDimWindowAndSplit) {
   for (const int hd : {8, 64, 96, 128, 256})
     for (const auto& [heads, kv_heads] : std::vector<std::pair<int, int>>{{4, 4}, {8, 2}})
       for (const int window : {0, 37})
-        for (const int splits : {1, 3, 9}) {
+        for (const int splits : {1, 3, 8, 9}) {
           const int kvd = kv_heads * hd;
           std::mt19937 rng(static_cast<uint32_t>(hd * 1000 + heads * 10 + window + splits));
           std::normal_distribution<float> nd;
@@ -908,22 +909,34 @@ TEST(CudaKernels, AttentionMatchesCpuTwinEveryHeadDimWindowAndSplit) {
           cuda::DeviceBuffer<int32_t> sd(seq), pd(pos);
           cuda::DeviceBuffer<float> scratch(static_cast<size_t>(rows) * heads * splits * (hd + 2));
           // single_token: the decode form's keys loaded before the PDL wait (the cache is complete here either way).
+          const bool cluster_was = cuda::cluster_combine_enabled();
           for (const bool single_token : {false, true}) {
-            const std::vector<float> got = run_poisoned(q, static_cast<int64_t>(q.size()), [&](const float* qd, float* out) {
-              cuda::attention(qd, sd.get(), pd.get(), rows, heads, kv_heads, hd, layer, layers, capacity, window,
-                              reinterpret_cast<const __half*>(kd.get()), reinterpret_cast<const __half*>(vd.get()), out,
-                              splits, scratch.get(), single_token, nullptr);
-            });
-            double worst = 0;
-            int bad = 0;
-            for (size_t i = 0; i < got.size(); ++i) {
-              const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-              worst = std::max(worst, err);
-              if (!(err <= 1e-4 * std::max(1.0, scale_out))) ++bad;   // NaN (unwritten) counts as bad
+            std::vector<float> by_kernel;
+            for (const bool cluster : {false, true}) {
+              cuda::set_cluster_combine(cluster);
+              const std::vector<float> got = run_poisoned(q, static_cast<int64_t>(q.size()), [&](const float* qd, float* out) {
+                cuda::attention(qd, sd.get(), pd.get(), rows, heads, kv_heads, hd, layer, layers, capacity, window,
+                                reinterpret_cast<const __half*>(kd.get()), reinterpret_cast<const __half*>(vd.get()), out,
+                                splits, scratch.get(), single_token, nullptr);
+              });
+              const std::string what = "attention hd " + std::to_string(hd) + " heads " + std::to_string(heads) + "/" +
+                                       std::to_string(kv_heads) + " window " + std::to_string(window) + " splits " +
+                                       std::to_string(splits) + (single_token ? " single token" : "") +
+                                       (cuda::attention_combines_in_cluster(splits) ? " (cluster)" : "");
+              double worst = 0;
+              int bad = 0;
+              for (size_t i = 0; i < got.size(); ++i) {
+                const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+                worst = std::max(worst, err);
+                if (!(err <= 1e-4 * std::max(1.0, scale_out))) ++bad;   // NaN (unwritten) counts as bad
+              }
+              EXPECT_EQ(bad, 0) << what << ": worst |error| " << worst;
+              if (!cluster) by_kernel = got;
+              else EXPECT_EQ(0, std::memcmp(got.data(), by_kernel.data(), sizeof(float) * got.size())) << what << ": not the combine kernel's bits";
             }
-            EXPECT_EQ(bad, 0) << "attention hd " << hd << " heads " << heads << "/" << kv_heads << " window " << window
-                              << " splits " << splits << (single_token ? " single token" : "") << ": worst |error| " << worst;
           }
+          cuda::set_cluster_combine(cluster_was);
+          if (splits > 1 && splits <= 8) EXPECT_TRUE(cuda::attention_combines_in_cluster(splits) || !cluster_was);
         }
 }
 

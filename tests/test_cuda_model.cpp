@@ -336,6 +336,34 @@ TEST(CudaModel, FoldedSwiGluDecodeIsBitIdentical) {
   cuda::set_fold_swiglu(fold);
 }
 
+// Attention's key splits merged inside thread-block clusters (LOWBIT_CLUSTER_COMBINE, the default) give a decode
+// bit-identical to the combine kernel after attention: head dims 64 and 128 (GQA), fp16 and 3-bit weights, batch 1 and
+// 3, caches of 2 to 8 splits (and at batch 1 one of 9, where both take the combine kernel), CUDA-graph decode steps;
+// the row maxima attention hands the int8 GEMV come from the cluster's first block.
+TEST(CudaModel, ClusterCombineDecodeIsBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const bool on = cuda::cluster_combine_enabled();
+  using RK = cuda::GpuModel::RandomKind;
+  for (int hd : {64, 128}) {
+    ModelConfig c;
+    c.dim = 16 * hd, c.hidden_dim = 4096, c.n_layers = 2, c.n_heads = 16, c.n_kv_heads = 4, c.head_dim = hd;
+    c.vocab_size = 384, c.max_seq_len = 4096;
+    for (RK kind : {RK::Fp16, RK::AnyPrec}) {
+      cuda::GpuModel gpu(c, kind, 43);
+      for (int batch : {1, 3})
+        for (int prompt_len : {40, 150, 600, 2400}) {
+          const int bits = kind == RK::AnyPrec ? 3 : 0, capacity = prompt_len + 16;
+          const int splits = gpu.decode_splits(batch, capacity);
+          const std::string what = "hd " + std::to_string(hd) + " kind " + std::to_string(static_cast<int>(kind)) + " batch " +
+                                   std::to_string(batch) + " prompt " + std::to_string(prompt_len) + " splits " + std::to_string(splits);
+          expect_same_decode_both_ways(cuda::set_cluster_combine,
+                                       [&] { return greedy_run(gpu, c.vocab_size, batch, prompt_len, capacity, 6, bits, 59, 13); }, what);
+        }
+    }
+  }
+  cuda::set_cluster_combine(on);
+}
+
 // Batch-1 decode steps on the GPU (the GEMV kernels, not dequantize + cuBLAS) against the CPU's decode steps:
 // ids[0, prompt) as a prefill, then one token at a time up to position end - 1, every step's logits compared.
 void expect_decode_matches(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& ids, int prompt, int end,

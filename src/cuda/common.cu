@@ -46,8 +46,7 @@ int device_sm_count() {
   return sms;
 }
 
-namespace {
-bool pdl_supported() {   // griddepcontrol and the launch attribute: sm_90 and newer
+bool sm90_or_newer() {
   static const bool ok = [] {
     int dev = 0, major = 0;
     LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
@@ -56,6 +55,9 @@ bool pdl_supported() {   // griddepcontrol and the launch attribute: sm_90 and n
   }();
   return ok;
 }
+
+namespace {
+bool pdl_supported() { return sm90_or_newer(); }   // griddepcontrol and the launch attribute
 }  // namespace
 
 bool env_switch(const char* name, bool dflt) {

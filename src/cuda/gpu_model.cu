@@ -32,12 +32,12 @@ int splits_for(int span, int rows, int heads, int sms) {
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
 // GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
 // dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
-// fold_rope_enabled; packed.h: fold_swiglu_enabled).
+// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
          (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u) |
-         (fold_swiglu_enabled() ? 0u : 0x400000u);
+         (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u);
 }
 
 }  // namespace
@@ -423,6 +423,8 @@ void GpuModel::ensure_attn_scratch(int rows, int splits) {
   attn_scratch_ = DeviceBuffer<float>(need);
 }
 
+int GpuModel::decode_splits(int seqs, int capacity) const { return splits_for(capacity, seqs, c_.n_heads, sms_); }
+
 void GpuModel::invalidate_graph() {
   if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
   graph_ = nullptr;
@@ -631,7 +633,7 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
   for (int b = 0; b < seqs; ++b) seq[static_cast<size_t>(b)] = b;
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
-  const int splits = splits_for(cache.capacity, seqs, c_.n_heads, sms_);   // fixed per cache: one graph, every position
+  const int splits = decode_splits(seqs, cache.capacity);   // fixed per cache: one graph, every position
   ensure_attn_scratch(seqs, splits);
   auto body = [&] {
     embed_rows(emb_, tok_dev_.get(), seqs, c_.dim, x_.get(), stream_);

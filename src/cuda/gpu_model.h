@@ -52,6 +52,7 @@ class GpuModel {
   uint64_t weight_bytes() const;              // device bytes of all weights
   uint64_t weight_bytes_per_token(int bits) const;   // bytes one decode step reads (linears + head)
   GpuKVCache new_cache(int seqs, int capacity) const;
+  int decode_splits(int seqs, int capacity) const;   // attention's key splits in a decode step over such a cache
 
   // Runs n new tokens for each of `seqs` sequences (tokens sequence-major, host memory) at positions
   // cache.len[b]..; cache.len[b] += n. Returns device logits: [seqs * n, vocab] when all_logits, else [seqs, vocab]

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <cooperative_groups.h>
 #include <type_traits>
 
 #include "cuda/common.h"
@@ -209,11 +210,40 @@ __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* 
 
 constexpr int kAttnWarps = 4;
 constexpr int kMaxHd = 256;
+constexpr int kMaxClusterSplits = 8;   // the portable cluster size
+
+// The key splits' partials (m, l, acc[hd], as attention_kernel leaves them; part(s) points at split s's) merged into
+// out [hd] by the block's threads, and the row's max |out| into xmax_bits (one atomic per warp): the combine kernel's
+// and the clustered attention's one arithmetic, so the two give the same bits.
+template <typename Part>
+__device__ __forceinline__ void combine_splits(Part part, int splits, int hd, float* out, unsigned* xmax_bits) {
+  float M = -FLT_MAX;
+  for (int s = 0; s < splits; ++s) M = fmaxf(M, part(s)[0]);
+  float L = 0.0f;
+  for (int s = 0; s < splits; ++s) {
+    const float ms = part(s)[0];
+    if (ms != -FLT_MAX) L += part(s)[1] * __expf(ms - M);
+  }
+  float mx = 0.0f;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float a = 0.0f;
+    for (int s = 0; s < splits; ++s) {
+      const float ms = part(s)[0];
+      if (ms != -FLT_MAX) a += part(s)[2 + d] * __expf(ms - M);
+    }
+    const float o = L > 0.0f ? a / L : 0.0f;
+    out[d] = o;
+    mx = i8_absmax_step(mx, o);
+  }
+  if (xmax_bits != nullptr) warp_atomic_absmax(xmax_bits, mx);
+}
 
 // grid (rows, heads, splits), 4 warps. Each warp takes chunks of 32 keys in turn: phase 1, lane j scores key
 // c0 + j against q (full dot product over hd from the fp16 row); phase 2, the warp adds p_j v_j over the chunk.
 // Online softmax per warp, the 4 warps merged in shared memory, then either the final output (splits == 1) or a
-// partial (m, l, acc) for attention_combine_kernel.
+// partial (m, l, acc) for attention_combine_kernel, or (cluster != 0: launched in clusters of the splits blocks of one
+// row and head) a partial in the block's shared memory, merged by the cluster's first block from the others' shared
+// memory (combine_splits, the combine kernel's arithmetic): no combine kernel.
 // HD > 0: the head dimension known at compile time (64, 128, 256): the key row is loaded as HD/8 independent
 // 16-byte loads and lane l owns the dimension pairs 2l + 64p, read as half2 with eight keys in flight; HD == 0:
 // any even head dimension, element by element.
@@ -225,7 +255,7 @@ template <int HD, bool kPrefetch>
 __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD == 128) ? 3 : 0) attention_kernel(
     const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, int layers,
     int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch,
-    int single_token, unsigned* xmax_bits, RopeIn rope) {
+    int single_token, unsigned* xmax_bits, RopeIn rope, int cluster) {
   pdl_launch_dependents();
   constexpr bool kPrefetchV = kPrefetch && (HD == 64 || HD == 128);
   // Early loads (the decode form, one new token per sequence): every key but the row's own position p was written by
@@ -239,6 +269,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
   __shared__ float ps[kAttnWarps][32];
   __shared__ float wm[kAttnWarps], wl[kAttnWarps];
   __shared__ float wacc[kAttnWarps][kMaxHd];
+  __shared__ float part[kMaxHd + 2];   // cluster: this split's (m, l, acc)
   if constexpr (HD > 0) hd = HD;
   const int r = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -451,6 +482,12 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
       const float o = L > 0.0f ? a / L : 0.0f;
       out[(static_cast<int64_t>(r) * heads + h) * hd + d] = o;
       omax = i8_absmax_step(omax, o);
+    } else if (cluster != 0) {
+      part[2 + d] = a;
+      if (d == 0) {
+        part[0] = M;
+        part[1] = L;
+      }
     } else {
       float* sp = scratch + ((static_cast<int64_t>(r) * heads + h) * splits + split) * (hd + 2);
       sp[2 + d] = a;
@@ -461,6 +498,15 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
     }
   }
   if (splits == 1 && xmax_bits != nullptr) warp_atomic_absmax(xmax_bits + r, omax);
+  if (splits > 1 && cluster != 0) {
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync();   // every split's partial is in its block's shared memory
+    if (cl.block_rank() == 0)
+      combine_splits([&](int sp) { return static_cast<const float*>(cl.map_shared_rank(part, sp)); }, splits, hd,
+                     out + (static_cast<int64_t>(r) * heads + h) * hd, xmax_bits != nullptr ? xmax_bits + r : nullptr);
+    cl.sync();   // the partials stay until the first block has read them
+  }
 }
 
 // xmax_bits (attention_kernel with splits == 1, attention_combine_kernel): max |out| of each row atomically into
@@ -470,25 +516,8 @@ __global__ void attention_combine_kernel(int heads, int hd, int splits, const fl
   pdl_wait();
   const int r = blockIdx.x, h = blockIdx.y;
   const float* sp = scratch + (static_cast<int64_t>(r) * heads + h) * splits * (hd + 2);
-  float M = -FLT_MAX;
-  for (int s = 0; s < splits; ++s) M = fmaxf(M, sp[s * (hd + 2)]);
-  float L = 0.0f;
-  for (int s = 0; s < splits; ++s) {
-    const float ms = sp[s * (hd + 2)];
-    if (ms != -FLT_MAX) L += sp[s * (hd + 2) + 1] * __expf(ms - M);
-  }
-  float mx = 0.0f;
-  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-    float a = 0.0f;
-    for (int s = 0; s < splits; ++s) {
-      const float ms = sp[s * (hd + 2)];
-      if (ms != -FLT_MAX) a += sp[s * (hd + 2) + 2 + d] * __expf(ms - M);
-    }
-    const float o = L > 0.0f ? a / L : 0.0f;
-    out[(static_cast<int64_t>(r) * heads + h) * hd + d] = o;
-    mx = i8_absmax_step(mx, o);
-  }
-  if (xmax_bits != nullptr) warp_atomic_absmax(xmax_bits + r, mx);
+  combine_splits([&](int s) { return sp + s * (hd + 2); }, splits, hd, out + (static_cast<int64_t>(r) * heads + h) * hd,
+                 xmax_bits != nullptr ? xmax_bits + r : nullptr);
 }
 
 // xmax_bits != nullptr (width % 32 == 0: a warp's lanes in one row): max |out| of each row atomically into
@@ -612,7 +641,16 @@ bool& fold_rope_state() {   // from the environment on first use
   return on;
 }
 }  // namespace
+static bool& cluster_combine_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_CLUSTER_COMBINE", true);
+  return on;
+}
 bool fold_rope_enabled() { return fold_rope_state(); }
+bool cluster_combine_enabled() { return cluster_combine_state(); }
+void set_cluster_combine(bool on) { cluster_combine_state() = on; }
+bool attention_combines_in_cluster(int splits) {
+  return cluster_combine_enabled() && splits > 1 && splits <= kMaxClusterSplits && sm90_or_newer();
+}
 void set_fold_rope(bool on) { fold_rope_state() = on; }
 bool attention_folds_rope(int rows, int hd, bool single_token) {
   return fold_rope_enabled() && single_token && rows <= 8 && (hd == 64 || hd == 128);
@@ -632,9 +670,11 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
                     : hd == 256 ? pick(std::integral_constant<int, 256>{})
                                 : pick(std::integral_constant<int, 0>{});
   LOWBIT_CHECK(rope == nullptr || attention_folds_rope(rows, hd, single_token), "attention: RoPE folds into decode attention only");
-  launch_pdl(kPdlOps, kern, grid, kAttnWarps * 32, 0, s, q, seq, pos, heads, kv_heads, hd, layer, layers, capacity, window,
-             kc, vc, out, splits, scratch, single_token ? 1 : 0, xmax_bits, rope != nullptr ? *rope : RopeIn{});
-  if (splits > 1)
+  const bool cluster = attention_combines_in_cluster(splits);
+  launch_pdl(kPdlOps, kern, grid, kAttnWarps * 32, 0, s, dim3(1, 1, cluster ? splits : 1), q, seq, pos, heads, kv_heads, hd,
+             layer, layers, capacity, window, kc, vc, out, splits, scratch, single_token ? 1 : 0, xmax_bits,
+             rope != nullptr ? *rope : RopeIn{}, cluster ? 1 : 0);
+  if (splits > 1 && !cluster)
     launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out, xmax_bits);
 }
 void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s,

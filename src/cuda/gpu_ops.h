@@ -56,6 +56,13 @@ struct RopeIn {
 bool attention_folds_rope(int rows, int hd, bool single_token);
 bool fold_rope_enabled();
 void set_fold_rope(bool on);
+// Whether attention() over this many key splits merges them inside the kernel, in thread-block clusters of the splits
+// of one row and head (2..8 splits; the first block reads the others' partials from their shared memory), instead of a
+// combine kernel after it: on unless LOWBIT_CLUSTER_COMBINE=0 in the environment (read once); set_cluster_combine()
+// overrides it (bench --e2e times both in one run, a captured decode graph is keyed on it).
+bool attention_combines_in_cluster(int splits);
+bool cluster_combine_enabled();
+void set_cluster_combine(bool on);
 // rope != nullptr (attention_folds_rope): q is ignored (rope->q is rotated in the kernel) and rope_kv_store must not
 // have run for this step's positions.
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,

@@ -37,19 +37,35 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 
 // pdl_enabled() / set_pdl(): cuda/common.h.
 
+// cluster: thread-block clusters of that shape (sm_90; 1 x 1 x 1 = none).
 template <typename... Params, typename... Args>
-void launch_pdl(PdlClass cls, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_pdl(PdlClass cls, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, dim3 cluster,
+                Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (pdl_enabled(cls)) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n++].val.clusterDim.z = cluster.z;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled(cls) ? 1 : 0;
+  cfg.numAttrs = n;
   LOWBIT_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+template <typename... Params, typename... Args>
+void launch_pdl(PdlClass cls, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
+  launch_pdl(cls, kernel, grid, block, smem, s, dim3(1, 1, 1), std::forward<Args>(args)...);
 }
 
 }  // namespace lowbit::cuda
