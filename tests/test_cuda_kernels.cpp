@@ -360,59 +360,6 @@ TEST(CudaKernels, ProducerRowMaximaAreExactAndChangeNothing) {
   }
 }
 
-// The residual + RMSNorm that writes the int8 GEMV's activation pieces itself (rmsnorm_i8_pieces, thread-block clusters):
-// the same residual, y, row max and zeroed slot as rmsnorm, the same piece and scale bytes as the GEMV's own activation
-// kernel given rmsnorm's max, and the GEMV reading them (pieces_ready) the same outputs, bit for bit. dim 2048 (two
-// blocks a row), 4096 (four), 8192 and 12288 (four, two and three chunks each); batch 1, 3 (a zero column), 8; with and
-// without the residual; 3 bits with outliers.
-TEST(CudaKernels, NormPiecesAreTheTwoKernelsBits) {
-  SKIP_WITHOUT_GPU();
-  if (!cuda::rmsnorm_pieces_serves(4096)) GTEST_SKIP() << "GPU test skipped: thread-block clusters need sm_90";
-  EXPECT_FALSE(cuda::rmsnorm_pieces_serves(4224));
-  EXPECT_FALSE(cuda::rmsnorm_pieces_serves(1024));
-  uint32_t seed = 900;
-  for (const int64_t k : {2048, 4096, 8192, 12288}) {
-    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-    const int64_t n = 40;
-    const AnyPrecQuantized q = anyprec_weight(n, k, true, seed++);
-    const cuda::DevicePackedWeight dw(pack_anyprec(q, storage));
-    cuda::DeviceBuffer<uint8_t> xq1(cuda::anyprec_xfrag_bytes(k)), xq2(cuda::anyprec_xfrag_bytes(k));
-    for (const int m : {1, 3, 8})
-      for (const bool residual : {false, true}) {
-        const std::string what = "k " + std::to_string(k) + " batch " + std::to_string(m) + (residual ? " residual" : "");
-        const std::vector<float> x = random_x(m, k, seed++), d = random_x(m, k, seed++), w = random_x(1, k, seed++);
-        cuda::DeviceBuffer<float> x1(x), x2(x), dd(d), wd(w), y1(x.size()), y2(x.size()), s1(16), s2(16);
-        LOWBIT_CUDA_CHECK(cudaMemset(s1.get(), 0x7F, s1.bytes()));
-        LOWBIT_CUDA_CHECK(cudaMemset(s2.get(), 0x7F, s2.bytes()));
-        LOWBIT_CUDA_CHECK(cudaMemset(y2.get(), 0xFF, y2.bytes()));   // NaN: an unwritten y fails
-        LOWBIT_CUDA_CHECK(cudaMemset(xq1.get(), 0xAB, xq1.bytes()));
-        LOWBIT_CUDA_CHECK(cudaMemset(xq2.get(), 0xAB, xq2.bytes()));
-        const float* dp = residual ? dd.get() : nullptr;
-        cuda::rmsnorm(x1.get(), dp, wd.get(), y1.get(), nullptr, m, static_cast<int>(k), 1e-5f, nullptr, s1.get(), s1.get() + 8);
-        cuda::rmsnorm_i8_pieces(x2.get(), dp, wd.get(), y2.get(), m, static_cast<int>(k), 1e-5f, xq2.get(), nullptr, s2.get(), s2.get() + 8);
-        cuda::DeviceBuffer<float> o1(static_cast<size_t>(m * n)), o2(static_cast<size_t>(m * n));
-        LOWBIT_CUDA_CHECK(cudaMemset(o2.get(), 0xFF, o2.bytes()));
-        cuda::anyprec_gemv_i8(dw.anyprec(), 3, y1.get(), m, o1.get(), nullptr, true, xq1.get(), s1.get());
-        cuda::anyprec_gemv_i8(dw.anyprec(), 3, y2.get(), m, o2.get(), nullptr, true, xq2.get(), s2.get(), nullptr, true);
-        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
-        EXPECT_EQ(x1.download(), x2.download()) << what << ": residual";
-        EXPECT_EQ(y1.download(), y2.download()) << what << ": y";
-        const std::vector<float> sv1 = s1.download(), sv2 = s2.download();
-        for (int r = 0; r < m; ++r) {
-          EXPECT_EQ(sv1[static_cast<size_t>(r)], sv2[static_cast<size_t>(r)]) << what << ": row max " << r;
-          EXPECT_EQ(sv2[static_cast<size_t>(8 + r)], 0.0f) << what << ": zeroed slot " << r;
-        }
-        std::vector<uint8_t> p1 = xq1.download(), p2 = xq2.download();
-        p1.resize(cuda::anyprec_i8_x_bytes(k, m));
-        p2.resize(p1.size());
-        EXPECT_TRUE(p1 == p2) << what << ": activation pieces differ";
-        const std::vector<float> g1 = o1.download(), g2 = o2.download();
-        EXPECT_EQ(g1, g2) << what << ": GEMV outputs";
-        EXPECT_TRUE(std::all_of(g2.begin(), g2.end(), [](float v) { return std::isfinite(v); })) << what;
-      }
-  }
-}
-
 // SwiGLU in the int8 GEMV's epilogue (a stacked [gate; up] weight): h and each row's max |h| bit-identical to the GEMV's
 // 2 H outputs followed by swiglu_rows, poisoned outputs caught. Every width 2..4 with outliers, batch 1, 2, 5, 8, both CTA
 // forms (n = 128: eight warps; n = 22016, H = 11008 as Llama-2-7B: four; n = 8192 at batch 8: eight on 2..3 bits).

@@ -364,26 +364,6 @@ TEST(CudaModel, ClusterCombineDecodeIsBitIdentical) {
   cuda::set_cluster_combine(on);
 }
 
-// The norms writing the int8 GEMVs' activation pieces (LOWBIT_NORM_PIECES, the default) give a decode bit-identical to
-// the GEMVs' own activation kernels: a random any-precision model wide enough for the int8 GEMV (dim 2048 and 4096),
-// 2..4 bits, batch 1, 3 and 8, CUDA-graph decode steps.
-TEST(CudaModel, NormPiecesDecodeIsBitIdentical) {
-  SKIP_WITHOUT_GPU();
-  const bool on = cuda::norm_pieces_enabled();
-  for (int dim : {2048, 4096}) {
-    ModelConfig c;
-    c.dim = dim, c.hidden_dim = 5632, c.n_layers = 2, c.n_heads = dim / 128, c.n_kv_heads = 8, c.head_dim = 128, c.vocab_size = 512;
-    c.max_seq_len = 256;
-    cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 61);
-    for (int bits : {2, 3, 4})
-      for (int batch : {1, 3, 8}) {
-        const std::string what = "dim " + std::to_string(dim) + " " + std::to_string(bits) + " bits batch " + std::to_string(batch);
-        expect_same_decode_both_ways(cuda::set_norm_pieces, [&] { return greedy_run(gpu, c.vocab_size, batch, 12, 64, 6, bits, 47, 9); }, what);
-      }
-  }
-  cuda::set_norm_pieces(on);
-}
-
 // Batch-1 decode steps on the GPU (the GEMV kernels, not dequantize + cuBLAS) against the CPU's decode steps:
 // ids[0, prompt) as a prefill, then one token at a time up to position end - 1, every step's logits compared.
 void expect_decode_matches(const Model& cpu, cuda::GpuModel& gpu, const std::vector<int32_t>& ids, int prompt, int end,

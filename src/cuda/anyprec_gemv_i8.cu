@@ -25,8 +25,6 @@
 // (tile, group of 16 words) through a private cp.async ring; a stage holds the group's plane words of the lane's two
 // rows, at the tile's first group the tile's 16 int8 table rows and scales, and the group's x pieces of every batch
 // column (1 KB per column).
-#include <cooperative_groups.h>
-
 #include <cstdlib>
 
 #include "cuda/anyprec_codes.cuh"
@@ -343,11 +341,11 @@ int i8_stages(int b) {
 
 template <int B, int M>
 void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq,
-                     const float* xmax, unsigned* hmax_bits, bool pieces_ready) {
+                     const float* xmax, unsigned* hmax_bits) {
   const int64_t G = (w.words + 15) / 16, tiles = (w.n + 15) / 16;
   const dim3 xgrid(static_cast<unsigned>((G * 64 + kI8XThreads - 1) / kI8XThreads), static_cast<unsigned>(M));
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  if (!pieces_ready) launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, kI8XThreads, 0, s, w.k, w.words, x, m, M, vec, xq, xmax);
+  launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, kI8XThreads, 0, s, w.k, w.words, x, m, M, vec, xq, xmax);
   // Grids of at most two tiles per SM (the 4096-row matrices of 7B models: 256 tiles) have few warps to hide the
   // latency with four per tile (ncu, H200, 4096x11008 3 bits batch 1: 1.8 warps per scheduler, 64% of cycles without an
   // eligible warp): eight warps per tile there (rows of at least 8 groups). Measured against four warps with two or
@@ -377,130 +375,7 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
   launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq, hmax_bits);
 }
 
-// Residual + RMSNorm of a row and the int8 GEMV's pieces of the result in one kernel (rmsnorm_i8_pieces): a cluster of
-// C = T / 256 blocks per row, T = min(1024, dim / 4) the one-block kernel's threads (rmsnorm_kernel in gpu_ops.cu).
-// Thread t of block b is that kernel's thread 256 b + t and takes its float4s (256 b + t + j T), so its partial sum of
-// squares is the same float; the warps' partials are summed in the same butterfly (lane i of a warp 0 reads warp i's,
-// block i / 8 of the cluster, from distributed shared memory), so 1 / rms and y are the one-block kernel's bits, and
-// the row max is exact in any order. Block b's float4s are the whole 1024-column chunks b + j C, and an entry of the
-// pieces (anyprec_i8_x_kernel) reads 8 columns of one chunk: each block writes its chunks' 128 entries from shared
-// memory. Rows m .. M - 1 (grid y) write zero entries and scale.
-constexpr int kNormPiecesThreads = 256;
-__global__ void __launch_bounds__(kNormPiecesThreads) rmsnorm_i8_pieces_kernel(float* x, const float* delta, const float* w,
-                                                                              float* y, int dim, float eps, int m, int M,
-                                                                              uint8_t* xq, float* xmax, float* zero) {
-  namespace cg = cooperative_groups;
-  cg::cluster_group cl = cg::this_cluster();
-  pdl_launch_dependents();
-  constexpr int kMaxVec = 4;
-  const int C = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x), row = static_cast<int>(blockIdx.y);
-  const int tid = static_cast<int>(threadIdx.x), T = kNormPiecesThreads * C, g = kNormPiecesThreads * b + tid;
-  const int warp = tid / 32, lane = tid % 32, nv = dim / 4 / T;
-  const bool live = row < m;
-  const float4* w4 = reinterpret_cast<const float4*>(w);
-  float4 wv[kMaxVec];
-#pragma unroll
-  for (int j = 0; j < kMaxVec; ++j)
-    if (j < nv) wv[j] = w4[g + j * T];   // weights: before the wait
-  pdl_wait();
-  __shared__ __align__(16) float ys[kMaxVec][1024];   // the block's chunks b + j C of the normalised row
-  __shared__ float wpart[kNormPiecesThreads / 32], wmax[kNormPiecesThreads / 32];
-  __shared__ float shared_inv, shared_max;
-  float4* xr = reinterpret_cast<float4*>(x + static_cast<int64_t>(row) * dim);
-  const float4* dr = delta != nullptr ? reinterpret_cast<const float4*>(delta + static_cast<int64_t>(row) * dim) : nullptr;
-  float4 v[kMaxVec];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxVec; ++j) {
-    if (j < nv && live) {
-      const int i = g + j * T;
-      v[j] = xr[i];
-      if (dr != nullptr) {
-        const float4 d = dr[i];
-        v[j].x += d.x, v[j].y += d.y, v[j].z += d.z, v[j].w += d.w;
-        xr[i] = v[j];
-      }
-      ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
-    }
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-  if (lane == 0) wpart[warp] = ss;
-  cl.sync();   // every block's warp partials
-  if (warp == 0) {
-    constexpr int kW = kNormPiecesThreads / 32;
-    float t = lane < C * kW ? *cl.map_shared_rank(&wpart[lane % kW], lane / kW) : 0.0f;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) t += __shfl_xor_sync(0xffffffffu, t, off);
-    if (lane == 0) shared_inv = rsqrtf(t / static_cast<float>(dim) + eps);
-  }
-  __syncthreads();
-  const float inv = shared_inv;
-  float4* yr = reinterpret_cast<float4*>(y + static_cast<int64_t>(row) * dim);
-  float mx = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kMaxVec; ++j) {
-    if (j < nv) {
-      float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (live) {
-        const float4 gw = wv[j];
-        o = make_float4(gw.x * (v[j].x * inv), gw.y * (v[j].y * inv), gw.z * (v[j].z * inv), gw.w * (v[j].w * inv));
-        mx = i8_absmax_step(i8_absmax_step(i8_absmax_step(i8_absmax_step(mx, o.x), o.y), o.z), o.w);
-        yr[g + j * T] = o;
-      }
-      reinterpret_cast<float4*>(ys[j])[tid] = o;   // chunk b + j C, columns 4 tid ..
-    }
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0) wmax[warp] = mx;
-  cl.sync();   // every block's warp maxima; this block's ys
-  if (warp == 0) {
-    constexpr int kW = kNormPiecesThreads / 32;
-    float t = lane < C * kW ? *cl.map_shared_rank(&wmax[lane % kW], lane / kW) : 0.0f;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) t = i8_absmax_step(t, __shfl_xor_sync(0xffffffffu, t, off));
-    if (lane == 0) shared_max = t;
-  }
-  __syncthreads();
-  const float rmax = shared_max, sc = live ? rmax / kI8Max : 0.0f;   // anyprec_i8_x_kernel's scale from the given max
-  if (b == 0 && tid == 0) {
-    reinterpret_cast<float*>(xq)[row] = sc;
-    if (live && xmax != nullptr) xmax[row] = rmax;
-    if (live && zero != nullptr) zero[row] = 0.0f;
-  }
-  const int64_t W = dim / 32;
-  for (int q = tid; q < 128 * nv; q += kNormPiecesThreads) {
-    const int j = q / 128, chunk = b + j * C;
-    const int64_t id = 128LL * chunk + q % 128;   // anyprec_i8_x_kernel's entry (gi, e, s, t)
-    const int t = static_cast<int>(id % 4), sl = static_cast<int>(id / 4 % 4), e = static_cast<int>(id / 16 % 4);
-    const int64_t gi = id / 64, word = 16 * gi + 4 * t + e;
-    const int wt = static_cast<int>(word % 32);
-    float xv[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int bit = 16 * (i / 4) + 4 * (i % 4) + sl;
-      xv[i] = ys[j][(bit / 8) * 8 * 32 + 8 * wt + bit % 8];
-    }
-    (void)W;
-    i8_x_store(xq, gi, e, sl, row, t, M, sc, xv);
-  }
-  cl.sync();   // no block exits while another reads its shared memory
-}
-
 }  // namespace
-
-bool rmsnorm_pieces_serves(int dim) { return dim % 1024 == 0 && dim >= 2048 && dim <= 16384 && sm90_or_newer(); }
-
-void rmsnorm_i8_pieces(float* x, const float* delta, const float* w, float* y, int rows, int dim, float eps, void* xq,
-                       cudaStream_t s, float* xmax, float* zero) {
-  LOWBIT_CHECK(rmsnorm_pieces_serves(dim) && rows >= 1 && rows <= kMaxGemvBatch && xq != nullptr,
-               "rmsnorm_i8_pieces: needs dim a multiple of 1024 in [2048, 16384], sm_90, batch 1..", kMaxGemvBatch, " (asked: ", dim,
-               ", batch ", rows, ")");
-  const int C = std::min(1024, dim / 4) / kNormPiecesThreads;
-  launch_pdl(kPdlOps, rmsnorm_i8_pieces_kernel, dim3(C, i8_columns(rows)), kNormPiecesThreads, 0, s, dim3(C, 1, 1), x, delta, w,
-             y, dim, eps, rows, i8_columns(rows), static_cast<uint8_t*>(xq), xmax, zero);
-}
 
 size_t anyprec_i8_x_bytes(int64_t k, int m) {
   const int M = i8_columns(m);
@@ -508,7 +383,7 @@ size_t anyprec_i8_x_bytes(int64_t k, int m) {
 }
 
 void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq,
-                     const float* xmax, unsigned* hmax_bits, bool pieces_ready) {
+                     const float* xmax, unsigned* hmax_bits) {
   LOWBIT_CHECK(hmax_bits == nullptr || (w.n % 32 == 0 && w.n > 0), "anyprec int8 GEMV: the SwiGLU epilogue needs gate and up of 16-row tiles (n ",
                w.n, ")");
   LOWBIT_CHECK(bits >= 2 && bits <= 4 && w.lut8[bits] != nullptr && w.lut8_scale[bits] != nullptr,
@@ -519,7 +394,7 @@ void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, fl
   auto* q = static_cast<uint8_t*>(xq);
   auto run = [&](auto b) {
     constexpr int B = decltype(b)::value;
-    dispatch_int<1, 2, 4, 8>(i8_columns(m), [&](auto mm) { launch_i8_batch<B, decltype(mm)::value>(w, x, m, y, s, fused, q, xmax, hmax_bits, pieces_ready); });
+    dispatch_int<1, 2, 4, 8>(i8_columns(m), [&](auto mm) { launch_i8_batch<B, decltype(mm)::value>(w, x, m, y, s, fused, q, xmax, hmax_bits); });
   };
   dispatch_int<2, 3, 4>(bits, run);
 }

@@ -32,13 +32,12 @@ int splits_for(int span, int rows, int heads, int sms) {
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
 // GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
 // dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
-// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled, norm_pieces_enabled).
+// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
          (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u) |
-         (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u) |
-         (norm_pieces_enabled() ? 0u : 0x1000000u);
+         (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u);
 }
 
 }  // namespace
@@ -431,14 +430,13 @@ void GpuModel::invalidate_graph() {
   graph_ = nullptr;
 }
 
-void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max,
-                          bool pieces_ready) {
+void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max) {
   if (!l.packed && dense_gemv_enabled() && dense_gemv_preferred(l.n, l.k, m) && dense_gemv_fits(l.dense, l.n, l.k, m, x)) {
     // Batch 1..2 on fp16 weights: our GEMV reads the fp32 activations and adds the bias itself.
     dense_f16_gemv(l.dense, l.n, l.k, x, static_cast<int>(m), l.bias.size() > 0 ? l.bias.get() : nullptr, y, stream_);
     return;
   }
-  if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_, OutlierMode::Fused, x_max, pieces_ready);
+  if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_, OutlierMode::Fused, x_max);
   else if (xh != nullptr) dense_f16_matmul_h(l.dense, l.n, l.k, xh, m, y, *gemm_);
   else dense_f16_matmul(l.dense, l.n, l.k, x, m, y, *gemm_);
   if (l.bias.size() > 0) add_bias_rows(y, l.bias.get(), static_cast<int>(m), static_cast<int>(l.n), stream_);
@@ -465,19 +463,8 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   float* slot_n = xm ? xmax_.get() : nullptr;
   float* slot_a = xm ? xmax_.get() + kMaxGemvBatch : nullptr;
   float* slot_s = xm ? xmax_.get() + 2 * kMaxGemvBatch : nullptr;
-  // The norms before the stacked q/k/v and gate/up write those int8 GEMVs' activation pieces themselves
-  // (rmsnorm_i8_pieces: no activation kernel; docs/PERF.md session 21).
-  const Layer& L0 = layers_[0];
-  auto i8_stack = [&](const GpuLinear& l) { return l.n > 0 && l.packed && packed_runs_int8_gemv(*l.packed, bits, rows); };
-  const bool np = xm && xh == nullptr && norm_pieces_enabled() && rmsnorm_pieces_serves(dim) && i8_stack(L0.qkv) && i8_stack(L0.gate_up);
-  void* xq = np ? packed_x_scratch(*L0.qkv.packed, *gemm_) : nullptr;
-  // x += delta (when given), then y = the norm of x with weights w (and its pieces where np).
-  auto norm = [&](const float* delta, const float* w, __half* yh, float* zero, bool pieces) {
-    if (pieces) rmsnorm_i8_pieces(x_.get(), delta, w, xn_.get(), rows, dim, c_.rms_eps, xq, s, slot_n, zero);
-    else rmsnorm(x_.get(), delta, w, xn_.get(), yh, rows, dim, c_.rms_eps, s, slot_n, zero);
-  };
   mark("norms + residuals");
-  norm(nullptr, L0.attn_norm.get(), xh, slot_a, np);
+  rmsnorm(x_.get(), nullptr, layers_[0].attn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s, slot_n, slot_a);
   for (int l = 0; l < c_.n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     mark("q/k/v linears");
@@ -485,7 +472,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     const float *qin = q_.get(), *kin = kk_.get(), *vin = vv_.get();
     int64_t q_ld = qd, kv_ld = kvd;
     if (L.qkv.n > 0) {   // one GEMV; q, k, v are column ranges of its rows
-      run_linear(L.qkv, xn_.get(), xh, rows, qkv_.get(), bits, slot_n, np);
+      run_linear(L.qkv, xn_.get(), xh, rows, qkv_.get(), bits, slot_n);
       qin = qkv_.get();
       kin = qin + qd;
       vin = kin + kvd;
@@ -511,15 +498,15 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     mark("o linear");
     run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits, slot_a);
     mark("norms + residuals");
-    norm(tmp_.get(), L.ffn_norm.get(), xh, slot_s, np);   // x += attention out
+    rmsnorm(x_.get(), tmp_.get(), L.ffn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s, slot_n, slot_s);   // x += attention out
     mark("gate/up linears");
     const int64_t hid = c_.hidden_dim;
     if (L.gate_up.n > 0 && slot_s != nullptr && L.gate_up.packed && L.gate_up.bias.size() == 0 &&
         packed_swiglu_fuses(*L.gate_up.packed, bits, rows)) {
       // SwiGLU in the GEMV's epilogue, its row maxima into slot S (H200, Llama-2-7B: docs/PERF.md session 20).
-      packed_matmul_swiglu(*L.gate_up.packed, bits, xn_.get(), rows, g_.get(), *gemm_, slot_n, reinterpret_cast<unsigned*>(slot_s), np);
+      packed_matmul_swiglu(*L.gate_up.packed, bits, xn_.get(), rows, g_.get(), *gemm_, slot_n, reinterpret_cast<unsigned*>(slot_s));
     } else if (L.gate_up.n > 0) {
-      run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits, slot_n, np);
+      run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits, slot_n);
       mark("SwiGLU");
       swiglu_rows(gu_.get(), gu_.get() + hid, 2 * hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));
     } else {
@@ -535,7 +522,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     // The fp16 copy: for the next layer's dense linears, or after the last layer for the (fp16, cuBLAS) head.
     const bool last = l + 1 == c_.n_layers;
     const float* next_norm = last ? final_norm_.get() : layers_[static_cast<size_t>(l) + 1].attn_norm.get();
-    norm(tmp_.get(), next_norm, last ? xnh_.get() : xh, slot_a, np && !last);
+    rmsnorm(x_.get(), tmp_.get(), next_norm, xn_.get(), last ? xnh_.get() : xh, rows, dim, c_.rms_eps, s, slot_n, slot_a);
   }
   if (all_logits || n == 1) {   // every row's logits, or one row per sequence (decode)
     run_linear(head_, xn_.get(), xnh_.get(), rows, logits_.get(), 0);

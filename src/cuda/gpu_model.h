@@ -95,8 +95,7 @@ class GpuModel {
   void note_dense_layers();
   bool runs_int8_gemv(int bits, int rows) const;   // some linear takes the int8 GEMV at this width and batch
   // x_max: the rows' exact max |x| (packed_matmul), or null.
-  void run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max = nullptr,
-                  bool pieces_ready = false);
+  void run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max = nullptr);
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
   void forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits);
 

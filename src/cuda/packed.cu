@@ -375,17 +375,15 @@ bool packed_swiglu_fuses(const DevicePackedWeight& w, int bits, int64_t m) {
 }
 
 void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* h, GemmContext& ctx,
-                          const float* x_max, unsigned* h_max_bits, bool pieces_ready) {
+                          const float* x_max, unsigned* h_max_bits) {
   LOWBIT_CHECK(packed_swiglu_fuses(w, bits, m) && h_max_bits != nullptr, "packed_matmul_swiglu: not served for ", w.n(), "x", w.k(),
                " at batch ", m, " (packed_swiglu_fuses)");
-  anyprec_gemv_i8(w.anyprec(), served_width(w, bits), x, static_cast<int>(m), h, ctx.stream(), true, packed_x_scratch(w, ctx), x_max,
-                  h_max_bits, pieces_ready);
+  void* xfrag = ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2);
+  anyprec_gemv_i8(w.anyprec(), served_width(w, bits), x, static_cast<int>(m), h, ctx.stream(), true, xfrag, x_max, h_max_bits);
 }
 
-void* packed_x_scratch(const DevicePackedWeight& w, GemmContext& ctx) { return ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2); }
-
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
-                   OutlierMode mode, const float* x_max, bool pieces_ready) {
+                   OutlierMode mode, const float* x_max) {
   LOWBIT_CHECK(m >= 1, "packed_matmul: batch ", m);
   const bool ap = w.format() == "anyprec";
   const int b = served_width(w, bits);
@@ -394,9 +392,9 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
     // by the uncaptured step that precedes it).
     if (ap) {
       const GemvPath path = anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), b, kPreSplitInRuntime);
-      void* xfrag = kPreSplitInRuntime && is_tensor_core(path) ? packed_x_scratch(w, ctx) : nullptr;
+      void* xfrag = kPreSplitInRuntime && is_tensor_core(path) ? ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
       if (path == GemvPath::TensorCoreInt8LutStream)   // outliers always fused
-        anyprec_gemv_i8(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), true, xfrag, x_max, nullptr, pieces_ready);
+        anyprec_gemv_i8(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), true, xfrag, x_max);
       else
         anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
@@ -534,12 +532,6 @@ bool int8_tables_enabled() { return int8_tables_state(); }
 bool producer_xmax_enabled() { return producer_xmax_state(); }
 void set_producer_xmax(bool on) { producer_xmax_state() = on; }
 void set_int8_tables(bool on) { int8_tables_state() = on; }
-static bool& norm_pieces_state() {   // from the environment on first use
-  static bool on = env_switch("LOWBIT_NORM_PIECES", true);
-  return on;
-}
-bool norm_pieces_enabled() { return norm_pieces_state(); }
-void set_norm_pieces(bool on) { norm_pieces_state() = on; }
 bool fold_swiglu_enabled() { return fold_swiglu_state(); }
 void set_fold_swiglu(bool on) { fold_swiglu_state() = on; }
 

@@ -184,16 +184,8 @@ size_t anyprec_xfrag_bytes(int64_t k);
 // hmax_bits != nullptr (the SwiGLU epilogue; w a stacked gate/up weight, n = 2 H, n % 32 == 0): y [m, H] receives
 // silu(gate) * up instead of the 2 H outputs (gpu_ops.h swiglu_rows' values, bit for bit), and hmax_bits[r] the bits of
 // each row's max |h| by atomicMax (the slot zeroed before, as swiglu_rows' xmax_bits).
-// pieces_ready: xq already holds x's pieces and scales (rmsnorm_i8_pieces wrote them): no activation kernel.
 void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq,
-                     const float* xmax = nullptr, unsigned* hmax_bits = nullptr, bool pieces_ready = false);
-// Residual + RMSNorm (gpu_ops.h rmsnorm with an xmax: the same x, y, xmax and zero, bit for bit) that also writes the
-// int8 GEMV's activation pieces of y into xq (what anyprec_gemv_i8's activation kernel writes for k = dim, batch rows,
-// given the max): one kernel where there were two. Thread-block clusters of dim / 1024 blocks (at most 4) per row, so
-// dim a multiple of 1024 in [2048, 16384] on sm_90 (rmsnorm_pieces_serves); batch 1..8; y in fp32 only.
-bool rmsnorm_pieces_serves(int dim);
-void rmsnorm_i8_pieces(float* x, const float* delta, const float* w, float* y, int rows, int dim, float eps, void* xq,
-                       cudaStream_t s, float* xmax = nullptr, float* zero = nullptr);
+                     const float* xmax = nullptr, unsigned* hmax_bits = nullptr);
 size_t anyprec_i8_x_bytes(int64_t k, int m);
 // xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
@@ -287,11 +279,8 @@ void anyprec_outliers_add(const AnyPrecDevice& w, int bits, const float* x, int6
 // faster (anyprec_gemm_preferred; 2/4/16 at batch 9..16 mixed24a_gemv_two_tiles), else dequantize + cuBLAS (fp16
 // inputs, fp32 accumulation and output). bits: the anyprec width (0 = widest); ignored by single-width formats.
 // x_max: as anyprec_gemv_i8's xmax (rows' exact max |x|), used where the int8 GEMV runs, ignored elsewhere.
-// The activation scratch packed_matmul hands the GEMV of w (where rmsnorm_i8_pieces must write for it).
-void* packed_x_scratch(const DevicePackedWeight& w, GemmContext& ctx);
-// pieces_ready: where the int8 GEMV runs, its activation pieces are already in packed_x_scratch (rmsnorm_i8_pieces).
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
-                   OutlierMode mode = OutlierMode::Fused, const float* x_max = nullptr, bool pieces_ready = false);
+                   OutlierMode mode = OutlierMode::Fused, const float* x_max = nullptr);
 // Whether the runtime hands the int8 GEMV the rows' max |x| from the kernels that produce x (packed_matmul's x_max):
 // on unless LOWBIT_PRODUCER_XMAX=0 in the environment (read once); set_producer_xmax() overrides it (bench --e2e times
 // both in one run; a captured decode graph is keyed on it).
@@ -309,12 +298,7 @@ bool packed_swiglu_fuses(const DevicePackedWeight& w, int bits, int64_t m);
 // h [m, n / 2] = silu(x W_gateᵀ) * (x W_upᵀ) for a stacked [gate; up] weight where packed_swiglu_fuses, h_max_bits as
 // anyprec_gemv_i8's hmax_bits; x_max as packed_matmul's.
 void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* h, GemmContext& ctx,
-                          const float* x_max, unsigned* h_max_bits, bool pieces_ready = false);
-// Whether the decode's norms write the int8 GEMV's pieces themselves (rmsnorm_i8_pieces): on unless
-// LOWBIT_NORM_PIECES=0 in the environment (read once); set_norm_pieces() overrides it (bench --e2e times both in one
-// run, a captured decode graph is keyed on it).
-bool norm_pieces_enabled();
-void set_norm_pieces(bool on);
+                          const float* x_max, unsigned* h_max_bits);
 
 void cublas_check(cublasStatus_t st, const char* what);
 // Device-side random fills (splitmix64 of seed and index): bytes, and fp16 / fp32 values uniform in [lo, hi).
