@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "cuda/gpu_ops.h"
 #include "formats/mixed24/layout.h"
@@ -423,7 +424,16 @@ void GpuModel::ensure_attn_scratch(int rows, int splits) {
   attn_scratch_ = DeviceBuffer<float>(need);
 }
 
-int GpuModel::decode_splits(int seqs, int capacity) const { return splits_for(capacity, seqs, c_.n_heads, sms_); }
+// LOWBIT_ATTN_SPLITS=n in the environment (read once) forces n splits (at most one per kMinKeysPerSplit keys): for
+// measuring the rule above.
+int GpuModel::decode_splits(int seqs, int capacity) const {
+  static const int forced = [] {
+    const char* v = std::getenv("LOWBIT_ATTN_SPLITS");
+    return v != nullptr ? std::clamp(std::atoi(v), 0, kMaxSplits) : 0;
+  }();
+  if (forced > 0) return std::clamp(forced, 1, std::max(1, (capacity + kMinKeysPerSplit - 1) / kMinKeysPerSplit));
+  return splits_for(capacity, seqs, c_.n_heads, sms_);
+}
 
 void GpuModel::invalidate_graph() {
   if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
