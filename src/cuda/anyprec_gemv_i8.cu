@@ -328,15 +328,15 @@ void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
              static_cast<const uint8_t*>(xq), hp, hmax_bits);
 }
 
-// The int8 GEMV's ring stages at batch 1 for width b: 3 at 4 bits, else 2; LOWBIT_I8_STAGES=2|3 in the environment
-// sets every width (read once; bench runs compare them).
-int i8_stages(int b) {
+// The int8 GEMV's ring stages at batch 1 for width b and rows of k inputs: 3 at 4 bits on rows of at most 4096, else 2;
+// LOWBIT_I8_STAGES=2|3 in the environment sets every case (read once; bench runs compare them).
+int i8_stages(int b, int64_t k) {
   static const int forced = [] {
     const char* v = std::getenv("LOWBIT_I8_STAGES");
     const int n = v != nullptr ? std::atoi(v) : 0;
     return n == 2 || n == 3 ? n : 0;
   }();
-  return forced != 0 ? forced : b == 4 ? 3 : 2;
+  return forced != 0 ? forced : b == 4 && k <= 4096 ? 3 : 2;
 }
 
 template <int B, int M>
@@ -359,13 +359,14 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
   // stages) went 332.8 -> 326.6 and keeps four warps; at batch 1 four warps measured as fast or faster (28672x8192
   // 36.4-37.5 against 37.8 us).
   static const int sms = device_sm_count();
-  // 4 bits at batch 1: three ring stages (two items of every warp loaded before the PDL wait, while the norm or
-  // attention and the activation kernel before it run). H200, Llama-2-7B decode, runs of one binary alternated
-  // (docs/results/issue7-session21-h200.txt part 3): 4-bit 328.7 / 328.8 tok/s with two stages, 342.3 / 340.5 with three,
-  // 342.3 / 343.6 with four; at 2 and 3 bits three stages were slower (3-bit 540.3 -> 507.8, 2-bit 600.4 -> 583.1) and
-  // Llama-2-70B 3-bit with four 92.5 -> 82.1.
+  // 4 bits at batch 1 on rows of at most 4096 inputs: three ring stages (two items of every warp loaded before the PDL
+  // wait, while the norm or attention and the activation kernel before it run). H200, Llama-2-7B decode, runs of one
+  // binary alternated (docs/results/issue7-session21-h200.txt part 3): 4-bit 328.7 / 328.8 tok/s with two stages on every
+  // matrix, 342.3 / 340.5 with three, 342.3 / 343.6 with four; at 2 and 3 bits three stages were slower (3-bit 540.3 ->
+  // 507.8, 2-bit 600.4 -> 583.1), and on Llama-2-70B (rows of 8192 and 28672) too: 4-bit 51.2 -> 44.3 (part 6), 3-bit
+  // with four stages 92.5 -> 82.1.
   if constexpr (M == 1) {
-    if (i8_stages(B) == 3) {
+    if (i8_stages(B, w.k) == 3) {
       if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 3, 8>(w, x, m, y, s, fused, xq, hmax_bits);
       return launch_i8<B, M, 3, 4>(w, x, m, y, s, fused, xq, hmax_bits);
     }
