@@ -264,15 +264,22 @@ TEST(CudaModel, PdlDecodeIsBitIdenticalToPlainLaunches) {
   cuda::set_pdl_mask(mask);
 }
 
+// A random-weight model shape whose layers are wide enough for the int8 GEMV (dim 2048, hidden 5632; rows of at least
+// 2048 inputs), for the decode tests of what the int8 path changes.
+ModelConfig int8_gemv_config() {
+  ModelConfig c;
+  c.dim = 2048, c.hidden_dim = 5632, c.n_layers = 2, c.n_heads = 16, c.n_kv_heads = 8, c.head_dim = 128, c.vocab_size = 512;
+  c.max_seq_len = 256;
+  return c;
+}
+
 // The rows' max |x| that RMSNorm, attention and SwiGLU hand the int8 GEMVs (LOWBIT_PRODUCER_XMAX, the default) give a
 // decode bit-identical to the GEMVs' activation kernels reducing the rows themselves: a random any-precision model with
 // layers wide enough for the int8 GEMV (dim 2048, hidden 5632), 2..4 bits, batch 1, 3 and 8, CUDA-graph decode steps,
 // attention in one block per head (5-token prompt) and split over blocks with the combine kernel (40-token prompt).
 TEST(CudaModel, ProducerRowMaximaGiveBitIdenticalDecode) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c;
-  c.dim = 2048, c.hidden_dim = 5632, c.n_layers = 2, c.n_heads = 16, c.n_kv_heads = 8, c.head_dim = 128, c.vocab_size = 512;
-  c.max_seq_len = 256;
+  const ModelConfig c = int8_gemv_config();
   cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 21);
   const bool producer = cuda::producer_xmax_enabled();
   ASSERT_EQ(cuda::anyprec_auto_path(2 * c.hidden_dim, c.dim, 1, 3, true), cuda::GemvPath::TensorCoreInt8LutStream)
@@ -323,9 +330,7 @@ TEST(CudaModel, FoldedRopeDecodeIsBitIdentical) {
 // runtime takes it; the kernel test covers 4 bits), batch 1, 3 and 8, CUDA-graph decode steps.
 TEST(CudaModel, FoldedSwiGluDecodeIsBitIdentical) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c;
-  c.dim = 2048, c.hidden_dim = 5632, c.n_layers = 2, c.n_heads = 16, c.n_kv_heads = 8, c.head_dim = 128, c.vocab_size = 512;
-  c.max_seq_len = 256;
+  const ModelConfig c = int8_gemv_config();
   cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 23);
   const bool fold = cuda::fold_swiglu_enabled();
   for (int bits : {2, 3})

@@ -365,13 +365,14 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
   // matrix, 342.3 / 340.5 with three, 342.3 / 343.6 with four; at 2 and 3 bits three stages were slower (3-bit 540.3 ->
   // 507.8, 2-bit 600.4 -> 583.1), and on Llama-2-70B (rows of 8192 and 28672) too: 4-bit 51.2 -> 44.3 (part 6), 3-bit
   // with four stages 92.5 -> 82.1.
+  const bool few_tiles = tiles <= 2LL * sms && G >= 8;   // eight warps per tile (above)
   if constexpr (M == 1) {
     if (i8_stages(B, w.k) == 3) {
-      if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 3, 8>(w, x, m, y, s, fused, xq, hmax_bits);
+      if (few_tiles) return launch_i8<B, M, 3, 8>(w, x, m, y, s, fused, xq, hmax_bits);
       return launch_i8<B, M, 3, 4>(w, x, m, y, s, fused, xq, hmax_bits);
     }
   }
-  if (tiles <= 2LL * sms && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
+  if (few_tiles) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
   if (B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
   launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq, hmax_bits);
 }
