@@ -140,12 +140,13 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
                    {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
                    {cuda::GemvPath::ScalarPairs, false}, {cuda::GemvPath::TensorCoreRegisterLut, true},
                    {cuda::GemvPath::TensorCoreRegisterLutHalfX, true}, {cuda::GemvPath::TensorCoreRegisterLutStream, true},
-                   {cuda::GemvPath::TensorCoreRegisterLutStreamHalfX, true}})
+                   {cuda::GemvPath::TensorCoreRegisterLutStreamHalfX, true}, {cuda::GemvPath::TensorCoreSharedLutStream, true}})
             for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
               if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
               if (path == cuda::GemvPath::ScalarPairs && ((bits != 3 && bits != 4) || m > 4)) continue;
               if (cuda::is_register_table(path) && bits > 4) continue;
               if (cuda::is_streamed(path) && !cuda::anyprec_stream_fits(sh.n, sh.k, m)) continue;
+              if (path == cuda::GemvPath::TensorCoreSharedLutStream && (bits < 5 || !cuda::anyprec_lut_stream_fits(sh.n, sh.k, m))) continue;
               if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
               const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
                 cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
@@ -156,6 +157,7 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
                                        : path == cuda::GemvPath::TensorCoreRegisterLutHalfX ? "tensor-core register tables fp16 x "
                                        : path == cuda::GemvPath::TensorCoreRegisterLutStream ? "tensor-core register tables streamed "
                                        : path == cuda::GemvPath::TensorCoreRegisterLutStreamHalfX ? "tensor-core register tables streamed fp16 x "
+                                       : path == cuda::GemvPath::TensorCoreSharedLutStream ? "tensor-core shared tables streamed "
                                        : presplit                            ? "tensor-core pre-split "
                                                                              : "tensor-core ";
               expect_close(got, want, scale, path == cuda::GemvPath::TensorCoreRegisterLutHalfX || path == cuda::GemvPath::TensorCoreRegisterLutStreamHalfX
@@ -1027,6 +1029,9 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreRegisterLutStream, xfrag.get()); },
        "streamed register-table kernel needs k a multiple of 128 and >= 2048");
+  says([&] { cuda::anyprec_gemv(dw5.anyprec(), 5, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                cuda::GemvPath::TensorCoreSharedLutStream, xfrag.get()); },
+       "streamed shared-table kernel serves 5..8 bits with pre-split activations, k a multiple of 64 and >= 2048");
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreStream, xfrag.get()); },
        "the streamed tensor-core kernel is a 2/4/16 path");

@@ -359,6 +359,33 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
   out[(qi * 8 + sj) * 32 + lane] = v;
 }
 
+// The shared-table tensor-core kernels' A fragments of one plane word per row (p0 / p1: the word of planes 0..B-1 of
+// rows g / g + 8), slab by slab: mma(a, sj) for slab sj = 0..7, word bits 4 sj .. 4 sj + 3 (k slots 2t, 2t + 1,
+// 2t + 8, 2t + 9). t0: the lane's table address, entry e of rows g (low half) and g + 8 (high half) at t0 + 128 e
+// (the [2^B][8][4] layout: a warp-wide lookup reads 32 different banks whatever the codes).
+template <int B, typename Mma>
+__device__ __forceinline__ void shared_table_slabs(uint32_t t0, const uint32_t (&p0)[B], const uint32_t (&p1)[B], Mma mma) {
+  uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
+  transpose_codes<B>(p0, i0);
+  transpose_codes<B>(p1, i1);
+#pragma unroll
+  for (int sj = 0; sj < 8; ++sj) {
+    const int u = sj / 2, ib = (sj % 2) * 4;
+    uint32_t e0[4], e1[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      e0[q] = __byte_perm(i0[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
+      e1[q] = __byte_perm(i1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
+    }
+    uint32_t a[4];
+    a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g,   bits 4sj, 4sj+1
+    a[1] = __byte_perm(lds_u32(t0 + e1[0] * 128u), lds_u32(t0 + e1[1] * 128u), 0x7632u);   // row g + 8 (high halves)
+    a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
+    a[3] = __byte_perm(lds_u32(t0 + e1[2] * 128u), lds_u32(t0 + e1[3] * 128u), 0x7632u);
+    mma(a, sj);
+  }
+}
+
 // kSpan: plane words per lane and load. 1: lane t's word of quad qi is 4 qi + t. 2 (rows of an even number of words,
 // x pre-split in anyprec_xfrag_kernel<false, 2> order): words 8 gi + 2t and + 1 of load group gi, quads 2 gi and
 // 2 gi + 1, from one 8-byte load. ncu (H200, 8 bits, 28672x8192, batch 1, kSpan 1; results/issue7-ncu-8bit-b1-h200.txt):
@@ -433,23 +460,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
       uint32_t p0[B], p1[B];
 #pragma unroll
       for (int j = 0; j < B; ++j) { p0[j] = pg0[j][e]; p1[j] = pg1[j][e]; }
-      uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
-      transpose_codes<B>(p0, i0);
-      transpose_codes<B>(p1, i1);
-#pragma unroll
-      for (int sj = 0; sj < 8; ++sj) {
-        const int u = sj / 2, ib = (sj % 2) * 4;
-        uint32_t e0[4], e1[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          e0[q] = __byte_perm(i0[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
-          e1[q] = __byte_perm(i1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
-        }
-        uint32_t a[4];
-        a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g,   bits 4sj, 4sj+1
-        a[1] = __byte_perm(lds_u32(t0 + e1[0] * 128u), lds_u32(t0 + e1[1] * 128u), 0x7632u);   // row g + 8 (high halves)
-        a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
-        a[3] = __byte_perm(lds_u32(t0 + e1[2] * 128u), lds_u32(t0 + e1[3] * 128u), 0x7632u);
+      shared_table_slabs<B>(t0, p0, p1, [&](const uint32_t (&a)[4], int sj) {
         if constexpr (kPreSplit) {
           // Lanes of batch columns >= m read column 0's fragment (written; a broadcast): their outputs are not stored.
           const uint4 xb = __ldg(xfrag + (qi * 8 + sj) * 32 + (col_ok ? lane : t));
@@ -458,6 +469,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
         } else {
           float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           if (col_ok && word_ok) {
+            const int u = sj / 2, ib = (sj % 2) * 4;   // the slab's quarter and its first code bit within the byte column
             const int64_t c = 1024 * T + static_cast<int64_t>(u) * 8 * nw + 8 * wt + ib;
             if (vec && c + 4 <= k) {
               const float4 v = __ldg(reinterpret_cast<const float4*>(xg + c));
@@ -469,7 +481,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_tc_kernel(AnyPrecD
           }
           mma_split(acc, a, xv[0], xv[1], xv[2], xv[3]);
         }
-      }
+      });
     }
     if constexpr (kPrefetch) {
 #pragma unroll
@@ -827,6 +839,155 @@ void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cuda
              w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// Streamed shared-table path (GemvPath::TensorCoreSharedLutStream; 5..8 bits, batch 1..2, x pre-split in the
+// shared-table kernel's span-2 order, k a multiple of 64 and >= 2048). The shared-table kernel above loads its plane
+// words straight into registers, 4 or 8 bytes per lane from 8 rows at a time, and at 8 bits those loads outnumber its
+// table lookups on L1 (ncu: L1/TEX 87% busy); it ran Llama-2-7B's 8-bit GEMVs at ~1.2 TB/s. Here, as in the streamed
+// register-table kernel, persistent CTAs of four warps stream their work items (tile, group of 8 words) through
+// per-warp cp.async rings: a stage holds the lane's words 8 gi + 2t, + 1 of planes 0..B-1 for rows g and g + 8 (read
+// back with one conflict-free 8-byte LDS per plane and row) and the group's x fragments of the lanes of batch columns
+// < kMX. The copies of item i + kStages - 1 go out before item i is computed, across tile boundaries. The table of a
+// CTA's tile (the [2^B][8][4] layout of shared_table_slabs: 32 KB at 8 bits) is one per CTA: its LUT rows are read
+// into registers a tile ahead and written to shared memory between the tile's epilogue barrier and one more barrier.
+constexpr int kLutStreamWarps = 4;
+
+template <int B, int kMX, int kStages>
+struct LutStreamStage {
+  static constexpr int kPlaneBytes = 2 * B * 32 * 8;   // [row half][plane][lane] 8 bytes
+  static constexpr int kXEntries = 2 * 8 * 4 * kMX;     // [quad][slab][lane < 4 kMX], 16 bytes each
+  static constexpr int kBytes = kPlaneBytes + 16 * kXEntries;
+  static constexpr int kTableBytes = (1 << B) * 128;
+  static constexpr int kSmem = kTableBytes + kLutStreamWarps * kStages * kBytes;
+  // 8 bits: 32 KB of table + 60 KB of rings, two CTAs per SM; 5..7 bits three.
+  static constexpr int kMinBlocks = B == 8 ? 2 : 3;
+};
+
+// The 16 LUT rows of a tile in registers (the CTA's thread th holds pairs th, th + 128, ...: pair (g, c) is 16-byte chunk
+// c, entries 8c .. 8c + 7, of rows g and g + 8), written to shared memory in the [2^B][8][4] layout: entry e of rows
+// g (low half) and g + 8 (high half), the word repeated for the four lanes t.
+template <int B>
+struct TileLut {
+  static constexpr int kChunks = 1 << (B - 3);                               // per row
+  static constexpr int kPairs = (8 * kChunks + kLutStreamWarps * 32 - 1) / (kLutStreamWarps * 32);   // per thread
+  uint4 lo[kPairs], hi[kPairs];
+  __device__ __forceinline__ void load(const __half* __restrict__ lut, int64_t tile, int64_t n) {
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const int p = static_cast<int>(threadIdx.x) + kLutStreamWarps * 32 * i, g = p % 8, c = p / 8;
+      if (p < 8 * kChunks) {
+        const int64_t r0 = min_i64(16 * tile + g, n - 1), r1 = min_i64(16 * tile + g + 8, n - 1);
+        lo[i] = __ldg(reinterpret_cast<const uint4*>(lut + (r0 << B)) + c);
+        hi[i] = __ldg(reinterpret_cast<const uint4*>(lut + (r1 << B)) + c);
+      }
+    }
+  }
+  __device__ __forceinline__ void store(uint32_t tab) const {
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      const int p = static_cast<int>(threadIdx.x) + kLutStreamWarps * 32 * i, g = p % 8, c = p / 8;
+      if (p < 8 * kChunks) {
+        const uint32_t l[4] = {lo[i].x, lo[i].y, lo[i].z, lo[i].w}, h[4] = {hi[i].x, hi[i].y, hi[i].z, hi[i].w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t v = __byte_perm(l[j / 2], h[j / 2], j % 2 ? 0x7632u : 0x5410u);
+          asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(tab + ((8 * c + j) * 8 + g) * 16), "r"(v) : "memory");
+        }
+      }
+    }
+  }
+};
+
+template <int B, bool kFusedOutliers, int kMX, int kStages>
+__global__ void __launch_bounds__(kLutStreamWarps * 32, (LutStreamStage<B, kMX, kStages>::kMinBlocks)) anyprec_gemv_lut_stream_kernel(
+    AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint4* __restrict__ xfrag,
+    const float* __restrict__ xt) {   // x transposed (OutlierX)
+  using S = LutStreamStage<B, kMX, kStages>;
+  extern __shared__ __align__(16) unsigned char lut_stream_smem[];
+  const int64_t n = w.n, W = w.words, G = (W + 7) / 8, tiles = (n + 15) / 16;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const __half* lut = w.lut[B];
+  const uint32_t tab = static_cast<uint32_t>(__cvta_generic_to_shared(lut_stream_smem));
+  StreamRing<kStages, kLutStreamWarps> ring(tab + S::kTableBytes + warp * kStages * S::kBytes, S::kBytes, tiles, G, warp);
+  auto issue_weights = [&] {   // the lane's words 8 gi + 2t, + 1 of planes 0..B-1, rows g and g + 8 (zeros past the row)
+    const uint32_t st = ring.issue_stage();
+    const int64_t word = 8 * ring.it_item + 2 * t;
+    const bool ok = word < W;   // W even: both words in or both out
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = min_i64(ring.it_tile * 16 + g + 8 * h, n - 1);
+#pragma unroll
+      for (int j = 0; j < B; ++j) cp_async(st + ((h * B + j) * 32 + lane) * 8, w.plane_data + (j * n + row) * W + (ok ? word : 0), 8, ok);
+    }
+  };
+  auto issue_x = [&] {   // the group's x fragments of the lanes < 4 kMX (quads 2 gi, 2 gi + 1; slabs 0..7)
+    const uint32_t st = ring.issue_stage() + S::kPlaneBytes;
+#pragma unroll
+    for (int c = 0; c < S::kXEntries / 32; ++c) {
+      const int idx = lane + 32 * c, qs = idx / (4 * kMX), l = idx % (4 * kMX);
+      cp_async(st + 16 * idx, xfrag + (16 * ring.it_item + qs) * 32 + l, 16);
+    }
+  };
+  TileLut<B> next;
+  next.load(lut, blockIdx.x, n);   // the LUT is a weight: read before the previous kernel's end
+  ring.prologue(issue_weights, issue_x);   // xfrag and y belong to the kernels before
+  const uint32_t t0 = tab + 4u * lane;
+  const int xl = g < m_total ? lane : t;   // lanes of batch columns >= m read column 0's fragments (not stored)
+  int buf = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    // The previous tile's lookups are over: every warp has passed its epilogue's barrier (store_tc_fragments).
+    next.store(tab);
+    __syncthreads();
+    if (tile + gridDim.x < tiles) next.load(lut, tile + gridDim.x, n);
+    float acc4[4][4] = {};   // [slab parity][x hi, lo]: four independent mma chains
+    for (int64_t gi = warp; gi < G; gi += kLutStreamWarps) {
+      const uint32_t st = ring.next(issue_weights, issue_x);
+      uint32_t p0[B][2], p1[B][2];
+#pragma unroll
+      for (int j = 0; j < B; ++j) {
+        lds_u32x2(st + (j * 32 + lane) * 8, p0[j]);
+        lds_u32x2(st + ((B + j) * 32 + lane) * 8, p1[j]);
+      }
+      const uint32_t xs = st + S::kPlaneBytes + 16 * xl;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        uint32_t w0[B], w1[B];
+#pragma unroll
+        for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
+        shared_table_slabs<B>(t0, w0, w1, [&](const uint32_t (&a)[4], int sj) {
+          uint32_t b[4];
+          lds_u32x4(xs + 16 * 4 * kMX * (8 * e + sj), b);
+          mma_16816(acc4[2 * (sj & 1)], a, b[0], b[1]);       // hi halves
+          mma_16816(acc4[2 * (sj & 1) + 1], a, b[2], b[3]);   // lo halves
+        });
+      }
+    }
+    float acc[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
+    if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
+    store_tc_fragments<kLutStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr,
+                                                        OutlierX{xt, 1, kXtColumns}, y, OutlierEntry<B>{w, lut}, buf);
+    buf ^= 1;
+  }
+  cp_async_wait<0>();   // no copy outlives the CTA
+}
+
+// 5..8 bits: three ring stages. LOWBIT_LUT_STREAM_ONE_TILE=1 in the environment launches one CTA per tile instead of
+// the persistent grid (read once; a measurement switch).
+template <int B, int kMX>
+void launch_lut_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
+  constexpr int kStages = 3;
+  using S = LutStreamStage<B, kMX, kStages>;
+  auto kern = fused ? anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages> : anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages>;
+  static const bool one_per_tile = env_switch("LOWBIT_LUT_STREAM_ONE_TILE", false);
+  const int64_t tiles = (w.n + 15) / 16;
+  const unsigned pgrid = persistent_grid(kern, kLutStreamWarps * 32, S::kSmem, tiles);   // sets the shared-memory limit
+  launch_pdl(kPdlTcTable, kern, one_per_tile ? static_cast<unsigned>(tiles) : pgrid, kLutStreamWarps * 32, S::kSmem, s, w, x, m,
+             y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
+}
+
+
 template <int B>
 void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xfrag,
                GemvPath path) {
@@ -882,6 +1043,10 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
       launch_pdl(kPdlRegLut, kern, grid, kTcWarps * 32, 0, s, w, x, m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
       return;
     }
+  }
+  if (path == GemvPath::TensorCoreSharedLutStream) {   // requirements checked by gemv_bits
+    if constexpr (B >= 5) m == 1 ? launch_lut_stream<B, 1>(w, x, m, y, s, fused_rt, xf) : launch_lut_stream<B, 2>(w, x, m, y, s, fused_rt, xf);
+    return;
   }
   const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
   auto kern = xf == nullptr ? (fused ? anyprec_gemv_tc_kernel<B, true, false> : anyprec_gemv_tc_kernel<B, false, false>)
@@ -945,6 +1110,10 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     if (is_register_table(path))
       LOWBIT_CHECK(B <= 4 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..4 bits with pre-split activations (asked: ",
                    B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");
+    if (path == GemvPath::TensorCoreSharedLutStream)
+      LOWBIT_CHECK(B >= 5 && xfrag != nullptr && anyprec_lut_stream_fits(w.n, w.k, m),
+                   "anyprec GEMV: the streamed shared-table kernel serves 5..8 bits with pre-split activations, k a multiple of 64 "
+                   "and >= 2048, batch <= 2 (asked: ", B, " bits, ", w.n, "x", w.k, ", batch ", m, xfrag == nullptr ? ", no xfrag scratch" : "", ")");
     if (is_streamed(path))
       LOWBIT_CHECK(anyprec_stream_fits(w.n, w.k, m), "anyprec GEMV: the streamed register-table kernel needs k a multiple of 128 and >= ",
                    16 * 32 * kStreamWarps, ", and batch <= 2 (asked: ", w.n, "x", w.k, ", batch ", m, ")");

@@ -172,13 +172,15 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                                              {GemvPath::TensorCoreRegisterLutStream, true, " (tensor cores, register tables, streamed)"},
                                              {GemvPath::TensorCoreRegisterLutStreamHalfX, true, " (tensor cores, register tables, streamed, fp16 x)"},
                                              {GemvPath::ScalarPairs, false, " (CUDA cores, merged pair lookups)"},
-                                             {GemvPath::TensorCoreInt8LutStream, true, " (int8 tensor cores, int8 tables, streamed)"}};
+                                             {GemvPath::TensorCoreInt8LutStream, true, " (int8 tensor cores, int8 tables, streamed)"},
+                                             {GemvPath::TensorCoreSharedLutStream, true, " (tensor cores, shared tables, streamed)"}};
           const GemvPath runtime = anyprec_auto_path(n, k, static_cast<int>(m), b, kPreSplitInRuntime);
           for (const Variant& v : variants) {
             if (v.path == GemvPath::ScalarPairs && ((b != 3 && b != 4) || m > 4)) continue;   // merged pair lookups: 3-4 bits, batch 1..4
             if (is_register_table(v.path) && b > 4) continue;
             if (is_streamed(v.path) && !anyprec_stream_fits(n, k, static_cast<int>(m))) continue;
             if (v.path == GemvPath::TensorCoreInt8LutStream && (b > 4 || !anyprec_i8_fits(n, k, static_cast<int>(m)))) continue;
+            if (v.path == GemvPath::TensorCoreSharedLutStream && (b < 5 || !anyprec_lut_stream_fits(n, k, static_cast<int>(m)))) continue;
             const double us = median_us(o.iters, [&](int i) {
               anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
                            OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);

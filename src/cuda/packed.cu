@@ -456,6 +456,7 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
   // v13f); from batch 2 on all but 4096x4096 (12288x4096 54.0 vs 58.0, 11008x4096 52.7 vs 53.1; 4096x4096 28.0 vs
   // 23.6, v13e).
   if (!presplit) return m >= 6 ? GemvPath::TensorCore : GemvPath::Scalar;
+  if (bits >= 5 && lut_stream_enabled() && anyprec_lut_stream_fits(n, k, m)) return GemvPath::TensorCoreSharedLutStream;
   const bool over_4096sq = n * k > 4096LL * 4096;
   bool tc;
   if (bits <= 7) tc = m >= 2 || over_4096sq;
@@ -524,6 +525,10 @@ bool& fused_gemm_state() {   // from the environment on first use
 
 bool fused_gemm_enabled() { return fused_gemm_state(); }
 void set_fused_gemm(bool on) { fused_gemm_state() = on; }
+bool lut_stream_enabled() {   // from the environment on first use
+  static const bool on = env_switch("LOWBIT_LUT_STREAM", true);
+  return on;
+}
 bool half_x_gemv_enabled() {   // from the environment on first use
   static const bool on = env_switch("LOWBIT_GEMV_HALF_X", false);
   return on;

@@ -121,7 +121,8 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //   Auto                   anyprec_auto_path / mixed24a_auto_path: the fastest measured by `lowbit bench --kernels`
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
 enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX, TensorCoreRegisterLutHalfX,
-                      TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX, TensorCoreStream, TensorCoreInt8LutStream };
+                      TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX, TensorCoreStream, TensorCoreInt8LutStream,
+                      TensorCoreSharedLutStream };
 constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
 // The register-table kernels (any-precision 2..4 bits, x pre-split), and every tensor-core path.
 constexpr bool is_register_table(GemvPath p) {
@@ -132,7 +133,8 @@ constexpr bool is_streamed(GemvPath p) {
   return p == GemvPath::TensorCoreRegisterLutStream || p == GemvPath::TensorCoreRegisterLutStreamHalfX;
 }
 constexpr bool is_tensor_core(GemvPath p) {
-  return p == GemvPath::TensorCore || is_register_table(p) || p == GemvPath::TensorCoreInt8LutStream;
+  return p == GemvPath::TensorCore || is_register_table(p) || p == GemvPath::TensorCoreInt8LutStream ||
+         p == GemvPath::TensorCoreSharedLutStream;
 }
 // Whether the int8 GEMV (TensorCoreInt8LutStream, anyprec_gemv_i8) serves this shape and batch: k a multiple of 128
 // and >= 2048, batch 1..8 (2..4 bits).
@@ -146,6 +148,11 @@ bool int8_tables_enabled();
 void set_int8_tables(bool on);
 // Whether the streamed register-table kernel serves this shape and batch (k % 128 == 0, k >= 2048, m <= 2).
 constexpr bool anyprec_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 128 == 0 && k >= 2048 && m <= 2; }
+// Whether the streamed shared-table kernel (TensorCoreSharedLutStream, any-precision 5..8 bits) serves this shape and
+// batch: k a multiple of 64 (rows of an even number of words) and >= 2048, batch 1..2.
+constexpr bool anyprec_lut_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 64 == 0 && k >= 2048 && m >= 1 && m <= 2; }
+// Whether Auto runs it where it fits (5..8 bits). On unless LOWBIT_LUT_STREAM=0 in the environment (read once).
+bool lut_stream_enabled();
 // Whether the streamed 2/4/16 tensor-core kernel serves this shape (k % 256 == 0, k >= 1024; any batch 1..8).
 constexpr bool mixed24a_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 256 == 0 && k >= 1024 && m <= 8; }
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
