@@ -981,6 +981,14 @@ void launch_lut_stream(const AnyPrecDevice& w, const float* x, int m, float* y, 
   using S = LutStreamStage<B, kMX, kStages>;
   auto kern = fused ? anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages> : anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages>;
   static const bool one_per_tile = env_switch("LOWBIT_LUT_STREAM_ONE_TILE", false);
+  // The ring plus the epilogue's static 4 KB pass 48 KB at 5 bits with a ring under it (47 KB), which persistent_grid
+  // only allows for rings above 48 KB: raise the limit to the ring's size for both forms.
+  static const bool limits = [] {
+    for (auto k : {anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages>, anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages>})
+      LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem));
+    return true;
+  }();
+  (void)limits;
   const int64_t tiles = (w.n + 15) / 16;
   const unsigned pgrid = persistent_grid(kern, kLutStreamWarps * 32, S::kSmem, tiles);   // sets the shared-memory limit
   launch_pdl(kPdlTcTable, kern, one_per_tile ? static_cast<unsigned>(tiles) : pgrid, kLutStreamWarps * 32, S::kSmem, s, w, x, m,
