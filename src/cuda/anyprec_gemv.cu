@@ -898,10 +898,7 @@ struct TileLut {
   }
 };
 
-// kXA: x as the mma's A operand and the weights as B (four mma per slab, two per row block), which lets only the lanes of
-// batch columns < m load x: a warp-wide 16-byte LDS of the x fragments took four shared-memory wavefronts (ncu, H200,
-// 12288x4096 8 bits batch 1: 2.78M wavefronts for 2.02M shared loads), the lookups one each.
-template <int B, bool kFusedOutliers, int kMX, int kStages, bool kXA>
+template <int B, bool kFusedOutliers, int kMX, int kStages>
 __global__ void __launch_bounds__(kLutStreamWarps * 32, (LutStreamStage<B, kMX, kStages>::kMinBlocks)) anyprec_gemv_lut_stream_kernel(
     AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint4* __restrict__ xfrag,
     const float* __restrict__ xt) {   // x transposed (OutlierX)
@@ -942,8 +939,7 @@ __global__ void __launch_bounds__(kLutStreamWarps * 32, (LutStreamStage<B, kMX, 
     next.store(tab);
     __syncthreads();
     if (tile + gridDim.x < tiles) next.load(lut, tile + gridDim.x, n);
-    // kXA: [slab parity][row block][x hi, lo], eight chains; else [slab parity][x hi, lo], four.
-    float acc4[kXA ? 8 : 4][4] = {};
+    float acc4[4][4] = {};   // [slab parity][x hi, lo]: four independent mma chains
     for (int64_t gi = warp; gi < G; gi += kLutStreamWarps) {
       const uint32_t st = ring.next(issue_weights, issue_x);
       uint32_t p0[B][2], p1[B][2];
@@ -959,53 +955,16 @@ __global__ void __launch_bounds__(kLutStreamWarps * 32, (LutStreamStage<B, kMX, 
 #pragma unroll
         for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
         shared_table_slabs<B>(t0, w0, w1, [&](const uint32_t (&a)[4], int sj) {
-          uint32_t b[4] = {0u, 0u, 0u, 0u};   // {b0 hi, b1 hi, b0 lo, b1 lo} of batch column g
-          if constexpr (kXA) {
-            // x is the A operand (rows: the batch columns, zero from m on), the weights B (n: the tile's rows g, then g + 8):
-            // only the lanes of columns < m read x, one wavefront for all four pieces.
-            if (g < m_total) lds_u32x4(xs + 16 * 4 * kMX * (8 * e + sj), b);
-            const uint32_t xh[4] = {b[0], 0u, b[1], 0u}, xo[4] = {b[2], 0u, b[3], 0u};
-            const int c = 4 * (sj & 1);
-            mma_16816(acc4[c], xh, a[0], a[2]);       // rows g, x hi
-            mma_16816(acc4[c + 1], xo, a[0], a[2]);   // rows g, x lo
-            mma_16816(acc4[c + 2], xh, a[1], a[3]);   // rows g + 8
-            mma_16816(acc4[c + 3], xo, a[1], a[3]);
-          } else {
-            lds_u32x4(xs + 16 * 4 * kMX * (8 * e + sj), b);
-            mma_16816(acc4[2 * (sj & 1)], a, b[0], b[1]);       // hi halves
-            mma_16816(acc4[2 * (sj & 1) + 1], a, b[2], b[3]);   // lo halves
-          }
+          uint32_t b[4];
+          lds_u32x4(xs + 16 * 4 * kMX * (8 * e + sj), b);
+          mma_16816(acc4[2 * (sj & 1)], a, b[0], b[1]);       // hi halves
+          mma_16816(acc4[2 * (sj & 1) + 1], a, b[2], b[3]);   // lo halves
         });
       }
     }
     float acc[4];
-    if constexpr (kXA) {
-      // Lane (g, t) holds (batch g, tile row 8 blk + 2t + i) in d[blk][i]; store_tc_fragments takes the weights-as-A layout,
-      // lane (g, t): (row g, batch 2t), (row g, batch 2t + 1), (row g + 8, batch 2t), (row g + 8, batch 2t + 1).
-      float d[2][2];
 #pragma unroll
-      for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-          d[blk][i] = (acc4[2 * blk][i] + acc4[2 * blk + 1][i]) + (acc4[4 + 2 * blk][i] + acc4[5 + 2 * blk][i]);
-      const int src0 = 4 * (2 * t) + g / 2, src1 = 4 * (2 * t + 1) + g / 2;   // (batch 2t, rows 2 (g / 2) ..), (batch 2t + 1, ..)
-      float v[2][2][2];   // [source][blk][i]
-#pragma unroll
-      for (int blk = 0; blk < 2; ++blk)
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          v[0][blk][i] = __shfl_sync(0xffffffffu, d[blk][i], src0);
-          v[1][blk][i] = __shfl_sync(0xffffffffu, d[blk][i], src1);
-        }
-      const int i = g % 2;
-      acc[0] = i ? v[0][0][1] : v[0][0][0];
-      acc[1] = i ? v[1][0][1] : v[1][0][0];
-      acc[2] = i ? v[0][1][1] : v[0][1][0];
-      acc[3] = i ? v[1][1][1] : v[1][1][0];
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
-    }
+    for (int i = 0; i < 4; ++i) acc[i] = (acc4[0][i] + acc4[1][i]) + (acc4[2][i] + acc4[3][i]);
     if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
     store_tc_fragments<kLutStreamWarps, kFusedOutliers>(acc, warp, lane, tile * 16, n, m_total, w.rowptr,
                                                         OutlierX{xt, 1, kXtColumns}, y, OutlierEntry<B>{w, lut}, buf);
@@ -1016,16 +975,16 @@ __global__ void __launch_bounds__(kLutStreamWarps * 32, (LutStreamStage<B, kMX, 
 
 // 5..8 bits: three ring stages. LOWBIT_LUT_STREAM_ONE_TILE=1 in the environment launches one CTA per tile instead of
 // the persistent grid (read once; a measurement switch).
-template <int B, int kMX, bool kXA>
+template <int B, int kMX>
 void launch_lut_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
   constexpr int kStages = 3;
   using S = LutStreamStage<B, kMX, kStages>;
-  auto kern = fused ? anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages, kXA> : anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages, kXA>;
+  auto kern = fused ? anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages> : anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages>;
   static const bool one_per_tile = env_switch("LOWBIT_LUT_STREAM_ONE_TILE", false);
   // The ring plus the epilogue's static 4 KB pass 48 KB at 5 bits with a ring under it (47 KB), which persistent_grid
   // only allows for rings above 48 KB: raise the limit to the ring's size for both forms.
   static const bool limits = [] {
-    for (auto k : {anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages, kXA>, anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages, kXA>})
+    for (auto k : {anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages>, anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages>})
       LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem));
     return true;
   }();
@@ -1094,11 +1053,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
   }
   if (path == GemvPath::TensorCoreSharedLutStream) {   // requirements checked by gemv_bits
-    if constexpr (B >= 5) {
-      static const bool xa = env_switch("LOWBIT_LUT_STREAM_XA", true);   // x as the A operand (a measurement switch)
-      if (xa) m == 1 ? launch_lut_stream<B, 1, true>(w, x, m, y, s, fused_rt, xf) : launch_lut_stream<B, 2, true>(w, x, m, y, s, fused_rt, xf);
-      else m == 1 ? launch_lut_stream<B, 1, false>(w, x, m, y, s, fused_rt, xf) : launch_lut_stream<B, 2, false>(w, x, m, y, s, fused_rt, xf);
-    }
+    if constexpr (B >= 5) m == 1 ? launch_lut_stream<B, 1>(w, x, m, y, s, fused_rt, xf) : launch_lut_stream<B, 2>(w, x, m, y, s, fused_rt, xf);
     return;
   }
   const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
