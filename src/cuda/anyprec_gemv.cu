@@ -840,14 +840,15 @@ void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cuda
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Streamed shared-table path (GemvPath::TensorCoreSharedLutStream; 5..8 bits, batch 1..2, x pre-split in the
+// Streamed shared-table path (GemvPath::TensorCoreSharedLutStream; 5..8 bits, batch 1..8, x pre-split in the
 // shared-table kernel's span-2 order, k a multiple of 64 and >= 2048). The shared-table kernel above loads its plane
 // words straight into registers, 4 or 8 bytes per lane from 8 rows at a time, and at 8 bits those loads outnumber its
 // table lookups on L1 (ncu: L1/TEX 87% busy); it ran Llama-2-7B's 8-bit GEMVs at ~1.2 TB/s. Here, as in the streamed
 // register-table kernel, persistent CTAs of four warps stream their work items (tile, group of 8 words) through
 // per-warp cp.async rings: a stage holds the lane's words 8 gi + 2t, + 1 of planes 0..B-1 for rows g and g + 8 (read
-// back with one conflict-free 8-byte LDS per plane and row) and the group's x fragments of the lanes of batch columns
-// < kMX. The copies of item i + kStages - 1 go out before item i is computed, across tile boundaries. The table of a
+// back with one conflict-free 8-byte LDS per plane and row) and, at batch 1..2 (kMX = 1, 2), the group's x fragments of
+// the lanes of batch columns < kMX (batch 3..8, kMX = 0: the lanes read their fragments from global memory, where every
+// tile reads them again; staged, batch 8's 8 KB a stage would leave one CTA per SM). The copies of item i + kStages - 1 go out before item i is computed, across tile boundaries. The table of a
 // CTA's tile (the [2^B][8][4] layout of shared_table_slabs: 32 KB at 8 bits) is one per CTA: its LUT rows are read
 // into registers a tile ahead and written to shared memory between the tile's epilogue barrier and one more barrier.
 constexpr int kLutStreamWarps = 4;
@@ -855,7 +856,7 @@ constexpr int kLutStreamWarps = 4;
 template <int B, int kMX, int kStages>
 struct LutStreamStage {
   static constexpr int kPlaneBytes = 2 * B * 32 * 8;   // [row half][plane][lane] 8 bytes
-  static constexpr int kXEntries = 2 * 8 * 4 * kMX;     // [quad][slab][lane < 4 kMX], 16 bytes each
+  static constexpr int kXEntries = 2 * 8 * 4 * kMX;     // [quad][slab][lane < 4 kMX], 16 bytes each (kMX = 0: none)
   static constexpr int kBytes = kPlaneBytes + 16 * kXEntries;
   static constexpr int kTableBytes = (1 << B) * 128;
   static constexpr int kSmem = kTableBytes + kLutStreamWarps * kStages * kBytes;
@@ -921,11 +922,13 @@ __global__ void __launch_bounds__(kLutStreamWarps * 32, (LutStreamStage<B, kMX, 
     }
   };
   auto issue_x = [&] {   // the group's x fragments of the lanes < 4 kMX (quads 2 gi, 2 gi + 1; slabs 0..7)
-    const uint32_t st = ring.issue_stage() + S::kPlaneBytes;
+    if constexpr (kMX > 0) {
+      const uint32_t st = ring.issue_stage() + S::kPlaneBytes;
 #pragma unroll
-    for (int c = 0; c < S::kXEntries / 32; ++c) {
-      const int idx = lane + 32 * c, qs = idx / (4 * kMX), l = idx % (4 * kMX);
-      cp_async(st + 16 * idx, xfrag + (16 * ring.it_item + qs) * 32 + l, 16);
+      for (int c = 0; c < S::kXEntries / 32; ++c) {
+        const int idx = lane + 32 * c, qs = idx / (4 * kMX), l = idx % (4 * kMX);
+        cp_async(st + 16 * idx, xfrag + (16 * ring.it_item + qs) * 32 + l, 16);
+      }
     }
   };
   TileLut<B> next;
@@ -956,7 +959,12 @@ __global__ void __launch_bounds__(kLutStreamWarps * 32, (LutStreamStage<B, kMX, 
         for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
         shared_table_slabs<B>(t0, w0, w1, [&](const uint32_t (&a)[4], int sj) {
           uint32_t b[4];
-          lds_u32x4(xs + 16 * 4 * kMX * (8 * e + sj), b);
+          if constexpr (kMX > 0) {
+            lds_u32x4(xs + 16 * 4 * kMX * (8 * e + sj), b);
+          } else {   // batch 3..8: from the fragments in global memory (each read by every tile: L1 / L2 hits)
+            const uint4 v = __ldg(xfrag + (16 * gi + 8 * e + sj) * 32 + xl);
+            b[0] = v.x; b[1] = v.y; b[2] = v.z; b[3] = v.w;
+          }
           mma_16816(acc4[2 * (sj & 1)], a, b[0], b[1]);       // hi halves
           mma_16816(acc4[2 * (sj & 1) + 1], a, b[2], b[3]);   // lo halves
         });
@@ -1053,7 +1061,11 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     }
   }
   if (path == GemvPath::TensorCoreSharedLutStream) {   // requirements checked by gemv_bits
-    if constexpr (B >= 5) m == 1 ? launch_lut_stream<B, 1>(w, x, m, y, s, fused_rt, xf) : launch_lut_stream<B, 2>(w, x, m, y, s, fused_rt, xf);
+    if constexpr (B >= 5) {
+      if (m == 1) launch_lut_stream<B, 1>(w, x, m, y, s, fused_rt, xf);
+      else if (m == 2) launch_lut_stream<B, 2>(w, x, m, y, s, fused_rt, xf);
+      else launch_lut_stream<B, 0>(w, x, m, y, s, fused_rt, xf);   // batch 3..8: x from global memory
+    }
     return;
   }
   const size_t smem = sizeof(uint32_t) * (1u << B) * 32;
@@ -1121,7 +1133,7 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     if (path == GemvPath::TensorCoreSharedLutStream)
       LOWBIT_CHECK(B >= 5 && xfrag != nullptr && anyprec_lut_stream_fits(w.n, w.k, m),
                    "anyprec GEMV: the streamed shared-table kernel serves 5..8 bits with pre-split activations, k a multiple of 64 "
-                   "and >= 2048, batch <= 2 (asked: ", B, " bits, ", w.n, "x", w.k, ", batch ", m, xfrag == nullptr ? ", no xfrag scratch" : "", ")");
+                   "and >= 2048 (asked: ", B, " bits, ", w.n, "x", w.k, ", batch ", m, xfrag == nullptr ? ", no xfrag scratch" : "", ")");
     if (is_streamed(path))
       LOWBIT_CHECK(anyprec_stream_fits(w.n, w.k, m), "anyprec GEMV: the streamed register-table kernel needs k a multiple of 128 and >= ",
                    16 * 32 * kStreamWarps, ", and batch <= 2 (asked: ", w.n, "x", w.k, ", batch ", m, ")");

@@ -149,8 +149,10 @@ void set_int8_tables(bool on);
 // Whether the streamed register-table kernel serves this shape and batch (k % 128 == 0, k >= 2048, m <= 2).
 constexpr bool anyprec_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 128 == 0 && k >= 2048 && m <= 2; }
 // Whether the streamed shared-table kernel (TensorCoreSharedLutStream, any-precision 5..8 bits) serves this shape and
-// batch: k a multiple of 64 (rows of an even number of words) and >= 2048, batch 1..2.
-constexpr bool anyprec_lut_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 64 == 0 && k >= 2048 && m >= 1 && m <= 2; }
+// batch: k a multiple of 64 (rows of an even number of words) and >= 2048, batch 1..8.
+constexpr bool anyprec_lut_stream_fits(int64_t n, int64_t k, int m) {
+  return n >= 1 && k % 64 == 0 && k >= 2048 && m >= 1 && m <= kMaxGemvBatch;
+}
 // Whether Auto runs it where it fits (5..8 bits). On unless LOWBIT_LUT_STREAM=0 in the environment (read once).
 bool lut_stream_enabled();
 // Whether the streamed 2/4/16 tensor-core kernel serves this shape (k % 256 == 0, k >= 1024; any batch 1..8).
