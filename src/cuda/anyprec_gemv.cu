@@ -1062,9 +1062,10 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   }
   if (path == GemvPath::TensorCoreSharedLutStream) {   // requirements checked by gemv_bits
     if constexpr (B >= 5) {
-      if (m == 1) launch_lut_stream<B, 1>(w, x, m, y, s, fused_rt, xf);
-      else if (m == 2) launch_lut_stream<B, 2>(w, x, m, y, s, fused_rt, xf);
-      else launch_lut_stream<B, 0>(w, x, m, y, s, fused_rt, xf);   // batch 3..8: x from global memory
+      static const bool ring_x = env_switch("LOWBIT_LUT_STREAM_RING_X", true);   // a measurement switch
+      if (m == 1 && ring_x) launch_lut_stream<B, 1>(w, x, m, y, s, fused_rt, xf);
+      else if (m == 2 && ring_x) launch_lut_stream<B, 2>(w, x, m, y, s, fused_rt, xf);
+      else launch_lut_stream<B, 0>(w, x, m, y, s, fused_rt, xf);   // x from global memory
     }
     return;
   }

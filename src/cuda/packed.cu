@@ -462,7 +462,7 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
   // 1-3% or better) and at 8 bits batch 1 on the 70B shapes (28672x8192 136.4 against 149.5); slower at 5 bits on them
   // (28672x8192 111.3 against 105.1 for the shared-table kernel) and at 8 bits batch 2 on rows of 28672 (174.1 against
   // 170.9). 6 and 7 bits are assumed to follow 5 (not measured).
-  if (bits >= 5 && m <= 2 && lut_stream_enabled() && anyprec_lut_stream_fits(n, k, m) &&
+  if (bits >= 5 && lut_stream_enabled() && anyprec_lut_stream_fits(n, k, m) &&
       (bits == 8 ? !(m == 2 && k > 16384) : n * k < 128LL * 1024 * 1024))
     return GemvPath::TensorCoreSharedLutStream;
   const bool over_4096sq = n * k > 4096LL * 4096;
