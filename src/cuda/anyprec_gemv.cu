@@ -846,9 +846,10 @@ void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cuda
 // table lookups on L1 (ncu: L1/TEX 87% busy); it ran Llama-2-7B's 8-bit GEMVs at ~1.2 TB/s. Here, as in the streamed
 // register-table kernel, persistent CTAs of four warps stream their work items (tile, group of 8 words) through
 // per-warp cp.async rings: a stage holds the lane's words 8 gi + 2t, + 1 of planes 0..B-1 for rows g and g + 8 (read
-// back with one conflict-free 8-byte LDS per plane and row) and, at batch 1..2 (kMX = 1, 2), the group's x fragments of
-// the lanes of batch columns < kMX (batch 3..8, kMX = 0: the lanes read their fragments from global memory, where every
-// tile reads them again; staged, batch 8's 8 KB a stage would leave one CTA per SM). The copies of item i + kStages - 1 go out before item i is computed, across tile boundaries. The table of a
+// back with one conflict-free 8-byte LDS per plane and row) and, at batch 1 (kMX = 1), the group's x fragments of the
+// lanes of batch column 0 (batch 2..8, kMX = 0: the lanes read their fragments from global memory, where every tile
+// reads them again; staged, batch 8's 8 KB a stage would leave one CTA per SM, and at batch 2 staging measured
+// slower). The copies of item i + kStages - 1 go out before item i is computed, across tile boundaries. The table of a
 // CTA's tile (the [2^B][8][4] layout of shared_table_slabs: 32 KB at 8 bits) is one per CTA: its LUT rows are read
 // into registers a tile ahead and written to shared memory between the tile's epilogue barrier and one more barrier.
 constexpr int kLutStreamWarps = 4;
@@ -1062,10 +1063,12 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   }
   if (path == GemvPath::TensorCoreSharedLutStream) {   // requirements checked by gemv_bits
     if constexpr (B >= 5) {
-      static const bool ring_x = env_switch("LOWBIT_LUT_STREAM_RING_X", true);   // a measurement switch
+      // x staged in the ring at batch 1, read from global memory above: H200, same runs (docs/results/issue7-session22-h200.txt
+      // part 6), Llama-2-7B 8-bit decode batch 1 217.3 / 217.0 tok/s staged against 204.5 / 204.5, batch 2 380.8-381.0
+      // against 401.9; LOWBIT_LUT_STREAM_RING_X=0 reads x from global memory at batch 1 too (a measurement switch).
+      static const bool ring_x = env_switch("LOWBIT_LUT_STREAM_RING_X", true);
       if (m == 1 && ring_x) launch_lut_stream<B, 1>(w, x, m, y, s, fused_rt, xf);
-      else if (m == 2 && ring_x) launch_lut_stream<B, 2>(w, x, m, y, s, fused_rt, xf);
-      else launch_lut_stream<B, 0>(w, x, m, y, s, fused_rt, xf);   // x from global memory
+      else launch_lut_stream<B, 0>(w, x, m, y, s, fused_rt, xf);
     }
     return;
   }

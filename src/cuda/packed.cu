@@ -456,14 +456,13 @@ GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit)
   // v13f); from batch 2 on all but 4096x4096 (12288x4096 54.0 vs 58.0, 11008x4096 52.7 vs 53.1; 4096x4096 28.0 vs
   // 23.6, v13e).
   if (!presplit) return m >= 6 ? GemvPath::TensorCore : GemvPath::Scalar;
-  // The streamed shared-table kernel at 5..8 bits, batch 1..2 (session 22, H200, docs/results/issue7-session22-h200.txt
-  // part 2, same run): faster than every other path on the four Llama-2-7B shapes (8 bits batch 1: 12288x4096 36.4
-  // against 44.4 us for the CUDA-core kernel, 22016x4096 60.3 against 78.6, 4096x11008 31.7 against 42.1; 5 bits within
-  // 1-3% or better) and at 8 bits batch 1 on the 70B shapes (28672x8192 136.4 against 149.5); slower at 5 bits on them
-  // (28672x8192 111.3 against 105.1 for the shared-table kernel) and at 8 bits batch 2 on rows of 28672 (174.1 against
-  // 170.9). 6 and 7 bits are assumed to follow 5 (not measured).
-  if (bits >= 5 && lut_stream_enabled() && anyprec_lut_stream_fits(n, k, m) &&
-      (bits == 8 ? !(m == 2 && k > 16384) : n * k < 128LL * 1024 * 1024))
+  // The streamed shared-table kernel at 5..8 bits, batch 1..8 (session 22, H200, docs/results/issue7-session22-h200.txt
+  // parts 1, 5 and 6, same runs): at 8 bits faster than every other path on the four Llama-2-7B shapes and the two 70B
+  // ones at batch 1, 2, 4 and 8 (batch 1: 12288x4096 36.4 against 44.4 us for the CUDA-core kernel, 28672x8192 136.4
+  // against 149.5 for the shared-table one; batch 8: 12288x4096 39.1 against 55.7, 8192x28672 142.2 against 179.5); at 5
+  // bits faster or within 1.3% on the 7B shapes, slower on the 70B ones (28672x8192 batch 1 111.3 against 105.1, batch 8
+  // 118.5 against 114.8). 6 and 7 bits are assumed to follow 5 (not measured).
+  if (bits >= 5 && lut_stream_enabled() && anyprec_lut_stream_fits(n, k, m) && (bits == 8 || n * k < 128LL * 1024 * 1024))
     return GemvPath::TensorCoreSharedLutStream;
   const bool over_4096sq = n * k > 4096LL * 4096;
   bool tc;
