@@ -982,26 +982,14 @@ __global__ void __launch_bounds__(kLutStreamWarps * 32, (LutStreamStage<B, kMX, 
   cp_async_wait<0>();   // no copy outlives the CTA
 }
 
-// 5..8 bits: three ring stages. LOWBIT_LUT_STREAM_ONE_TILE=1 in the environment launches one CTA per tile instead of
-// the persistent grid (read once; a measurement switch).
+// 5..8 bits: three ring stages.
 template <int B, int kMX>
 void launch_lut_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
   constexpr int kStages = 3;
-  using S = LutStreamStage<B, kMX, kStages>;
+  constexpr int kSmem = LutStreamStage<B, kMX, kStages>::kSmem;
   auto kern = fused ? anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages> : anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages>;
-  static const bool one_per_tile = env_switch("LOWBIT_LUT_STREAM_ONE_TILE", false);
-  // The ring plus the epilogue's static 4 KB pass 48 KB at 5 bits with a ring under it (47 KB), which persistent_grid
-  // only allows for rings above 48 KB: raise the limit to the ring's size for both forms.
-  static const bool limits = [] {
-    for (auto k : {anyprec_gemv_lut_stream_kernel<B, true, kMX, kStages>, anyprec_gemv_lut_stream_kernel<B, false, kMX, kStages>})
-      LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem));
-    return true;
-  }();
-  (void)limits;
-  const int64_t tiles = (w.n + 15) / 16;
-  const unsigned pgrid = persistent_grid(kern, kLutStreamWarps * 32, S::kSmem, tiles);   // sets the shared-memory limit
-  launch_pdl(kPdlTcTable, kern, one_per_tile ? static_cast<unsigned>(tiles) : pgrid, kLutStreamWarps * 32, S::kSmem, s, w, x, m,
-             y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
+  launch_pdl(kPdlTcTable, kern, persistent_grid(kern, kLutStreamWarps * 32, kSmem, (w.n + 15) / 16), kLutStreamWarps * 32, kSmem, s, w, x,
+             m, y, xf, static_cast<const float*>(xfrag_xt(xf, w.k)));
 }
 
 

@@ -313,16 +313,6 @@ void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   const bool sw = hmax_bits != nullptr;
   auto kern = sw ? (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, true> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, true>)
                  : (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, false> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, false>);
-  // The ring plus the epilogue's static scratch may pass 48 KB with a ring under it (4 bits, batch 1: 44.5 + 4 KB), which
-  // persistent_grid only allows for rings above 48 KB: raise the limit to the ring's size for every form.
-  static const bool limits = [] {
-    for (auto k : {anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, false>, anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, false>,
-                   anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, true>, anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, true>})
-      LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             static_cast<int>(static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes)));
-    return true;
-  }();
-  (void)limits;
   const int64_t hp = sw ? w.n / 32 : 0;   // SwiGLU: tile pairs, one per 16 hidden units
   launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kWarps * 32, smem, sw ? hp : (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y,
              static_cast<const uint8_t*>(xq), hp, hmax_bits);

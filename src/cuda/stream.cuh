@@ -50,8 +50,9 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// CTAs of a persistent kernel resident per SM (its one wave), per instantiation (cached; sets the kernel's dynamic
-// shared-memory limit first when it needs more than 48 KB).
+// CTAs of a persistent kernel resident per SM (its one wave), per instantiation (cached; first raises the kernel's
+// dynamic shared-memory limit to smem when smem and its static shared memory, e.g. the tensor-core epilogue's
+// scratch, pass the default 48 KB together).
 template <typename Kernel>
 int stream_blocks_per_sm(Kernel kern, int threads, size_t smem) {
   static std::mutex mu;
@@ -59,7 +60,9 @@ int stream_blocks_per_sm(Kernel kern, int threads, size_t smem) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(reinterpret_cast<const void*>(kern));
   if (it != cache.end()) return it->second;
-  if (smem > 48 * 1024)
+  cudaFuncAttributes attr{};
+  LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kern));
+  if (smem + attr.sharedSizeBytes > 48 * 1024)
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   int blocks = 0;
   LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, threads, smem));
