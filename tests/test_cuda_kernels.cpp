@@ -490,6 +490,107 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
     }
 }
 
+// The 2/4/16 integer-dot GEMV (GemvPath::Dp2aStream: x as one 16-bit integer per activation, v = 254 hi + lo from the
+// int8 pieces of cuda/int8_tables.h under s = max|x| / 127 per batch column; exact int32 dot products per group) on the
+// same packed bytes as:
+//   - its CPU twin: the same v and s, the dense values (q - z) * scale as the format stores them, summed in fp64, and the
+//     outliers with fp32 x; budget kGemvBudget (only the kernel's fp32 scaling and accumulation order differ);
+//   - the format's own reference (fp32 x): within the named rounding budget sum_c |w_c| s / 508 (an activation is off by
+//     at most half the low piece's step) plus kGemvBudget.
+// The kernel given the rows' max |x| (the producers' xmax) writes the same bits as when its activation kernel reduces
+// the rows itself. Shapes: 16x1024 (the smallest k: 16 units, 2 chunks), 17x1280 (a part tile; 20 units: a part chunk),
+// 40x11008 (Llama-2-7B's down rows: 172 units, a part chunk), 33x2304, 3x28672, 9001x1280 (more tiles than one wave of
+// persistent CTAs); batch 1 and 2; with and without outliers, fused and as the CSR pass.
+TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const Shape shapes[] = {{16, 1024}, {17, 1280}, {40, 11008}, {33, 2304}, {3, 28672}, {9001, 1280}};
+  uint32_t seed = 900;
+  for (const Shape& sh : shapes)
+    for (bool outliers : {false, true}) {
+      std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+      const Mixed24AQuantized q = test::random_mixed24a(sh.n, sh.k, outliers, seed++);
+      const PackedWeight pw = pack_mixed24a(q, storage);
+      const cuda::DevicePackedWeight dw(pw);
+      std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
+      q.dequantize(wd.data());
+      for (int m : {1, 2}) {
+        ASSERT_TRUE(cuda::mixed24a_dp_fits(sh.n, sh.k, m));
+        ASSERT_EQ(cuda::mixed24a_auto_path(sh.n, sh.k, m, true), cuda::GemvPath::Dp2aStream);
+        ASSERT_LE(cuda::mixed24a_dp_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
+        const std::vector<float> x = random_x(m, sh.k, seed++);
+        std::vector<float> ref(static_cast<size_t>(m * sh.n)), want(ref.size()), xmax(static_cast<size_t>(m));
+        std::vector<double> bound(ref.size());
+        mixed24a_gemm_packed_ref(pw, x.data(), m, nullptr, ref.data());
+        for (int mm = 0; mm < m; ++mm) {
+          const float* xr = x.data() + mm * sh.k;
+          float mx = 0.0f;
+          for (int64_t c = 0; c < sh.k; ++c) mx = cuda::i8_absmax_step(mx, xr[c]);
+          xmax[static_cast<size_t>(mm)] = mx;
+          const float s = mx / cuda::kI8Max;
+          std::vector<double> xq(static_cast<size_t>(sh.k));   // original column order
+          for (int64_t c = 0; c < sh.k; ++c) {
+            int8_t hi, lo;
+            cuda::i8_x_pieces(xr[c], s, hi, lo);
+            xq[static_cast<size_t>(c)] = static_cast<double>(s) * (cuda::kI8LoSteps * hi + lo) / cuda::kI8LoSteps;
+          }
+          for (int64_t r = 0; r < sh.n; ++r) {
+            std::vector<char> is_out(static_cast<size_t>(sh.k), 0);
+            double acc = 0, b = 0;
+            if (outliers)
+              for (int32_t e = q.outlier_rowptr[static_cast<size_t>(r)]; e < q.outlier_rowptr[static_cast<size_t>(r) + 1]; ++e) {
+                const int64_t c = q.outlier_col[static_cast<size_t>(e)];
+                is_out[static_cast<size_t>(c)] = 1;
+                acc += static_cast<double>(f16_to_f32(q.outlier_val[static_cast<size_t>(e)])) * xr[q.perm[static_cast<size_t>(c / 16)] * 16 + c % 16];
+              }
+            for (int64_t c = 0; c < sh.k; ++c) {   // stored column order
+              if (is_out[static_cast<size_t>(c)]) continue;
+              const int64_t p = c / 16, orig = q.perm[static_cast<size_t>(p)] * 16 + c % 16;
+              const double dv = (static_cast<double>(q.codes[static_cast<size_t>(r * sh.k + c)]) - q.zero[static_cast<size_t>(r * q.groups() + p)]) *
+                                q.scale(r, p);
+              acc += dv * xq[static_cast<size_t>(orig)];
+              b += std::fabs(dv) * s / 508.0;
+            }
+            want[static_cast<size_t>(mm * sh.n + r)] = static_cast<float>(acc);
+            bound[static_cast<size_t>(mm * sh.n + r)] = b;
+          }
+        }
+        const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
+        cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(sh.k));
+        cuda::DeviceBuffer<float> xmax_d(xmax);
+        for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+          if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+          std::vector<float> first;
+          for (bool given : {false, true}) {
+            LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
+            const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+              cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, cuda::GemvPath::Dp2aStream, xfrag.get(),
+                                  given ? xmax_d.get() : nullptr);
+            });
+            const std::string what = "mixed24a integer-dot " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" +
+                                     std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : "") +
+                                     (given ? " xmax given" : "");
+            expect_close(got, want, scale, kGemvBudget, what + " vs twin");
+            int bad = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+              const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+              if (!(err <= bound[i] + kGemvBudget * scale[i]) && bad++ < 3)
+                ADD_FAILURE() << what << " vs fp32-x reference: output " << i << " got " << got[i] << " want " << ref[i]
+                              << " (rounding budget " << bound[i] << ")";
+            }
+            EXPECT_EQ(bad, 0) << what;
+            if (!given) first = got;
+            else EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float))) << what << ": not bit-identical to its own reduction";
+          }
+        }
+      }
+    }
+  // Where it does not serve: batch 3, k not a multiple of 256 or below 1024; Auto then keeps the other kernels.
+  EXPECT_NE(cuda::mixed24a_auto_path(4096, 4096, 3, true), cuda::GemvPath::Dp2aStream);
+  EXPECT_NE(cuda::mixed24a_auto_path(64, 640, 1, true), cuda::GemvPath::Dp2aStream);
+  EXPECT_NE(cuda::mixed24a_auto_path(64, 768, 1, true), cuda::GemvPath::Dp2aStream);
+  EXPECT_NE(cuda::mixed24a_auto_path(4096, 4096, 1, false), cuda::GemvPath::Dp2aStream);
+}
+
 // The dequantize kernels write exactly fp16(the value the packed data encodes), outliers included, original order.
 TEST(CudaKernels, DequantizeKernelsAreBitExact) {
   SKIP_WITHOUT_GPU();
@@ -1048,6 +1149,14 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::TensorCoreInt8LutStream, mfrag.get()); },
        "register tables are an any-precision path");
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                 cuda::GemvPath::Dp2aStream, mfrag.get()); },
+       "the integer-dot kernel needs an xfrag scratch, batch 1..2 and k a multiple of 256");
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Dp2aStream); },
+       "no xfrag");
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Dp2aStream,
+                                mfrag.get()); },
+       "the integer-dot kernel is a 2/4/16 path");
   says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
   const UniformQuantized u = test::random_quantized(4, 64, 4, 32, false, false, 1);
   says([&] { cuda::DevicePackedWeight bad(pack_uniform(u, storage)); }, "has no GPU kernel yet");

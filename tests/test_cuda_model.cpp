@@ -291,6 +291,16 @@ TEST(CudaModel, ProducerRowMaximaGiveBitIdenticalDecode) {
         expect_same_decode_both_ways(cuda::set_producer_xmax,
                                      [&] { return greedy_run(gpu, c.vocab_size, batch, prompt_len, 64, 6, bits, 37, 11); }, what);
       }
+  // The 2/4/16 integer-dot GEMV (batch 1..2) reads the same maxima.
+  cuda::GpuModel mixed(c, cuda::GpuModel::RandomKind::Mixed24a, 22);
+  ASSERT_EQ(cuda::mixed24a_auto_path(c.hidden_dim, c.dim, 1, true), cuda::GemvPath::Dp2aStream)
+      << "the integer-dot GEMV must run for this test to check anything";
+  for (int batch : {1, 2})
+    for (int prompt_len : {5, 40}) {
+      const std::string what = "2/4/16 batch " + std::to_string(batch) + " prompt " + std::to_string(prompt_len);
+      expect_same_decode_both_ways(cuda::set_producer_xmax,
+                                   [&] { return greedy_run(mixed, c.vocab_size, batch, prompt_len, 64, 6, 0, 37, 11); }, what);
+    }
   cuda::set_producer_xmax(producer);
 }
 

@@ -32,6 +32,7 @@
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
+#include "cuda/row_absmax.cuh"
 #include "cuda/stream.cuh"
 #include "cuda/swiglu.cuh"
 
@@ -89,37 +90,13 @@ __global__ void __launch_bounds__(kI8XThreads) anyprec_i8_x_kernel(int64_t k, in
       xv[i] = live && c < k ? __ldg(xr + c) : 0.0f;
     }
   }
-  __shared__ float red[kI8XThreads / 32];
-  float mx = 0.0f;
   if (xmax != nullptr) {
     const float s = col < m ? xmax[col] / kI8Max : 0.0f;
     if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = s;
     if (id < G * 64) i8_x_store(xq, gi, e, sl, col, t, M, s, xv);
     return;
   }
-  if (col < m) {
-    const int64_t n4 = vec ? k / 4 : 0;   // x 16-byte aligned (k % 128 == 0: every column too)
-    const float4* x4 = reinterpret_cast<const float4*>(xr);
-    for (int64_t base = threadIdx.x; base < n4; base += 8 * blockDim.x) {
-      float4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int64_t i = base + u * blockDim.x;
-        v[u] = i < n4 ? __ldg(x4 + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) mx = i8_absmax_step(i8_absmax_step(i8_absmax_step(i8_absmax_step(mx, v[u].x), v[u].y), v[u].z), v[u].w);
-    }
-    if (!vec)
-      for (int64_t i = threadIdx.x; i < k; i += blockDim.x) mx = i8_absmax_step(mx, __ldg(xr + i));
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) mx = i8_absmax_step(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = mx;
-  __syncthreads();
-  mx = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kI8XThreads / 32; ++i) mx = i8_absmax_step(mx, red[i]);
+  const float mx = block_row_absmax<kI8XThreads>(xr, k, vec, col < m);
   const float s = mx / kI8Max;
   if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
   if (id < G * 64) i8_x_store(xq, gi, e, sl, col, t, M, s, xv);

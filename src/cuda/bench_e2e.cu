@@ -103,8 +103,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
       << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time; 'no PDL': the same decode\n"
          "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh);\n"
          "'int8 tables toggled': at 2..4 bits and batch <= 8, the same decode timed in the same run with the int8 GEMV\n"
-         "(GemvPath::TensorCoreInt8LutStream) switched the other way (off when the run has it on, the default; on under\n"
-         "LOWBIT_INT8_TABLES=0); 'x max by own kernel': the same decode timed in the same run with the int8 GEMVs'\n"
+         "(GemvPath::TensorCoreInt8LutStream; 2/4/16 at batch 1..2: the integer-dot GEMV, GemvPath::Dp2aStream) switched\n"
+         "the other way (off when the run has it on, the default; on under LOWBIT_INT8_TABLES=0); 'x max by own kernel': the same decode timed in the same run with the int8 GEMVs'\n"
          "activation kernels reducing each row's max |x| themselves instead of taking it from the RMSNorm / attention /\n"
          "SwiGLU kernels that produce x (LOWBIT_PRODUCER_XMAX=0); 'RoPE kernel kept': the same decode timed in the same run\n"
          "with RoPE and the KV store in their own kernel rather than inside attention (LOWBIT_FOLD_ROPE=0); 'SwiGLU kernel kept':\n"
@@ -156,7 +156,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             set(was);
             return line;
           };
-          const bool i8 = kind == "anyprec" && b <= 4 && batch <= kMaxGemvBatch;
+          // (2/4/16: the integer-dot GEMV, batch 1..2, under the same switch)
+          const bool i8 = ((kind == "anyprec" && b <= 4) || (kind == "mixed24a" && batch <= 2)) && batch <= kMaxGemvBatch;
           // the GEMVs with the int8 tables toggled
           const std::string int8_toggled = flipped(i8, int8_tables_enabled, set_int8_tables, !int8_tables_enabled());
           // the int8 GEMVs' activation kernels reducing max |x| themselves
@@ -165,7 +166,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
           // RoPE and the KV store in their own kernel; SwiGLU in its own kernel (both as before session 20)
           const std::string rope_kernel =
               flipped(batch <= 8 && fold_rope_enabled() && attention_folds_rope(batch, c.head_dim, true), fold_rope_enabled, set_fold_rope, false);
-          const std::string swiglu_kernel = flipped(given_max && b <= 3 && fold_swiglu_enabled(), fold_swiglu_enabled, set_fold_swiglu, false);
+          const std::string swiglu_kernel =
+              flipped(kind == "anyprec" && given_max && b <= 3 && fold_swiglu_enabled(), fold_swiglu_enabled, set_fold_swiglu, false);
           // the key splits merged by the combine kernel (as before session 21), where the decode's attention splits
           const std::string combine_kernel =
               flipped(cluster_combine_enabled() && attention_combines_in_cluster(m.decode_splits(batch, o.prompt + o.decode + 1)),

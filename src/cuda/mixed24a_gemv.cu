@@ -14,10 +14,13 @@
 // Outliers (stored columns, the dense code under each equal to its zero point, so the dense part there is 0):
 // fused, each warp adds val * x[orig(c)] over its rows' CSR entries; or a CSR SpMV kernel runs after the GEMV.
 #include <algorithm>
+#include <cstdlib>
 
+#include "cuda/int8_tables.h"
 #include "cuda/launch.cuh"
 #include "cuda/mma.cuh"
 #include "cuda/packed.h"
+#include "cuda/row_absmax.cuh"
 #include "cuda/stream.cuh"
 
 namespace lowbit::cuda {
@@ -544,6 +547,285 @@ void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, b
   else launch_pdl(kPdlMixed, mixed24a_gemv_kernel<M, false>, grid, kWarps * 32, 0, s, w, x, y);
 }
 
+
+// ---------------------------------------------------------------------------------------------------------------
+// The integer-dot 2/4/16 GEMV (GemvPath::Dp2aStream; batch 1..2, k a multiple of 256 and >= 1024).
+//
+// Why: at batch 1 the kernels above spend their time on instructions, not memory (H200, 28672x8192: 70.3 us, the
+// same as on the H100, where cuBLAS gains the H200's bandwidth): the scalar kernel decodes every code to an fp32
+// value (shift, mask, OR, FADD) and multiplies it by x in its own FFMA; the tensor-core kernels at batch 1 waste 7/8
+// of each mma and spend ~40 instructions per lane and group on its A fragment and scales. Here the codes stay
+// integers: x becomes one 16-bit integer per activation, v = 254 hi + lo from the int8 pieces of int8_tables.h (x ~
+// s v / 254 under one scale s = max|x| / 127 per batch column, off by at most s / 508), and a group's dot product
+// sum q v is exact in int32 by eight DP2A (two 16-bit x values times two 8-bit codes each): a 2-bit code word spread
+// to bytes is four masks and three shifts, a 4-bit group's two words six. The zero point leaves by one multiply-add,
+// sum (q - z) v = sum q v - z V with V = sum v of the group (written with the pieces), and the group's scale (the
+// second-order sc * ss + sm, as the kernels above) multiplies its exact sum once: ~27 instructions per 16 weights.
+//
+// Lane (uu = lane / 4, s = lane % 4) takes group s of unit uu of a work item of kDpUnits units and all 16 rows of the
+// tile, one accumulator per row: the lane's x values, V and scales are loaded once per item, and all 32 lanes run the
+// same instructions (2-bit and 4-bit groups differ only in per-lane shift amounts, masks and smem offsets).
+// Memory side as the streamed kernels (stream.cuh): persistent CTAs of 4 warps (8 where the tiles are few measured
+// slower: Llama-2-7B decode 311.0 against 318.2 tok/s), each warp streaming its items (tile,
+// chunk of kDpUnits units) through a private cp.async ring. A stage holds the chunk's 16 rows, each 192 bytes (qa of
+// the 8 units, qb, meta2, meta4, padding: one row stride for every lane's reads), the tile's second-order scales of
+// the chunk, and the chunk's x values and V of every batch column. At the tile's end the lanes' row sums are
+// reduce-scattered over the warp and handed to the tensor-core epilogue (store_tc_fragments: the 4 warps' sums, the
+// fused outliers, the store). The dense code under an outlier is its zero point, so its dense term is exactly 0.
+// Two ring stages: three and four measured slower (H200, Llama-2-7B 2/4/16 decode batch 1: 321.4 tok/s with two,
+// 304.7 with three, 297.9 with four; docs/results/issue7-session24-h200.txt part 1).
+constexpr int kDpStages = 2;
+constexpr int kDpWarps = 4;
+constexpr int kDpUnits = 8;                // units (64 columns) per work item: 32 groups, one per lane
+constexpr int kDpXHeaderBytes = 256;       // the x scratch: float scale[kMaxGemvBatch], padded; then values, then V
+constexpr int kDpXThreads = 256;
+constexpr int kDpRowBytes = 192;           // a stage row: qa [8] uint4, qb [8] u32, meta2 [8] u16, meta4 [8] u8, pad
+constexpr int kDpQb = 128, kDpM2 = 160, kDpM4 = 176;
+
+__host__ __device__ constexpr int64_t dp_chunks(int64_t k) { return (k / 64 + kDpUnits - 1) / kDpUnits; }
+__host__ __device__ constexpr int64_t dp_groups(int64_t k) { return dp_chunks(k) * kDpUnits * 4; }   // padded
+
+template <int M, int kStages>
+struct DpStage {
+  static constexpr int kSc = 16 * kDpRowBytes;           // ss2 [24] half, sm2 [24], ss4 [8], sm4 [8]
+  static constexpr int kX = kSc + 128;                   // [col][32 groups][8] u32: the groups' 16-bit values
+  static constexpr int kV = kX + 1024 * M;               // [col][32] int32: V of each group
+  static constexpr int kBytes = kV + 128 * M;
+  static constexpr int kWarpBytes = kStages * kBytes;
+};
+
+__device__ __forceinline__ uint32_t pack_u16(int a, int b) {
+  return (static_cast<uint32_t>(a) & 0xFFFFu) | (static_cast<uint32_t>(b) << 16);
+}
+
+// The k positions (0..15 within the group) whose codes the DP2A of word p (0..7) pairs with the word's two 16-bit
+// values: the code bytes of spread word p / 2, bytes 0-1 (even p, dp2a.lo) or 2-3 (odd p, dp2a.hi). 2-bit groups
+// (code i at bits 2i of the word): spread word j = (w >> 2j) & 0x03030303, byte b = code 4b + j. 4-bit groups (codes
+// 0..7 in qa.w, 8..15 in qb, code i at bits 4(i % 8)): spread words (qa.w, qa.w >> 4, qb, qb >> 4) & 0x0F0F0F0F,
+// word j byte b = code 8 (j / 2) + 2b + j % 2.
+__host__ __device__ constexpr int dp_code_of(bool four_bit, int p, int half) {   // half: 0 = the word's low value
+  const int j = p / 2, b = 2 * (p % 2) + half;
+  return four_bit ? 8 * (j / 2) + 2 * b + j % 2 : 4 * b + j;
+}
+
+// One thread per (batch column, stored group G): the group's 16 activations (original columns 16 perm[G] ..) as
+// 16-bit values in DP2A order, and their sum V; columns >= m and padding groups are zero. Every block first takes its
+// column's scale: from xmax (the producer's exact row max) or by reducing the row itself (block_row_absmax).
+__global__ void __launch_bounds__(kDpXThreads) mixed24a_dp_x_kernel(Mixed24ADevice w, const float* __restrict__ x, int m, int M,
+                                                                   bool vec, uint8_t* __restrict__ xq, const float* __restrict__ xmax) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int col = static_cast<int>(blockIdx.y);
+  const int64_t k = w.k, U = k / 64, Gp = dp_groups(k);
+  const int64_t G = static_cast<int64_t>(blockIdx.x) * kDpXThreads + threadIdx.x;
+  const bool live = col < m && G < 4 * U;
+  const float* xr = x + static_cast<int64_t>(col) * k;
+  float xv[16];
+  {
+    const int64_t base = live ? 16 * static_cast<int64_t>(__ldg(w.perm + G)) : 0;
+#pragma unroll
+    for (int i = 0; i < 16; i += 4) {
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (live) v = vec ? __ldg(reinterpret_cast<const float4*>(xr + base + i))
+                        : make_float4(__ldg(xr + base + i), __ldg(xr + base + i + 1), __ldg(xr + base + i + 2), __ldg(xr + base + i + 3));
+      xv[i] = v.x; xv[i + 1] = v.y; xv[i + 2] = v.z; xv[i + 3] = v.w;
+    }
+  }
+  const float s = xmax != nullptr ? (col < m ? xmax[col] / kI8Max : 0.0f) : block_row_absmax<kDpXThreads>(xr, k, vec, col < m) / kI8Max;
+  if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
+  if (G >= Gp) return;
+  int v[16], sum = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    int8_t hi, lo;
+    i8_x_pieces(xv[i], s, hi, lo);
+    v[i] = static_cast<int>(kI8LoSteps) * hi + lo;
+    sum += v[i];
+  }
+  const bool four = G % 4 == 3;
+  uint32_t wd[8];
+#pragma unroll
+  for (int p = 0; p < 8; ++p)
+    wd[p] = four ? pack_u16(v[dp_code_of(true, p, 0)], v[dp_code_of(true, p, 1)]) : pack_u16(v[dp_code_of(false, p, 0)], v[dp_code_of(false, p, 1)]);
+  uint4* out = reinterpret_cast<uint4*>(xq + kDpXHeaderBytes) + (static_cast<int64_t>(col) * Gp + G) * 2;
+  out[0] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+  out[1] = make_uint4(wd[4], wd[5], wd[6], wd[7]);
+  reinterpret_cast<int32_t*>(xq + kDpXHeaderBytes + static_cast<size_t>(M) * Gp * 32)[static_cast<int64_t>(col) * Gp + G] = sum;
+}
+
+// One step of a warp reduce-scatter of kN values (partner offset kO): lanes with bit kO set keep the upper half plus
+// their partner's, the others the lower half.
+template <int kN, int kO>
+__device__ __forceinline__ void dp_scatter_step(float (&v)[32], int lane) {
+  const bool upper = (lane & kO) != 0;
+#pragma unroll
+  for (int i = 0; i < kN / 2; ++i) {
+    const float lo = v[i], hi = v[i + kN / 2];
+    v[i] = (upper ? hi : lo) + __shfl_xor_sync(0xffffffffu, upper ? lo : hi, kO);
+  }
+}
+
+template <int M, int kStages, int kWarps, bool kFusedOutliers>
+__global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_kernel(Mixed24ADevice w, const float* __restrict__ x,
+                                                                           int m_total, float* __restrict__ y,
+                                                                           const uint8_t* __restrict__ xq) {
+  static_assert(M == 1 || M == 2, "batch 1..2");
+  using S = DpStage<M, kStages>;
+  extern __shared__ __align__(16) unsigned char dp_smem[];
+  const int64_t n = w.n, U = w.k / 64, C = dp_chunks(w.k), Gp = dp_groups(w.k), tiles = (n + 15) / 16;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, uu = lane / 4, s = lane % 4;
+  const uint8_t* xvals = xq + kDpXHeaderBytes;
+  const uint8_t* xsums = xvals + static_cast<size_t>(M) * Gp * 32;
+  StreamRing<kStages, kWarps> ring(static_cast<uint32_t>(__cvta_generic_to_shared(dp_smem)) + warp * S::kWarpBytes, S::kBytes,
+                                     tiles, C, warp);
+  // Element offsets in 32 bits (mixed24a_dp_fits: n * k / 64 < 2^31): one IMAD.WIDE per source address.
+  const int32_t n32 = static_cast<int32_t>(n), U32 = static_cast<int32_t>(U), Gp32 = static_cast<int32_t>(Gp);
+  auto issue_weights = [&] {
+    const uint32_t st = ring.issue_stage();
+    const int32_t row0 = static_cast<int32_t>(ring.it_tile) * 16, u0 = static_cast<int32_t>(ring.it_item) * kDpUnits;
+    {   // qa: 16 rows x 8 units of 16 bytes, rows lane / 8 + 4 i, unit lane % 8
+      const int32_t cu = lane % kDpUnits, r0 = lane / kDpUnits;
+      const bool ok = u0 + cu < U32;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int32_t row = min(row0 + r0 + 4 * i, n32 - 1);
+        cp_async(st + (r0 + 4 * i) * kDpRowBytes + 16 * cu, w.qa + static_cast<uint32_t>(row * U32 + (ok ? u0 + cu : 0)), 16, ok);
+      }
+    }
+    {   // qb, meta2, meta4: row lane / 2, units 4 h .. 4 h + 3 (U % 4 == 0: all in or all out)
+      const int32_t r = lane / 2, h = lane % 2;
+      const bool ok = u0 + 4 * h < U32;
+      const uint32_t e = static_cast<uint32_t>(min(row0 + r, n32 - 1) * U32 + (ok ? u0 + 4 * h : 0));
+      const uint32_t d = st + r * kDpRowBytes;
+      cp_async(d + kDpQb + 16 * h, w.qb + e, 16, ok);
+      cp_async(d + kDpM2 + 8 * h, w.meta2 + e, 8, ok);
+      cp_async(d + kDpM4 + 4 * h, w.meta4 + e, 4, ok);
+    }
+    if (lane < 16) {   // the tile's second-order scales of the chunk: ss2, sm2 (6 copies of 4 halves), ss4, sm4 (2)
+      const int32_t rg = static_cast<int32_t>(ring.it_tile);
+      const bool of2 = lane < 12, is_sm = of2 ? lane >= 6 : lane >= 14;
+      const int32_t c = of2 ? lane % 6 : (lane - 12) % 2;
+      const bool ok = of2 ? 3 * u0 + 4 * c < 3 * U32 : u0 + 4 * c < U32;
+      const uint32_t e = static_cast<uint32_t>(of2 ? rg * 3 * U32 + (ok ? 3 * u0 + 4 * c : 0) : rg * U32 + (ok ? u0 + 4 * c : 0));
+      const __half* src = (of2 ? (is_sm ? w.sm2 : w.ss2) : (is_sm ? w.sm4 : w.ss4)) + e;
+      cp_async(st + S::kSc + (of2 ? 48 * is_sm : 96 + 16 * is_sm) + 8 * c, src, 8, ok);
+    }
+  };
+  auto issue_x = [&] {   // the chunk's 32 groups of every batch column: values (1 KB) and V (128 B)
+    const uint32_t st = ring.issue_stage();
+    const int32_t g0 = static_cast<int32_t>(ring.it_item) * 32;
+#pragma unroll
+    for (int col = 0; col < M; ++col) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        cp_async(st + S::kX + 1024 * col + 16 * (lane + 32 * i),
+                 reinterpret_cast<const uint4*>(xvals) + static_cast<uint32_t>((col * Gp32 + g0) * 2 + lane + 32 * i), 16);
+      if (lane < 8)
+        cp_async(st + S::kV + 128 * col + 16 * lane, reinterpret_cast<const uint4*>(xsums) + static_cast<uint32_t>((col * Gp32 + g0) / 4 + lane), 16);
+    }
+  };
+  ring.prologue(issue_weights, issue_x);   // xq and y belong to the kernels before
+  float sx[M];
+#pragma unroll
+  for (int col = 0; col < M; ++col) sx[col] = __ldg(reinterpret_cast<const float*>(xq) + col) * (1.0f / kI8LoSteps);
+  // The lane's constants: its words' offsets in a stage row, its meta field positions, its spread shifts and mask.
+  const bool two = s < 3;
+  const uint32_t off_w0 = 16 * uu + 4 * s, off_w1 = two ? off_w0 : kDpQb + 4 * uu;
+  const uint32_t off_m = two ? kDpM2 + ((2 * uu) & ~3) : kDpM4 + (uu & ~3);
+  const uint32_t msh = two ? 16 * (uu & 1) : 8 * (uu & 3);
+  const uint32_t sc_sh = msh + (s == 1 ? 4 : s == 2 ? 7 : 0), sc_mask = s == 0 || s == 3 ? 15u : 7u;
+  const uint32_t z_sh = msh + (two ? 10 + 2 * s : 4), z_mask = two ? 3u : 15u;
+  const uint32_t sh1 = two ? 2 : 4, sh2 = two ? 4 : 0, sh3 = two ? 6 : 4, cmask = two ? 0x03030303u : 0x0F0F0F0Fu;
+  const uint32_t off_ss = S::kSc + (two ? 2 * (3 * uu + s) : 96 + 2 * uu), off_sm = off_ss + (two ? 48 : 16);
+  int buf = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    float acc[M][16];
+#pragma unroll
+    for (int col = 0; col < M; ++col)
+#pragma unroll
+      for (int r = 0; r < 16; ++r) acc[col][r] = 0.0f;
+    for (int64_t ci = warp; ci < C; ci += kWarps) {
+      const uint32_t st = ring.next(issue_weights, issue_x);
+      uint32_t xw[M][2][4];   // word p of column col: xw[col][p / 4][p % 4]
+      int nv[M];
+#pragma unroll
+      for (int col = 0; col < M; ++col) {
+        lds_u32x4(st + S::kX + 1024 * col + 32 * lane, xw[col][0]);
+        lds_u32x4(st + S::kX + 1024 * col + 32 * lane + 16, xw[col][1]);
+        nv[col] = -static_cast<int>(lds_u32(st + S::kV + 128 * col + 4 * lane));
+      }
+      const float ss = lds_half(st + off_ss), sm = lds_half(st + off_sm);
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        const uint32_t rb = st + r * kDpRowBytes;
+        const uint32_t w0 = lds_u32(rb + off_w0), w1 = lds_u32(rb + off_w1), mt = lds_u32(rb + off_m);
+        const uint32_t q[4] = {w0 & cmask, (w0 >> sh1) & cmask, (w1 >> sh2) & cmask, (w1 >> sh3) & cmask};
+        const float scale = fmaf(static_cast<float>((mt >> sc_sh) & sc_mask), ss, sm);
+        const int z = static_cast<int>((mt >> z_sh) & z_mask);
+#pragma unroll
+        for (int col = 0; col < M; ++col) {
+          int c = 0;
+#pragma unroll
+          for (int p = 0; p < 4; ++p) {
+            c = __dp2a_lo(static_cast<int>(xw[col][p / 2][2 * (p % 2)]), static_cast<int>(q[p]), c);
+            c = __dp2a_hi(static_cast<int>(xw[col][p / 2][2 * (p % 2) + 1]), static_cast<int>(q[p]), c);
+          }
+          acc[col][r] = fmaf(scale, static_cast<float>(z * nv[col] + c), acc[col][r]);
+        }
+      }
+    }
+    if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
+    // The warp's row sums: reduce-scatter to one (row, column) per lane, then the m16n8 fragment layout of
+    // store_tc_fragments (lane (g, t): rows g / g + 8, columns 2t / 2t + 1).
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 16 * M; ++i) v[i] = acc[i / 16][i % 16] * sx[i / 16];
+    float frag[4];
+    const int g = lane / 4, t = lane % 4;
+    if constexpr (M == 2) {   // index 16 col + row at lane index
+      dp_scatter_step<32, 16>(v, lane);
+      dp_scatter_step<16, 8>(v, lane);
+      dp_scatter_step<8, 4>(v, lane);
+      dp_scatter_step<4, 2>(v, lane);
+      dp_scatter_step<2, 1>(v, lane);
+      frag[0] = __shfl_sync(0xffffffffu, v[0], g);
+      frag[1] = __shfl_sync(0xffffffffu, v[0], 16 + g);
+      frag[2] = __shfl_sync(0xffffffffu, v[0], g + 8);
+      frag[3] = __shfl_sync(0xffffffffu, v[0], 24 + g);
+    } else {   // row (lane >> 1) at lanes 2 row, 2 row + 1
+      dp_scatter_step<16, 16>(v, lane);
+      dp_scatter_step<8, 8>(v, lane);
+      dp_scatter_step<4, 4>(v, lane);
+      dp_scatter_step<2, 2>(v, lane);
+      v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+      frag[0] = __shfl_sync(0xffffffffu, v[0], 2 * g);
+      frag[1] = 0.0f;
+      frag[2] = __shfl_sync(0xffffffffu, v[0], 2 * (g + 8));
+      frag[3] = 0.0f;
+    }
+    if (t != 0) frag[0] = frag[1] = frag[2] = frag[3] = 0.0f;
+    store_tc_fragments<kWarps, kFusedOutliers>(frag, warp, lane, tile * 16, n, m_total, w.rowptr, OutlierX{x, w.k, 1}, y,
+                                                 MixedOutlierEntry{w}, buf);
+    buf ^= 1;
+  }
+  cp_async_wait<0>();   // no copy outlives the CTA
+}
+
+template <int M, int kStages, int kWarps>
+void launch_dp_kernel(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint8_t* xq) {
+  const size_t smem = static_cast<size_t>(kWarps) * DpStage<M, kStages>::kWarpBytes;
+  auto kern = fused ? mixed24a_gemv_dp_kernel<M, kStages, kWarps, true> : mixed24a_gemv_dp_kernel<M, kStages, kWarps, false>;
+  launch_pdl(kPdlMixed, kern, persistent_grid(kern, kWarps * 32, smem, (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y, xq);
+}
+
+template <int M>
+void launch_dp(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq, const float* xmax) {
+  const dim3 xgrid(static_cast<unsigned>((dp_groups(w.k) + kDpXThreads - 1) / kDpXThreads), static_cast<unsigned>(M));
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  launch_pdl(kPdlXfrag, mixed24a_dp_x_kernel, xgrid, kDpXThreads, 0, s, w, x, m, M, vec, xq, xmax);
+  launch_dp_kernel<M, kDpStages, kDpWarps>(w, x, m, y, s, fused, xq);
+}
+
 }  // namespace
 
 namespace {
@@ -554,13 +836,17 @@ float* frag_xt(void* xfrag, int64_t k) { return reinterpret_cast<float*>(static_
 // The fragments, then x transposed [k, kXtColumns] (the fused outliers' gathers).
 size_t mixed24a_xfrag_bytes(int64_t k) { return frag_part_bytes(k) + static_cast<size_t>(k) * kXtColumns * sizeof(float); }
 
+size_t mixed24a_dp_x_bytes(int64_t k, int m) {
+  return kDpXHeaderBytes + static_cast<size_t>(m) * static_cast<size_t>(dp_groups(k)) * 36;
+}
+
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
-                   GemvPath path, void* xfrag) {
+                   GemvPath path, void* xfrag, const float* xmax) {
   const bool fused = mode == OutlierMode::Fused;
   LOWBIT_CHECK(m >= 1 && m <= kMaxGemvBatch, "mixed24a GEMV: batch ", m, " outside 1..", kMaxGemvBatch);
   LOWBIT_CHECK(path != GemvPath::ScalarPairs, "mixed24a GEMV: merged pair lookups are an any-precision path");
-  LOWBIT_CHECK(!is_register_table(path) && path != GemvPath::TensorCoreInt8LutStream,
-               "mixed24a GEMV: register tables are an any-precision path");
+  LOWBIT_CHECK(!is_register_table(path) && path != GemvPath::TensorCoreInt8LutStream && path != GemvPath::TensorCoreSharedLutStream,
+               "mixed24a GEMV: register tables are an any-precision path (as are the int8 and shared tables)");
   const bool smem_x = path == GemvPath::ScalarSharedX;
   if (smem_x) {
     static const int64_t optin = [] {
@@ -576,7 +862,18 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   if (path == GemvPath::TensorCoreStream)
     LOWBIT_CHECK(xfrag != nullptr && mixed24a_stream_fits(w.n, w.k, m), "mixed24a GEMV: the streamed tensor-core kernel needs ",
                  "pre-split activations and k a multiple of 256, >= 1024 (asked: ", w.n, "x", w.k, xfrag == nullptr ? ", no xfrag" : "", ")");
+  if (path == GemvPath::Dp2aStream)
+    LOWBIT_CHECK(xfrag != nullptr && mixed24a_dp_fits(w.n, w.k, m), "mixed24a GEMV: the integer-dot kernel needs an xfrag scratch, ",
+                 "batch 1..2 and k a multiple of 256, >= 1024 (asked: ", w.n, "x", w.k, ", batch ", m, xfrag == nullptr ? ", no xfrag" : "", ")");
   if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
+  if (path == GemvPath::Dp2aStream) {
+    auto* xq = static_cast<uint8_t*>(xfrag);
+    if (m == 1) launch_dp<1>(w, x, m, y, s, fused, xq, xmax);
+    else launch_dp<2>(w, x, m, y, s, fused, xq, xmax);
+    if (!fused && w.rowptr != nullptr) launch_outliers(w, x, m, y, s);
+    LOWBIT_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   uint4* xf = static_cast<uint4*>(xfrag);
   // x transposed for the fused outliers' gathers, written by the fragment kernel only when they run
   float* xt = xfrag != nullptr && fused && w.rowptr != nullptr ? frag_xt(xfrag, w.k) : nullptr;

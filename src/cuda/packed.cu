@@ -363,9 +363,11 @@ int served_width(const DevicePackedWeight& w, int bits) {   // anyprec: 0 = the 
 }  // namespace
 
 bool packed_runs_int8_gemv(const DevicePackedWeight& w, int bits, int64_t m) {
-  return w.format() == "anyprec" && m >= 1 && m <= kMaxGemvBatch &&
-         anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), served_width(w, bits), kPreSplitInRuntime) ==
-             GemvPath::TensorCoreInt8LutStream;
+  if (m < 1 || m > kMaxGemvBatch) return false;
+  if (w.format() != "anyprec")
+    return mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime) == GemvPath::Dp2aStream;
+  return anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), served_width(w, bits), kPreSplitInRuntime) ==
+         GemvPath::TensorCoreInt8LutStream;
 }
 
 // 2..3 bits only: at 4 bits the epilogue measured slower (H200, Llama-2-7B 4-bit: batch 1 325.3 against 327.0 tok/s,
@@ -399,9 +401,9 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
         anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
       const GemvPath path = mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime);
-      void* xfrag = kPreSplitInRuntime && (path == GemvPath::TensorCore || path == GemvPath::TensorCoreStream)
+      void* xfrag = kPreSplitInRuntime && (path == GemvPath::TensorCore || path == GemvPath::TensorCoreStream || path == GemvPath::Dp2aStream)
                         ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
-      mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
+      mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag, x_max);
     }
     return;
   }
@@ -507,6 +509,7 @@ bool anyprec_gemm_preferred(int64_t n, int64_t k, int64_t m, int bits) {
 // 36.8-37.2), so the n <= 8192 condition of session 10 is gone.
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
   if (!presplit) return m >= 5 ? GemvPath::TensorCore : GemvPath::Scalar;
+  if (int8_tables_enabled() && mixed24a_dp_fits(n, k, m)) return GemvPath::Dp2aStream;
   if (m >= 3 && mixed24a_stream_fits(n, k, m)) return GemvPath::TensorCoreStream;
   return m >= 4 && n * k > 4096LL * 4096 ? GemvPath::TensorCore : GemvPath::Scalar;
 }

@@ -122,7 +122,7 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
 enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX, TensorCoreRegisterLutHalfX,
                       TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX, TensorCoreStream, TensorCoreInt8LutStream,
-                      TensorCoreSharedLutStream };
+                      TensorCoreSharedLutStream, Dp2aStream };
 constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
 // The register-table kernels (any-precision 2..4 bits, x pre-split), and every tensor-core path.
 constexpr bool is_register_table(GemvPath p) {
@@ -143,7 +143,8 @@ constexpr bool anyprec_i8_fits(int64_t n, int64_t k, int m) { return n >= 1 && k
 // environment (read once); set_int8_tables() overrides it (benchmarks time both in one run; a captured decode graph is
 // keyed on it). Its centroids are the fp16 LUT's rounded to int8 under a row scale, in two pieces at 4 bits
 // (int8_tables.h): one piece measured +0.09% perplexity at 3 bits and +0.69% at 4 bits as a what-if on every layer of
-// SmolLM2 (docs/PERF.md, session 18), so 4 bits carries the second piece.
+// SmolLM2 (docs/PERF.md, session 18), so 4 bits carries the second piece. The same switch turns Auto's 2/4/16
+// integer-dot kernel (GemvPath::Dp2aStream, batch 1..2: the other GEMV with int8-derived activations) on and off.
 bool int8_tables_enabled();
 void set_int8_tables(bool on);
 // Whether the streamed register-table kernel serves this shape and batch (k % 128 == 0, k >= 2048, m <= 2).
@@ -157,6 +158,11 @@ constexpr bool anyprec_lut_stream_fits(int64_t n, int64_t k, int m) {
 bool lut_stream_enabled();
 // Whether the streamed 2/4/16 tensor-core kernel serves this shape (k % 256 == 0, k >= 1024; any batch 1..8).
 constexpr bool mixed24a_stream_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 256 == 0 && k >= 1024 && m <= 8; }
+// Whether the integer-dot 2/4/16 kernel (GemvPath::Dp2aStream) serves this shape and batch: k % 256 == 0, k >= 1024,
+// batch 1..2, n * k / 64 < 2^31 (its element offsets are 32-bit).
+constexpr bool mixed24a_dp_fits(int64_t n, int64_t k, int m) {
+  return n >= 1 && k % 256 == 0 && k >= 1024 && m >= 1 && m <= 2 && n * (k / 64) < (int64_t{1} << 31);
+}
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
 constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this batch on (2..4 bits, pre-split x)
@@ -196,10 +202,14 @@ size_t anyprec_xfrag_bytes(int64_t k);
 void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq,
                      const float* xmax = nullptr, unsigned* hmax_bits = nullptr);
 size_t anyprec_i8_x_bytes(int64_t k, int m);
-// xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation).
+// xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation;
+// GemvPath::Dp2aStream: their 16-bit integer values, mixed24a_dp_x_bytes(k, m) <= mixed24a_xfrag_bytes(k) of it).
+// xmax: as for anyprec_gemv_i8 (read by GemvPath::Dp2aStream only).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
-                   OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
+                   OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr,
+                   const float* xmax = nullptr);
 size_t mixed24a_xfrag_bytes(int64_t k);
+size_t mixed24a_dp_x_bytes(int64_t k, int m);
 // The whole matrix [n, k] in fp16, original column order, outliers included (the large-batch path's first step).
 void anyprec_dequant_f16(const AnyPrecDevice& w, int bits, __half* out, cudaStream_t s);
 void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s);
@@ -287,15 +297,16 @@ void anyprec_outliers_add(const AnyPrecDevice& w, int bits, const float* x, int6
 // y [m, n] fp32 = x [m, k] fp32 · Wᵀ for any m >= 1: the GEMV for m <= 8; above, the fused paths where they measured
 // faster (anyprec_gemm_preferred; 2/4/16 at batch 9..16 mixed24a_gemv_two_tiles), else dequantize + cuBLAS (fp16
 // inputs, fp32 accumulation and output). bits: the anyprec width (0 = widest); ignored by single-width formats.
-// x_max: as anyprec_gemv_i8's xmax (rows' exact max |x|), used where the int8 GEMV runs, ignored elsewhere.
+// x_max: as anyprec_gemv_i8's xmax (rows' exact max |x|), used where the int8 GEMV or the 2/4/16 integer-dot GEMV
+// runs, ignored elsewhere.
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
                    OutlierMode mode = OutlierMode::Fused, const float* x_max = nullptr);
 // Whether the runtime hands the int8 GEMV the rows' max |x| from the kernels that produce x (packed_matmul's x_max):
 // on unless LOWBIT_PRODUCER_XMAX=0 in the environment (read once); set_producer_xmax() overrides it (bench --e2e times
 // both in one run; a captured decode graph is keyed on it).
 bool producer_xmax_enabled();
-// Whether packed_matmul runs the int8 GEMV (GemvPath::TensorCoreInt8LutStream) for this weight, width (0 = the widest)
-// and batch: where x_max is read.
+// Whether packed_matmul runs the int8 GEMV (GemvPath::TensorCoreInt8LutStream) or the 2/4/16 integer-dot GEMV
+// (GemvPath::Dp2aStream) for this weight, width (0 = the widest) and batch: where x_max is read.
 bool packed_runs_int8_gemv(const DevicePackedWeight& w, int bits, int64_t m);
 void set_producer_xmax(bool on);
 // SwiGLU in the gate/up GEMV's epilogue (anyprec_gemv_i8's hmax_bits): whether it serves this stacked gate/up weight,
