@@ -591,6 +591,56 @@ TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
   EXPECT_NE(cuda::mixed24a_auto_path(4096, 4096, 1, false), cuda::GemvPath::Dp2aStream);
 }
 
+// The integer-dot GEMV over a group of matrices that read the same x (mixed24a_gemv_group: q / k / v, gate / up; one
+// activation kernel, one launch) writes each part's outputs bit for bit as the part's own call: parts of 64, 17 (a part
+// tile) and 40 rows, k 2304 and 11008 (part chunks), outliers in some parts, batch 1 and 2, outliers fused and as the CSR
+// pass. It refuses parts of different k, more than three parts and batches it does not serve.
+TEST(CudaKernels, Mixed24aGroupedGemvEqualsItsParts) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 950;
+  for (int64_t k : {2304, 11008}) {
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    const int64_t ns[3] = {64, 17, 40};
+    std::vector<cuda::DevicePackedWeight> dw;
+    for (int p = 0; p < 3; ++p) dw.emplace_back(pack_mixed24a(test::random_mixed24a(ns[p], k, p != 1, seed++), storage));
+    for (int m : {1, 2}) {
+      const std::vector<float> x = random_x(m, k, seed++);
+      cuda::DeviceBuffer<float> xd(x);
+      cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(k));
+      ASSERT_LE(cuda::mixed24a_dp_x_bytes(k, m, 3), xfrag.bytes());
+      for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+        std::vector<std::vector<float>> want;
+        for (int p = 0; p < 3; ++p)
+          want.push_back(run_poisoned(x, m * ns[p], [&](const float* xx, float* yd) {
+            cuda::mixed24a_gemv(dw[static_cast<size_t>(p)].mixed24a(), xx, m, yd, nullptr, mode, cuda::GemvPath::Dp2aStream, xfrag.get());
+          }));
+        cuda::DeviceBuffer<float> y0(static_cast<size_t>(m * ns[0])), y1(static_cast<size_t>(m * ns[1])), y2(static_cast<size_t>(m * ns[2]));
+        for (auto* b : {&y0, &y1, &y2}) LOWBIT_CUDA_CHECK(cudaMemset(b->get(), 0xFF, b->bytes()));
+        const cuda::Mixed24ADevice ws[3] = {dw[0].mixed24a(), dw[1].mixed24a(), dw[2].mixed24a()};
+        float* ys[3] = {y0.get(), y1.get(), y2.get()};
+        cuda::mixed24a_gemv_group(ws, 3, xd.get(), m, ys, nullptr, mode, xfrag.get());
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> got[3] = {y0.download(), y1.download(), y2.download()};
+        for (int p = 0; p < 3; ++p)
+          EXPECT_EQ(0, std::memcmp(got[p].data(), want[static_cast<size_t>(p)].data(), got[p].size() * sizeof(float)))
+              << "k " << k << " m" << m << " part " << p << (mode == cuda::OutlierMode::Fused ? " fused" : " spmv");
+      }
+    }
+  }
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  const cuda::DevicePackedWeight a(pack_mixed24a(test::random_mixed24a(16, 1024, false, 1), storage));
+  const cuda::DevicePackedWeight b(pack_mixed24a(test::random_mixed24a(16, 1280, false, 2), storage));
+  cuda::DeviceBuffer<float> x(static_cast<size_t>(3 * 1280)), y(static_cast<size_t>(3 * 16));
+  cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(1280));
+  float* ys[4] = {y.get(), y.get(), y.get(), y.get()};
+  const cuda::Mixed24ADevice mixed_k[2] = {a.mixed24a(), b.mixed24a()};
+  EXPECT_THROW(cuda::mixed24a_gemv_group(mixed_k, 2, x.get(), 1, ys, nullptr, cuda::OutlierMode::Fused, xfrag.get()), Error);
+  const cuda::Mixed24ADevice four[4] = {a.mixed24a(), a.mixed24a(), a.mixed24a(), a.mixed24a()};
+  EXPECT_THROW(cuda::mixed24a_gemv_group(four, 4, x.get(), 1, ys, nullptr, cuda::OutlierMode::Fused, xfrag.get()), Error);
+  EXPECT_THROW(cuda::mixed24a_gemv_group(four, 2, x.get(), 3, ys, nullptr, cuda::OutlierMode::Fused, xfrag.get()), Error);
+  EXPECT_THROW(cuda::mixed24a_gemv_group(four, 2, x.get(), 1, ys, nullptr, cuda::OutlierMode::Fused, nullptr), Error);
+}
+
 // The dequantize kernels write exactly fp16(the value the packed data encodes), outliers included, original order.
 TEST(CudaKernels, DequantizeKernelsAreBitExact) {
   SKIP_WITHOUT_GPU();

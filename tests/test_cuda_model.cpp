@@ -274,7 +274,8 @@ ModelConfig int8_gemv_config() {
 }
 
 // The rows' max |x| that RMSNorm, attention and SwiGLU hand the int8 GEMVs (LOWBIT_PRODUCER_XMAX, the default) give a
-// decode bit-identical to the GEMVs' activation kernels reducing the rows themselves: a random any-precision model with
+// decode bit-identical to the GEMVs' activation kernels reducing the rows themselves (and, for 2/4/16, the grouped
+// integer-dot GEMVs the same decode as separate launches): a random any-precision model with
 // layers wide enough for the int8 GEMV (dim 2048, hidden 5632), 2..4 bits, batch 1, 3 and 8, CUDA-graph decode steps,
 // attention in one block per head (5-token prompt) and split over blocks with the combine kernel (40-token prompt).
 TEST(CudaModel, ProducerRowMaximaGiveBitIdenticalDecode) {
@@ -300,7 +301,11 @@ TEST(CudaModel, ProducerRowMaximaGiveBitIdenticalDecode) {
       const std::string what = "2/4/16 batch " + std::to_string(batch) + " prompt " + std::to_string(prompt_len);
       expect_same_decode_both_ways(cuda::set_producer_xmax,
                                    [&] { return greedy_run(mixed, c.vocab_size, batch, prompt_len, 64, 6, 0, 37, 11); }, what);
+      // q / k / v and gate / up grouped into one launch each (the default) or not: the same kernel per tile, the same bits.
+      expect_same_decode_both_ways(cuda::set_group_gemv,
+                                   [&] { return greedy_run(mixed, c.vocab_size, batch, prompt_len, 64, 6, 0, 37, 11); }, what + " grouped");
     }
+  cuda::set_group_gemv(true);
   cuda::set_producer_xmax(producer);
 }
 

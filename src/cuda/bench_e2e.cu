@@ -113,10 +113,11 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
          "merged by the combine kernel rather than inside attention's thread-block clusters (LOWBIT_CLUSTER_COMBINE=0); 'dequant+cuBLAS': packed weights above batch 8,\n"
          "the same decode timed in the same run with the fused GEMM off (LOWBIT_FUSED_GEMM=0: every linear dequantized\n"
          "to fp16, then cuBLAS); for fp16 weights where our dense GEMV runs (batch 1..2), the same decode with cuBLAS in place of our dense GEMV\n"
-         "(LOWBIT_DENSE_GEMV=0)\n";
+         "(LOWBIT_DENSE_GEMV=0); 'ungrouped 2/4/16 GEMVs': 2/4/16 at batch 1..2, the same decode timed in the same run with\n"
+         "q / k / v and gate / up as separate integer-dot GEMV launches instead of one each (LOWBIT_GROUP_GEMV=0)\n";
   const bool pdl = pdl_enabled();
   out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
-         " | decode tok/s, no PDL | decode tok/s, int8 tables toggled | decode tok/s, x max by own kernel | decode tok/s, RoPE kernel kept | decode tok/s, SwiGLU kernel kept | decode tok/s, combine kernel kept | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV\n";
+         " | decode tok/s, no PDL | decode tok/s, int8 tables toggled | decode tok/s, x max by own kernel | decode tok/s, RoPE kernel kept | decode tok/s, SwiGLU kernel kept | decode tok/s, combine kernel kept | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV | decode tok/s, ungrouped 2/4/16 GEMVs\n";
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
     for (const std::string& kind : o.kinds) {
@@ -173,13 +174,16 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
               flipped(cluster_combine_enabled() && attention_combines_in_cluster(m.decode_splits(batch, o.prompt + o.decode + 1)),
                       cluster_combine_enabled, set_cluster_combine, false);
           // above batch 8 the large-batch path the fused GEMM replaced; fp16 at batch 1..2 cuBLAS in place of our GEMV
+          // 2/4/16 at batch 1..2: q / k / v and gate / up as separate launches (as before session 24)
+          const std::string ungrouped = flipped(kind == "mixed24a" && batch <= 2 && group_gemv_enabled() && int8_tables_enabled(),
+                                                group_gemv_enabled, set_group_gemv, false);
           std::string dequant = flipped(kind != "fp16" && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
           if (kind == "fp16")
             dequant = flipped(dense_gemv_preferred(c.dim, c.dim, batch) && dense_gemv_enabled(), dense_gemv_enabled, set_dense_gemv, false);
-          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %s | %s | %s | %s | %.2f | %s\n", shape.c_str(),
+          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %s | %s | %s | %s | %.2f | %s | %s\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
-                        plain_tok_s, int8_toggled.c_str(), own_max.c_str(), rope_kernel.c_str(), swiglu_kernel.c_str(), combine_kernel.c_str(), kv_bytes / 1e9, dequant.c_str());
+                        plain_tok_s, int8_toggled.c_str(), own_max.c_str(), rope_kernel.c_str(), swiglu_kernel.c_str(), combine_kernel.c_str(), kv_bytes / 1e9, dequant.c_str(), ungrouped.c_str());
           out << line << std::flush;
         }
         // Where the time of a decode step goes: batch 1, 16 replays of the step's graph with an event node at the

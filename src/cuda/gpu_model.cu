@@ -33,12 +33,13 @@ int splits_for(int span, int rows, int heads, int sms) {
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
 // GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
 // dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
-// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled).
+// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled, group_gemv_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
          (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u) |
-         (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u);
+         (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u) |
+         (group_gemv_enabled() ? 0u : 0x1000000u);
 }
 
 }  // namespace
@@ -440,6 +441,17 @@ void GpuModel::invalidate_graph() {
   graph_ = nullptr;
 }
 
+bool GpuModel::run_group(const std::vector<const GpuLinear*>& ls, const float* x, int64_t m, const std::vector<float*>& ys,
+                         const float* x_max) {
+  std::vector<const DevicePackedWeight*> ws;
+  for (const GpuLinear* l : ls) ws.push_back(l->packed.get());
+  if (!packed_group_runs(ws, m)) return false;
+  packed_matmul_group(ws, x, m, ys, *gemm_, x_max);
+  for (size_t i = 0; i < ls.size(); ++i)
+    if (ls[i]->bias.size() > 0) add_bias_rows(ys[i], ls[i]->bias.get(), static_cast<int>(m), static_cast<int>(ls[i]->n), stream_);
+  return true;
+}
+
 void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max) {
   if (!l.packed && dense_gemv_enabled() && dense_gemv_preferred(l.n, l.k, m) && dense_gemv_fits(l.dense, l.n, l.k, m, x)) {
     // Batch 1..2 on fp16 weights: our GEMV reads the fp32 activations and adds the bias itself.
@@ -487,7 +499,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
       kin = qin + qd;
       vin = kin + kvd;
       q_ld = kv_ld = L.qkv.n;
-    } else {
+    } else if (!run_group({&L.q, &L.k, &L.v}, xn_.get(), rows, {q_.get(), kk_.get(), vv_.get()}, slot_n)) {
       run_linear(L.q, xn_.get(), xh, rows, q_.get(), bits, slot_n);
       run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits, slot_n);
       run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits, slot_n);
@@ -520,8 +532,10 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
       mark("SwiGLU");
       swiglu_rows(gu_.get(), gu_.get() + hid, 2 * hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));
     } else {
-      run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits, slot_n);
-      run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits, slot_n);
+      if (!run_group({&L.gate, &L.up}, xn_.get(), rows, {g_.get(), u_.get()}, slot_n)) {
+        run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits, slot_n);
+        run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits, slot_n);
+      }
       mark("SwiGLU");
       swiglu_rows(g_.get(), u_.get(), hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));
     }

@@ -96,6 +96,8 @@ class GpuModel {
   bool runs_int8_gemv(int bits, int rows) const;   // some linear takes the int8 GEMV at this width and batch
   // x_max: the rows' exact max |x| (packed_matmul), or null.
   void run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max = nullptr);
+  // ls (q / k / v, or gate / up) in one launch where packed_group_runs serves them (biases added after); false: not run.
+  bool run_group(const std::vector<const GpuLinear*>& ls, const float* x, int64_t m, const std::vector<float*>& ys, const float* x_max);
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
   void forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits);
 

@@ -594,6 +594,23 @@ struct DpStage {
   static constexpr int kWarpBytes = kStages * kBytes;
 };
 
+// The matrices one launch serves (q / k / v, or gate / up: the same x, each its own permutation and output): their tiles
+// in order, tile t of the launch belonging to part p for tile_start[p] <= t < tile_start[p + 1]. Passed as a
+// __grid_constant__ parameter, indexed by part without a copy.
+constexpr int kDpMaxParts = 3;
+struct DpParts {
+  Mixed24ADevice w[kDpMaxParts];
+  float* y[kDpMaxParts];
+  int64_t tile_start[kDpMaxParts + 1];
+  int parts;
+  __device__ __forceinline__ int part_of(int64_t tile) const {
+    int p = 0;
+#pragma unroll
+    for (int i = 1; i < kDpMaxParts; ++i) p += i < parts && tile >= tile_start[i];
+    return p;
+  }
+};
+
 __device__ __forceinline__ uint32_t pack_u16(int a, int b) {
   return (static_cast<uint32_t>(a) & 0xFFFFu) | (static_cast<uint32_t>(b) << 16);
 }
@@ -608,15 +625,18 @@ __host__ __device__ constexpr int dp_code_of(bool four_bit, int p, int half) {  
   return four_bit ? 8 * (j / 2) + 2 * b + j % 2 : 4 * b + j;
 }
 
-// One thread per (batch column, stored group G): the group's 16 activations (original columns 16 perm[G] ..) as
-// 16-bit values in DP2A order, and their sum V; columns >= m and padding groups are zero. Every block first takes its
-// column's scale: from xmax (the producer's exact row max) or by reducing the row itself (block_row_absmax).
-__global__ void __launch_bounds__(kDpXThreads) mixed24a_dp_x_kernel(Mixed24ADevice w, const float* __restrict__ x, int m, int M,
-                                                                   bool vec, uint8_t* __restrict__ xq, const float* __restrict__ xmax) {
+// One thread per (part, batch column, stored group G): the group's 16 activations (original columns 16 perm[G] .. of
+// the part's permutation) as 16-bit values in DP2A order, and their sum V; columns >= m and padding groups are zero.
+// Every block first takes its column's scale: from xmax (the producer's exact row max) or by reducing the row itself
+// (block_row_absmax). Scratch: the scales, then values [part][col][Gp][8] u32, then V [part][col][Gp] int32.
+__global__ void __launch_bounds__(kDpXThreads) mixed24a_dp_x_kernel(const __grid_constant__ DpParts P, const float* __restrict__ x,
+                                                                   int m, int M, bool vec, uint8_t* __restrict__ xq,
+                                                                   const float* __restrict__ xmax) {
   pdl_launch_dependents();
   pdl_wait();
-  const int col = static_cast<int>(blockIdx.y);
-  const int64_t k = w.k, U = k / 64, Gp = dp_groups(k);
+  const int col = static_cast<int>(blockIdx.y), part = static_cast<int>(blockIdx.z);
+  const Mixed24ADevice& w = P.w[part];
+  const int64_t k = w.k, U = k / 64, Gp = dp_groups(k), pc = static_cast<int64_t>(part) * M + col;
   const int64_t G = static_cast<int64_t>(blockIdx.x) * kDpXThreads + threadIdx.x;
   const bool live = col < m && G < 4 * U;
   const float* xr = x + static_cast<int64_t>(col) * k;
@@ -632,7 +652,7 @@ __global__ void __launch_bounds__(kDpXThreads) mixed24a_dp_x_kernel(Mixed24ADevi
     }
   }
   const float s = xmax != nullptr ? (col < m ? xmax[col] / kI8Max : 0.0f) : block_row_absmax<kDpXThreads>(xr, k, vec, col < m) / kI8Max;
-  if (blockIdx.x == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
+  if (blockIdx.x == 0 && part == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
   if (G >= Gp) return;
   int v[16], sum = 0;
 #pragma unroll
@@ -647,10 +667,10 @@ __global__ void __launch_bounds__(kDpXThreads) mixed24a_dp_x_kernel(Mixed24ADevi
 #pragma unroll
   for (int p = 0; p < 8; ++p)
     wd[p] = four ? pack_u16(v[dp_code_of(true, p, 0)], v[dp_code_of(true, p, 1)]) : pack_u16(v[dp_code_of(false, p, 0)], v[dp_code_of(false, p, 1)]);
-  uint4* out = reinterpret_cast<uint4*>(xq + kDpXHeaderBytes) + (static_cast<int64_t>(col) * Gp + G) * 2;
+  uint4* out = reinterpret_cast<uint4*>(xq + kDpXHeaderBytes) + (pc * Gp + G) * 2;
   out[0] = make_uint4(wd[0], wd[1], wd[2], wd[3]);
   out[1] = make_uint4(wd[4], wd[5], wd[6], wd[7]);
-  reinterpret_cast<int32_t*>(xq + kDpXHeaderBytes + static_cast<size_t>(M) * Gp * 32)[static_cast<int64_t>(col) * Gp + G] = sum;
+  reinterpret_cast<int32_t*>(xq + kDpXHeaderBytes + static_cast<size_t>(P.parts) * M * Gp * 32)[pc * Gp + G] = sum;
 }
 
 // One step of a warp reduce-scatter of kN values (partner offset kO): lanes with bit kO set keep the upper half plus
@@ -666,23 +686,26 @@ __device__ __forceinline__ void dp_scatter_step(float (&v)[32], int lane) {
 }
 
 template <int M, int kStages, int kWarps, bool kFusedOutliers>
-__global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_kernel(Mixed24ADevice w, const float* __restrict__ x,
-                                                                           int m_total, float* __restrict__ y,
-                                                                           const uint8_t* __restrict__ xq) {
+__global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_kernel(const __grid_constant__ DpParts P,
+                                                                                           const float* __restrict__ x, int m_total,
+                                                                                           const uint8_t* __restrict__ xq) {
   static_assert(M == 1 || M == 2, "batch 1..2");
   using S = DpStage<M, kStages>;
   extern __shared__ __align__(16) unsigned char dp_smem[];
-  const int64_t n = w.n, U = w.k / 64, C = dp_chunks(w.k), Gp = dp_groups(w.k), tiles = (n + 15) / 16;
+  const int64_t k = P.w[0].k, U = k / 64, C = dp_chunks(k), Gp = dp_groups(k), tiles = P.tile_start[P.parts];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, uu = lane / 4, s = lane % 4;
   const uint8_t* xvals = xq + kDpXHeaderBytes;
-  const uint8_t* xsums = xvals + static_cast<size_t>(M) * Gp * 32;
+  const uint8_t* xsums = xvals + static_cast<size_t>(P.parts) * M * Gp * 32;
   StreamRing<kStages, kWarps> ring(static_cast<uint32_t>(__cvta_generic_to_shared(dp_smem)) + warp * S::kWarpBytes, S::kBytes,
                                      tiles, C, warp);
   // Element offsets in 32 bits (mixed24a_dp_fits: n * k / 64 < 2^31): one IMAD.WIDE per source address.
-  const int32_t n32 = static_cast<int32_t>(n), U32 = static_cast<int32_t>(U), Gp32 = static_cast<int32_t>(Gp);
+  const int32_t U32 = static_cast<int32_t>(U), Gp32 = static_cast<int32_t>(Gp);
   auto issue_weights = [&] {
     const uint32_t st = ring.issue_stage();
-    const int32_t row0 = static_cast<int32_t>(ring.it_tile) * 16, u0 = static_cast<int32_t>(ring.it_item) * kDpUnits;
+    const int part = P.part_of(ring.it_tile);
+    const Mixed24ADevice& w = P.w[part];
+    const int32_t n32 = static_cast<int32_t>(w.n), lt = static_cast<int32_t>(ring.it_tile - P.tile_start[part]);
+    const int32_t row0 = lt * 16, u0 = static_cast<int32_t>(ring.it_item) * kDpUnits;
     {   // qa: 16 rows x 8 units of 16 bytes, rows lane / 8 + 4 i, unit lane % 8
       const int32_t cu = lane % kDpUnits, r0 = lane / kDpUnits;
       const bool ok = u0 + cu < U32;
@@ -702,7 +725,7 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
       cp_async(d + kDpM4 + 4 * h, w.meta4 + e, 4, ok);
     }
     if (lane < 16) {   // the tile's second-order scales of the chunk: ss2, sm2 (6 copies of 4 halves), ss4, sm4 (2)
-      const int32_t rg = static_cast<int32_t>(ring.it_tile);
+      const int32_t rg = lt;
       const bool of2 = lane < 12, is_sm = of2 ? lane >= 6 : lane >= 14;
       const int32_t c = of2 ? lane % 6 : (lane - 12) % 2;
       const bool ok = of2 ? 3 * u0 + 4 * c < 3 * U32 : u0 + 4 * c < U32;
@@ -713,15 +736,15 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
   };
   auto issue_x = [&] {   // the chunk's 32 groups of every batch column: values (1 KB) and V (128 B)
     const uint32_t st = ring.issue_stage();
-    const int32_t g0 = static_cast<int32_t>(ring.it_item) * 32;
+    const int32_t g0 = static_cast<int32_t>(ring.it_item) * 32, pm = P.part_of(ring.it_tile) * M;
 #pragma unroll
     for (int col = 0; col < M; ++col) {
 #pragma unroll
       for (int i = 0; i < 2; ++i)
         cp_async(st + S::kX + 1024 * col + 16 * (lane + 32 * i),
-                 reinterpret_cast<const uint4*>(xvals) + static_cast<uint32_t>((col * Gp32 + g0) * 2 + lane + 32 * i), 16);
+                 reinterpret_cast<const uint4*>(xvals) + static_cast<uint32_t>(((pm + col) * Gp32 + g0) * 2 + lane + 32 * i), 16);
       if (lane < 8)
-        cp_async(st + S::kV + 128 * col + 16 * lane, reinterpret_cast<const uint4*>(xsums) + static_cast<uint32_t>((col * Gp32 + g0) / 4 + lane), 16);
+        cp_async(st + S::kV + 128 * col + 16 * lane, reinterpret_cast<const uint4*>(xsums) + static_cast<uint32_t>(((pm + col) * Gp32 + g0) / 4 + lane), 16);
     }
   };
   ring.prologue(issue_weights, issue_x);   // xq and y belong to the kernels before
@@ -804,26 +827,47 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
       frag[3] = 0.0f;
     }
     if (t != 0) frag[0] = frag[1] = frag[2] = frag[3] = 0.0f;
-    store_tc_fragments<kWarps, kFusedOutliers>(frag, warp, lane, tile * 16, n, m_total, w.rowptr, OutlierX{x, w.k, 1}, y,
-                                                 MixedOutlierEntry{w}, buf);
+    const int part = P.part_of(tile);
+    const Mixed24ADevice& w = P.w[part];
+    store_tc_fragments<kWarps, kFusedOutliers>(frag, warp, lane, (tile - P.tile_start[part]) * 16, w.n, m_total, w.rowptr,
+                                               OutlierX{x, k, 1}, P.y[part], MixedOutlierEntry{w}, buf);
     buf ^= 1;
   }
   cp_async_wait<0>();   // no copy outlives the CTA
 }
 
 template <int M, int kStages, int kWarps>
-void launch_dp_kernel(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint8_t* xq) {
+void launch_dp_kernel(const DpParts& P, const float* x, int m, cudaStream_t s, bool fused, const uint8_t* xq) {
   const size_t smem = static_cast<size_t>(kWarps) * DpStage<M, kStages>::kWarpBytes;
   auto kern = fused ? mixed24a_gemv_dp_kernel<M, kStages, kWarps, true> : mixed24a_gemv_dp_kernel<M, kStages, kWarps, false>;
-  launch_pdl(kPdlMixed, kern, persistent_grid(kern, kWarps * 32, smem, (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y, xq);
+  launch_pdl(kPdlMixed, kern, persistent_grid(kern, kWarps * 32, smem, P.tile_start[P.parts]), kWarps * 32, smem, s, P, x, m, xq);
 }
 
 template <int M>
-void launch_dp(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq, const float* xmax) {
-  const dim3 xgrid(static_cast<unsigned>((dp_groups(w.k) + kDpXThreads - 1) / kDpXThreads), static_cast<unsigned>(M));
+void launch_dp(const DpParts& P, const float* x, int m, cudaStream_t s, bool fused, uint8_t* xq, const float* xmax) {
+  const dim3 xgrid(static_cast<unsigned>((dp_groups(P.w[0].k) + kDpXThreads - 1) / kDpXThreads), static_cast<unsigned>(M),
+                   static_cast<unsigned>(P.parts));
   const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  launch_pdl(kPdlXfrag, mixed24a_dp_x_kernel, xgrid, kDpXThreads, 0, s, w, x, m, M, vec, xq, xmax);
-  launch_dp_kernel<M, kDpStages, kDpWarps>(w, x, m, y, s, fused, xq);
+  launch_pdl(kPdlXfrag, mixed24a_dp_x_kernel, xgrid, kDpXThreads, 0, s, P, x, m, M, vec, xq, xmax);
+  launch_dp_kernel<M, kDpStages, kDpWarps>(P, x, m, s, fused, xq);
+}
+
+// The integer-dot GEMV over parts sharing x (each checked by the caller: mixed24a_dp_fits, the same k).
+void run_dp(const Mixed24ADevice* ws, int parts, const float* x, int m, float* const* ys, cudaStream_t s, bool fused, void* xq,
+            const float* xmax) {
+  DpParts P{};
+  P.parts = parts;
+  for (int p = 0; p < parts; ++p) {
+    P.w[p] = ws[p];
+    P.y[p] = ys[p];
+    P.tile_start[p + 1] = P.tile_start[p] + (ws[p].n + 15) / 16;
+  }
+  for (int p = parts; p < kDpMaxParts; ++p) P.tile_start[p + 1] = P.tile_start[p];
+  auto* q = static_cast<uint8_t*>(xq);
+  if (m == 1) launch_dp<1>(P, x, m, s, fused, q, xmax);
+  else launch_dp<2>(P, x, m, s, fused, q, xmax);
+  for (int p = 0; p < parts; ++p)
+    if (!fused && ws[p].rowptr != nullptr) launch_outliers(ws[p], x, m, ys[p], s);
 }
 
 }  // namespace
@@ -836,8 +880,19 @@ float* frag_xt(void* xfrag, int64_t k) { return reinterpret_cast<float*>(static_
 // The fragments, then x transposed [k, kXtColumns] (the fused outliers' gathers).
 size_t mixed24a_xfrag_bytes(int64_t k) { return frag_part_bytes(k) + static_cast<size_t>(k) * kXtColumns * sizeof(float); }
 
-size_t mixed24a_dp_x_bytes(int64_t k, int m) {
-  return kDpXHeaderBytes + static_cast<size_t>(m) * static_cast<size_t>(dp_groups(k)) * 36;
+size_t mixed24a_dp_x_bytes(int64_t k, int m, int parts) {
+  return kDpXHeaderBytes + static_cast<size_t>(parts) * static_cast<size_t>(m) * static_cast<size_t>(dp_groups(k)) * 36;
+}
+
+void mixed24a_gemv_group(const Mixed24ADevice* ws, int parts, const float* x, int m, float* const* ys, cudaStream_t s,
+                         OutlierMode mode, void* xfrag, const float* xmax) {
+  LOWBIT_CHECK(parts >= 1 && parts <= kDpMaxParts && xfrag != nullptr, "mixed24a grouped GEMV: 1..", kDpMaxParts,
+               " matrices and an xfrag scratch (asked: ", parts, xfrag == nullptr ? ", no xfrag" : "", ")");
+  for (int p = 0; p < parts; ++p)
+    LOWBIT_CHECK(ws[p].k == ws[0].k && mixed24a_dp_fits(ws[p].n, ws[p].k, m), "mixed24a grouped GEMV: every matrix needs the ",
+                 "same k, a multiple of 256 and >= 1024, batch 1..2 (asked: part ", p, " ", ws[p].n, "x", ws[p].k, ", batch ", m, ")");
+  run_dp(ws, parts, x, m, ys, s, mode == OutlierMode::Fused, xfrag, xmax);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
@@ -867,10 +922,7 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
                  "batch 1..2 and k a multiple of 256, >= 1024 (asked: ", w.n, "x", w.k, ", batch ", m, xfrag == nullptr ? ", no xfrag" : "", ")");
   if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
   if (path == GemvPath::Dp2aStream) {
-    auto* xq = static_cast<uint8_t*>(xfrag);
-    if (m == 1) launch_dp<1>(w, x, m, y, s, fused, xq, xmax);
-    else launch_dp<2>(w, x, m, y, s, fused, xq, xmax);
-    if (!fused && w.rowptr != nullptr) launch_outliers(w, x, m, y, s);
+    run_dp(&w, 1, x, m, &y, s, fused, xfrag, xmax);
     LOWBIT_CUDA_CHECK(cudaGetLastError());
     return;
   }

@@ -384,6 +384,35 @@ void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x,
   anyprec_gemv_i8(w.anyprec(), served_width(w, bits), x, static_cast<int>(m), h, ctx.stream(), true, xfrag, x_max, h_max_bits);
 }
 
+namespace {
+bool& group_gemv_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_GROUP_GEMV", true);
+  return on;
+}
+}  // namespace
+bool group_gemv_enabled() { return group_gemv_state(); }
+void set_group_gemv(bool on) { group_gemv_state() = on; }
+
+bool packed_group_runs(const std::vector<const DevicePackedWeight*>& ws, int64_t m) {
+  if (!group_gemv_enabled() || ws.size() < 2 || ws.size() > 3 || m < 1 || m > kMaxGemvBatch) return false;
+  for (const DevicePackedWeight* w : ws)
+    if (w == nullptr || w->format() != "mixed24a" || w->k() != ws[0]->k() ||
+        mixed24a_auto_path(w->n(), w->k(), static_cast<int>(m), kPreSplitInRuntime) != GemvPath::Dp2aStream)
+      return false;
+  return true;
+}
+
+void packed_matmul_group(const std::vector<const DevicePackedWeight*>& ws, const float* x, int64_t m, const std::vector<float*>& ys,
+                         GemmContext& ctx, const float* x_max) {
+  LOWBIT_CHECK(packed_group_runs(ws, m) && ys.size() == ws.size(), "packed_matmul_group: not served for these ", ws.size(),
+               " weights at batch ", m, " (packed_group_runs)");
+  std::vector<Mixed24ADevice> d;
+  for (const DevicePackedWeight* w : ws) d.push_back(w->mixed24a());
+  void* xfrag = ctx.act_scratch((mixed24a_xfrag_bytes(ws[0]->k()) + 1) / 2);
+  mixed24a_gemv_group(d.data(), static_cast<int>(d.size()), x, static_cast<int>(m), ys.data(), ctx.stream(), OutlierMode::Fused,
+                      xfrag, x_max);
+}
+
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
                    OutlierMode mode, const float* x_max) {
   LOWBIT_CHECK(m >= 1, "packed_matmul: batch ", m);

@@ -209,7 +209,12 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
                    OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr,
                    const float* xmax = nullptr);
 size_t mixed24a_xfrag_bytes(int64_t k);
-size_t mixed24a_dp_x_bytes(int64_t k, int m);
+size_t mixed24a_dp_x_bytes(int64_t k, int m, int parts = 1);
+// The integer-dot 2/4/16 GEMV (GemvPath::Dp2aStream) over 1..3 matrices that read the same x (q / k / v, gate / up):
+// one activation kernel and one GEMV launch, ys[p] [m, n_p] the outputs. Each matrix: the same k, mixed24a_dp_fits.
+// xfrag: mixed24a_xfrag_bytes(k) bytes (mixed24a_dp_x_bytes(k, m, 3) of it); xmax as mixed24a_gemv's.
+void mixed24a_gemv_group(const Mixed24ADevice* ws, int parts, const float* x, int m, float* const* ys, cudaStream_t s,
+                         OutlierMode mode, void* xfrag, const float* xmax = nullptr);
 // The whole matrix [n, k] in fp16, original column order, outliers included (the large-batch path's first step).
 void anyprec_dequant_f16(const AnyPrecDevice& w, int bits, __half* out, cudaStream_t s);
 void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s);
@@ -315,6 +320,15 @@ void set_producer_xmax(bool on);
 bool fold_swiglu_enabled();
 void set_fold_swiglu(bool on);
 bool packed_swiglu_fuses(const DevicePackedWeight& w, int bits, int64_t m);
+// Matrices that read the same x (q / k / v, gate / up; 2..3 of them) in one launch of the 2/4/16 integer-dot GEMV
+// (mixed24a_gemv_group): whether it serves them at batch m (every one mixed24a with the same k, Auto's kernel for it the
+// integer-dot GEMV) and is on (LOWBIT_GROUP_GEMV=0 in the environment turns it off, read once; set_group_gemv()
+// overrides it: bench --e2e times both in one run, a captured decode graph is keyed on it). ys[p]: part p's output.
+bool group_gemv_enabled();
+void set_group_gemv(bool on);
+bool packed_group_runs(const std::vector<const DevicePackedWeight*>& ws, int64_t m);
+void packed_matmul_group(const std::vector<const DevicePackedWeight*>& ws, const float* x, int64_t m, const std::vector<float*>& ys,
+                         GemmContext& ctx, const float* x_max = nullptr);
 // h [m, n / 2] = silu(x W_gateᵀ) * (x W_upᵀ) for a stacked [gate; up] weight where packed_swiglu_fuses, h_max_bits as
 // anyprec_gemv_i8's hmax_bits; x_max as packed_matmul's.
 void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* h, GemmContext& ctx,
