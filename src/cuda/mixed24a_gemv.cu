@@ -560,13 +560,14 @@ void launch(const Mixed24ADevice& w, const float* x, float* y, cudaStream_t s, b
 // sum q v is exact in int32 by eight DP2A (two 16-bit x values times two 8-bit codes each): a 2-bit code word spread
 // to bytes is four masks and three shifts, a 4-bit group's two words six. The zero point leaves by one multiply-add,
 // sum (q - z) v = sum q v - z V with V = sum v of the group (written with the pieces), and the group's scale (the
-// second-order sc * ss + sm, as the kernels above) multiplies its exact sum once: ~27 instructions per 16 weights.
+// second-order sc * ss + sm, as the kernels above) multiplies its exact sum once: 29 SASS instructions per 16 weights
+// and lane, plus ~117 per work item of ring bookkeeping (ncu, H200, 28672x8192: issue slots 56% busy).
 //
 // Lane (uu = lane / 4, s = lane % 4) takes group s of unit uu of a work item of kDpUnits units and all 16 rows of the
 // tile, one accumulator per row: the lane's x values, V and scales are loaded once per item, and all 32 lanes run the
 // same instructions (2-bit and 4-bit groups differ only in per-lane shift amounts, masks and smem offsets).
 // Memory side as the streamed kernels (stream.cuh): persistent CTAs of 4 warps (8 where the tiles are few measured
-// slower: Llama-2-7B decode 311.0 against 318.2 tok/s), each warp streaming its items (tile,
+// slower: Llama-2-7B decode 311.0 against 318.2 tok/s, results part 2), each warp streaming its items (tile,
 // chunk of kDpUnits units) through a private cp.async ring. A stage holds the chunk's 16 rows, each 192 bytes (qa of
 // the 8 units, qb, meta2, meta4, padding: one row stride for every lane's reads), the tile's second-order scales of
 // the chunk, and the chunk's x values and V of every batch column. At the tile's end the lanes' row sums are
