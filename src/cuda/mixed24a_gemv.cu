@@ -674,65 +674,6 @@ __global__ void __launch_bounds__(kDpXThreads) mixed24a_dp_x_kernel(const __grid
   reinterpret_cast<int32_t*>(xq + kDpXHeaderBytes + static_cast<size_t>(P.parts) * M * Gp * 32)[pc * Gp + G] = sum;
 }
 
-// The fused outlier corrections of the 4 rows row_a .. row_a + 3 (lane 4 mm + r: row row_a + r, batch column mm), as
-// mma.cuh's outlier_corrections, with the dependent loads of four passes over the rows' CSR entries in flight at once
-// (each pass: column, permutation entry and value, then x), where that loop waited on each pass in turn. The partial
-// sums are added in the same order (entries e, e + 32, e + 64, ...): the same bits.
-template <typename Entry>
-__device__ __forceinline__ float dp_outlier_corrections(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n, OutlierX xo,
-                                                        int m_total, int lane, Entry entry) {
-  constexpr int kPasses = 4;
-  float acc[4][8];
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-#pragma unroll
-    for (int mm = 0; mm < 8; ++mm) acc[r][mm] = 0.0f;
-  const int rows = static_cast<int>(row_a + 4 <= n ? 4 : n - row_a);
-  const int32_t bound = lane <= rows ? __ldg(rowptr + row_a + lane) : 0;
-  int32_t lim[5];
-#pragma unroll
-  for (int r = 0; r <= 4; ++r) lim[r] = __shfl_sync(0xffffffffu, bound, r < rows ? r : rows);
-  for (int32_t e0 = lim[0] + lane; e0 < lim[4]; e0 += 32 * kPasses) {
-    float coef[kPasses], xv[kPasses][2];
-    int64_t xcol[kPasses];
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int32_t e = e0 + 32 * i;
-      xcol[i] = 0;
-      coef[i] = e < lim[4] ? entry(row_a, static_cast<int64_t>(e), xcol[i]) : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i)
-#pragma unroll
-      for (int mm = 0; mm < 2; ++mm)
-        xv[i][mm] = e0 + 32 * i < lim[4] && mm < m_total ? __ldg(xo.p + mm * xo.mm_stride + xcol[i] * xo.col_stride) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < kPasses; ++i) {
-      const int32_t e = e0 + 32 * i;
-      if (e >= lim[4]) break;
-      int r = 0;
-#pragma unroll
-      for (int j = 1; j < 4; ++j) r += e >= lim[j];
-#pragma unroll
-      for (int mm = 0; mm < 2; ++mm) {
-        if (mm >= m_total) break;
-        const float p = coef[i] * xv[i][mm];
-#pragma unroll
-        for (int rr = 0; rr < 4; ++rr) acc[rr][mm] += rr == r ? p : 0.0f;
-      }
-    }
-  }
-  float v[32];   // index 4 mm + r
-#pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = acc[i % 4][i / 4];
-  reduce_scatter_step<16>(v, lane);
-  reduce_scatter_step<8>(v, lane);
-  reduce_scatter_step<4>(v, lane);
-  reduce_scatter_step<2>(v, lane);
-  reduce_scatter_step<1>(v, lane);
-  return v[0];
-}
-
 // One step of a warp reduce-scatter of kN values (partner offset kO): lanes with bit kO set keep the upper half plus
 // their partner's, the others the lower half.
 template <int kN, int kO>
@@ -889,15 +830,10 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
     if (t != 0) frag[0] = frag[1] = frag[2] = frag[3] = 0.0f;
     const int part = P.part_of(tile);
     const Mixed24ADevice& w = P.w[part];
-    const int64_t lrow0 = (tile - P.tile_start[part]) * 16;
-    float extra = 0.0f;   // before the epilogue's barrier, as store_tc_fragments: the loads overlap the other warps' arrival
-    if constexpr (kFusedOutliers) {
-      if (warp < 4 && w.rowptr != nullptr && lrow0 + 4 * warp < w.n)
-        extra = dp_outlier_corrections(w.rowptr, lrow0 + 4 * warp, w.n, OutlierX{x, k, 1}, m_total, lane, MixedOutlierEntry{w});
-    }
-    const float sum = reduce_tc_fragments<kWarps, false>(frag, warp, lane, lrow0, w.n, m_total, nullptr, OutlierX{}, MixedOutlierEntry{w}, buf);
-    const int64_t row = lrow0 + warp * 4 + lane % 4;
-    if (warp < 4 && lane / 4 < m_total && row < w.n) P.y[part][(lane / 4) * w.n + row] = sum + extra;
+    // The fused outliers with four passes' loads in flight (add_outlier_partials' kPasses; docs/results/
+    // issue7-session24-h200.txt part 8), batch columns < M.
+    store_tc_fragments<kWarps, kFusedOutliers, 4, M>(frag, warp, lane, (tile - P.tile_start[part]) * 16, w.n, m_total, w.rowptr,
+                                                    OutlierX{x, k, 1}, P.y[part], MixedOutlierEntry{w}, buf);
     buf ^= 1;
   }
   cp_async_wait<0>();   // no copy outlives the CTA

@@ -96,7 +96,11 @@ constexpr int kXtColumns = 8;   // batch columns per row of the transposed copy 
 // the tensor-core epilogue, per batch column, each with its own warp reduction) made one chain per row (session 11:
 // outliers then cost 35-47% of the 2/4/16 tensor-core kernel at batch 5..8). entry(row, e, xcol) returns entry e's
 // coefficient and sets xcol, its column of x (the value multiplied is xo's (mm, xcol): OutlierX).
-template <int kRows, int M, typename Entry>
+// kPasses > 1: the loads of kPasses passes of 32 entries are issued before any of them is used (the 2/4/16 integer-dot
+// GEMV, whose shorter kernel left the chains exposed: outliers over its dense time +26-28% -> +17-18% on the 70B
+// shapes, docs/results/issue7-session24-h200.txt part 8). The sums keep their order, entries e, e + 32, ...: the same
+// bits for every kPasses.
+template <int kRows, int M, int kPasses = 1, typename Entry>
 __device__ __forceinline__ void add_outlier_partials(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n,
                                                      OutlierX xo, int m_total, int lane, Entry entry,
                                                      float (&acc)[kRows][M]) {
@@ -107,18 +111,36 @@ __device__ __forceinline__ void add_outlier_partials(const int32_t* __restrict__
   int32_t lim[kRows + 1];   // lim[r]: first entry of row r (lim[rows..]: the end)
 #pragma unroll
   for (int r = 0; r <= kRows; ++r) lim[r] = __shfl_sync(0xffffffffu, bound, r < rows ? r : rows);
-  for (int32_t e = lim[0] + lane; e < lim[kRows]; e += 32) {
-    int r = 0;
+  for (int32_t e0 = lim[0] + lane; e0 < lim[kRows]; e0 += 32 * kPasses) {
+    float coef[kPasses], xv[kPasses][M];
+    int64_t xcol[kPasses];
+    int row[kPasses];   // the entry's row among the kRows
 #pragma unroll
-    for (int i = 1; i < kRows; ++i) r += e >= lim[i];
-    int64_t xcol;
-    const float coef = entry(row_a + r, static_cast<int64_t>(e), xcol);
+    for (int i = 0; i < kPasses; ++i) {
+      const int32_t e = e0 + 32 * i;
+      row[i] = 0;
 #pragma unroll
-    for (int mm = 0; mm < M; ++mm) {
-      if (mm >= m_total) break;
-      const float p = coef * __ldg(xo.p + mm * xo.mm_stride + xcol * xo.col_stride);
+      for (int j = 1; j < kRows; ++j) row[i] += e >= lim[j];
+      xcol[i] = 0;
+      coef[i] = e < lim[kRows] ? entry(row_a + row[i], static_cast<int64_t>(e), xcol[i]) : 0.0f;
+    }
+    if constexpr (kPasses > 1) {   // every pass's x before any is used (one pass: loaded where it is used, below)
 #pragma unroll
-      for (int rr = 0; rr < kRows; ++rr) acc[rr][mm] += rr == r ? p : 0.0f;
+      for (int i = 0; i < kPasses; ++i)
+#pragma unroll
+        for (int mm = 0; mm < M; ++mm)
+          xv[i][mm] = e0 + 32 * i < lim[kRows] && mm < m_total ? __ldg(xo.p + mm * xo.mm_stride + xcol[i] * xo.col_stride) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      if (e0 + 32 * i >= lim[kRows]) break;
+#pragma unroll
+      for (int mm = 0; mm < M; ++mm) {
+        if (mm >= m_total) break;
+        const float p = coef[i] * (kPasses > 1 ? xv[i][mm] : __ldg(xo.p + mm * xo.mm_stride + xcol[i] * xo.col_stride));
+#pragma unroll
+        for (int rr = 0; rr < kRows; ++rr) acc[rr][mm] += rr == row[i] ? p : 0.0f;
+      }
     }
   }
 }
@@ -139,19 +161,21 @@ __device__ __forceinline__ void reduce_scatter_step(float (&v)[32], int lane) {
 
 // The tensor-core epilogue's outlier corrections of the 4 rows row_a .. row_a + 3, summed over the warp: lane
 // 4 mm + r returns the correction of (row row_a + r, batch column mm) (0 for mm >= m_total or rows past n). The lane
-// partials (add_outlier_partials) are summed by a reduce-scatter (31 shuffles, deterministic, no atomics).
-template <typename Entry>
+// partials (add_outlier_partials, kPasses passes' loads at once, batch columns < kCols <= 8) are summed by a
+// reduce-scatter (31 shuffles, deterministic, no atomics).
+template <int kPasses = 1, int kCols = 8, typename Entry>
 __device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n,
                                                      OutlierX xo, int m_total, int lane, Entry entry) {
-  float acc[4][8];
+  static_assert(kCols >= 1 && kCols <= 8, "at most 8 batch columns");
+  float acc[4][kCols];
 #pragma unroll
   for (int r = 0; r < 4; ++r)
 #pragma unroll
-    for (int mm = 0; mm < 8; ++mm) acc[r][mm] = 0.0f;
-  add_outlier_partials<4, 8>(rowptr, row_a, n, xo, m_total, lane, entry, acc);
+    for (int mm = 0; mm < kCols; ++mm) acc[r][mm] = 0.0f;
+  add_outlier_partials<4, kCols, kPasses>(rowptr, row_a, n, xo, m_total, lane, entry, acc);
   float v[32];   // index 4 mm + r
 #pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = acc[i % 4][i / 4];
+  for (int i = 0; i < 32; ++i) v[i] = i / 4 < kCols ? acc[i % 4][i / 4 < kCols ? i / 4 : 0] : 0.0f;
   // At offset o, lanes with bit o set keep the upper half of their values and receive the partner's lower half.
   reduce_scatter_step<16>(v, lane);
   reduce_scatter_step<8>(v, lane);
@@ -167,8 +191,8 @@ __device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__
 // the warps' fragments read from shared memory, plus, with outliers, its correction from outlier_corrections (entry:
 // see there; rowptr, xo: the weight's CSR row pointers and the activations gathered, OutlierX). buf: which half of the
 // double-buffered scratch (a CTA looping over tiles alternates, so that the next tile's writes never meet this
-// tile's reads without a second barrier).
-template <int kWarps, bool kOutliers, typename Entry>
+// tile's reads without a second barrier). kPasses, kCols: outlier_corrections'.
+template <int kWarps, bool kOutliers, int kPasses = 1, int kCols = 8, typename Entry>
 __device__ __forceinline__ float reduce_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
                                                      int m_total, const int32_t* __restrict__ rowptr, OutlierX xo, Entry entry,
                                                      int buf) {
@@ -176,7 +200,7 @@ __device__ __forceinline__ float reduce_tc_fragments(const float (&acc)[4], int 
   __shared__ float part[2][kWarps][32][4];   // each warp's fragment
   float extra = 0.0f;
   if constexpr (kOutliers) {   // before the barrier: the warps' outlier loads overlap the others' arrival
-    if (warp < 4 && rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections(rowptr, row0 + 4 * warp, n, xo, m_total, lane, entry);
+    if (warp < 4 && rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections<kPasses, kCols>(rowptr, row0 + 4 * warp, n, xo, m_total, lane, entry);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[buf][warp][lane][i] = acc[i];
@@ -192,11 +216,11 @@ __device__ __forceinline__ float reduce_tc_fragments(const float (&acc)[4], int 
 
 // The tensor-core GEMVs' epilogue: reduce_tc_fragments' value of lane (row 4 warp + lane % 4, batch column lane / 4)
 // stored to y [m, n] (warps 0..3; lanes past m_total or n store nothing).
-template <int kWarps, bool kOutliers, typename Entry>
+template <int kWarps, bool kOutliers, int kPasses = 1, int kCols = 8, typename Entry>
 __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
                                                    int m_total, const int32_t* __restrict__ rowptr, OutlierX xo,
                                                    float* __restrict__ y, Entry entry, int buf = 0) {
-  const float v = reduce_tc_fragments<kWarps, kOutliers>(acc, warp, lane, row0, n, m_total, rowptr, xo, entry, buf);
+  const float v = reduce_tc_fragments<kWarps, kOutliers, kPasses, kCols>(acc, warp, lane, row0, n, m_total, rowptr, xo, entry, buf);
   const int64_t row = row0 + warp * 4 + lane % 4;
   const int mm = lane / 4;
   if (warp < 4 && mm < m_total && row < n) y[mm * n + row] = v;
