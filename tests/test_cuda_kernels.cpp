@@ -56,6 +56,20 @@ std::vector<double> abs_scale(const std::vector<float>& x, const std::vector<flo
   return s;
 }
 
+// Every output within its named rounding budget of a reference: |got - ref| <= bound + kGemvBudget * scale (the paths
+// that round x to int8 pieces, against the format's own reference); the first 3 misses are reported.
+void expect_within_rounding(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<double>& bound,
+                            const std::vector<double>& scale, const std::string& what, const std::string& ref_name) {
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
+    if (!(err <= bound[i] + kGemvBudget * scale[i]) && bad++ < 3)
+      ADD_FAILURE() << what << " vs " << ref_name << ": output " << i << " got " << got[i] << " want " << ref[i]
+                    << " (rounding budget " << bound[i] << ")";
+  }
+  EXPECT_EQ(bad, 0) << what;
+}
+
 // Runs f(x_dev, y_dev) with y poisoned (NaN), returns y.
 template <typename F>
 std::vector<float> run_poisoned(const std::vector<float>& x, int64_t ysize, F f) {
@@ -277,14 +291,7 @@ TEST(CudaKernels, AnyPrecInt8GemvMatchesCpuTwin) {
             const std::string what = "anyprec int8 " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" +
                                      std::to_string(bits) + " m" + std::to_string(m) + (outliers ? " outliers" : "");
             expect_close(got, want, scale, kGemvBudget, what + " vs twin");
-            int bad = 0;
-            for (size_t i = 0; i < got.size(); ++i) {
-              const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
-              if (!(err <= bound[i] + kGemvBudget * scale[i]) && bad++ < 3)
-                ADD_FAILURE() << what << " vs fp16-LUT reference: output " << i << " got " << got[i] << " want " << ref[i]
-                              << " (rounding budget " << bound[i] << ")";
-            }
-            EXPECT_EQ(bad, 0) << what;
+            expect_within_rounding(got, ref, bound, scale, what, "fp16-LUT reference");
           }
         }
       }
@@ -570,14 +577,7 @@ TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
                                      std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : "") +
                                      (given ? " xmax given" : "");
             expect_close(got, want, scale, kGemvBudget, what + " vs twin");
-            int bad = 0;
-            for (size_t i = 0; i < got.size(); ++i) {
-              const double err = std::fabs(static_cast<double>(got[i]) - ref[i]);
-              if (!(err <= bound[i] + kGemvBudget * scale[i]) && bad++ < 3)
-                ADD_FAILURE() << what << " vs fp32-x reference: output " << i << " got " << got[i] << " want " << ref[i]
-                              << " (rounding budget " << bound[i] << ")";
-            }
-            EXPECT_EQ(bad, 0) << what;
+            expect_within_rounding(got, ref, bound, scale, what, "fp32-x reference");
             if (!given) first = got;
             else EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float))) << what << ": not bit-identical to its own reduction";
           }

@@ -384,15 +384,6 @@ void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x,
   anyprec_gemv_i8(w.anyprec(), served_width(w, bits), x, static_cast<int>(m), h, ctx.stream(), true, xfrag, x_max, h_max_bits);
 }
 
-namespace {
-bool& group_gemv_state() {   // from the environment on first use
-  static bool on = env_switch("LOWBIT_GROUP_GEMV", true);
-  return on;
-}
-}  // namespace
-bool group_gemv_enabled() { return group_gemv_state(); }
-void set_group_gemv(bool on) { group_gemv_state() = on; }
-
 bool packed_group_runs(const std::vector<const DevicePackedWeight*>& ws, int64_t m) {
   if (!group_gemv_enabled() || ws.size() < 2 || ws.size() > 3 || m < 1 || m > kMaxGemvBatch) return false;
   for (const DevicePackedWeight* w : ws)
@@ -556,12 +547,18 @@ bool& fold_swiglu_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FOLD_SWIGLU", true);
   return on;
 }
+bool& group_gemv_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_GROUP_GEMV", true);
+  return on;
+}
 bool& fused_gemm_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
 }
 }  // namespace
 
+bool group_gemv_enabled() { return group_gemv_state(); }
+void set_group_gemv(bool on) { group_gemv_state() = on; }
 bool fused_gemm_enabled() { return fused_gemm_state(); }
 void set_fused_gemm(bool on) { fused_gemm_state() = on; }
 bool lut_stream_enabled() {   // from the environment on first use
