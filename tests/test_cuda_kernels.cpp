@@ -404,6 +404,48 @@ TEST(CudaKernels, Int8GemvSwiGluEpilogueIsBitIdentical) {
   }
 }
 
+// The int8 GEMV's CTA forms (4 or 8 warps per tile; gemv_balance_enabled picks 8 where the busiest warp then takes fewer
+// items) give the same bits: its sums are integers, reduced over the warps as integers and scaled once. 12288x4096
+// (Llama-2-7B q/k/v: 768 tiles of 8 groups) and 22016x4096 (gate/up, also with the SwiGLU epilogue's tile pairs), every
+// width 2..4, batch 1, 2, 8, outliers fused; at least one case must change form, or the test proves nothing.
+TEST(CudaKernels, Int8GemvCtaFormsAreBitIdentical) {
+  SKIP_WITHOUT_GPU();
+  const bool saved = cuda::gemv_balance_enabled();
+  int changed = 0;
+  uint32_t seed = 1300;
+  for (const Shape& sh : {Shape{12288, 4096}, Shape{22016, 4096}}) {
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(sh.n, sh.k, true, seed++), storage));
+    cuda::DeviceBuffer<uint8_t> xq(cuda::anyprec_xfrag_bytes(sh.k));
+    for (int bits = 2; bits <= 4; ++bits)
+      for (const int m : {1, 2, 8})
+        for (const bool sw : {false, true}) {
+          if (sw && (sh.n != 22016 || bits == 4)) continue;   // the SwiGLU epilogue: gate/up at 2..3 bits
+          const std::string what = std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
+                                   std::to_string(m) + (sw ? " swiglu" : "");
+          const std::vector<float> x = random_x(m, sh.k, seed++);
+          const int64_t outs = m * (sw ? sh.n / 2 : sh.n);
+          std::vector<float> got[2];
+          int warps[2];
+          for (int on = 0; on < 2; ++on) {
+            cuda::set_gemv_balance(on == 1);
+            warps[on] = cuda::anyprec_i8_cta_warps(dw.anyprec(), bits, m, true, sw);
+            cuda::DeviceBuffer<unsigned> hmax(8);
+            LOWBIT_CUDA_CHECK(cudaMemset(hmax.get(), 0, hmax.bytes()));
+            got[on] = run_poisoned(x, outs, [&](const float* xd, float* yd) {
+              cuda::anyprec_gemv_i8(dw.anyprec(), bits, xd, m, yd, nullptr, true, xq.get(), nullptr, sw ? hmax.get() : nullptr);
+            });
+          }
+          cuda::set_gemv_balance(saved);
+          changed += warps[0] != warps[1];
+          EXPECT_TRUE(std::all_of(got[1].begin(), got[1].end(), [](float v) { return std::isfinite(v); })) << what;
+          EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)))
+              << what << ": " << warps[0] << " and " << warps[1] << " warps per CTA differ";
+        }
+  }
+  EXPECT_GT(changed, 0) << "no case ran both CTA forms";
+}
+
 // q/k/v (or gate/up) stacked into one weight: its GEMV is, row for row, bit-identical to the GEMVs of its parts
 // (every kernel computes a row from that row's planes, LUT and outliers alone), with outliers, at both kernel
 // layouts (k = 1100: 35 words, one word per lane; k = 4096: 16-byte loads), every path Auto picks for batch 1 / 8.

@@ -147,20 +147,26 @@ __device__ __forceinline__ void register_selectors(const uint32_t (&w)[B], int s
 
 // The streamed GEMVs' plane copies of one work item: lane (g, t)'s words 16 gi + 4t .. +3 of planes 0..B-1 of rows
 // row0 + g and row0 + g + 8 (clamped to n - 1), one 16-byte cp.async each, to st + ((h B + j) 32 + lane) 16 (row half
-// h, plane j); zeros past the row's W words (W % 4 == 0: the lane's 4 words are all in or all out).
-template <int B>
-__device__ __forceinline__ void cp_async_plane_words(uint32_t st, const AnyPrecDevice& w, int64_t row0, int64_t gi, int g,
-                                                     int t, int lane) {
-  const int64_t n = w.n, W = w.words, word = 16 * gi + 4 * t;
-  const bool ok = word < W;
+// h, plane j); zeros past the row's W words (W % 4 == 0: the lane's 4 words are all in or all out). Offsets in 32 bits
+// (anyprec_offsets_fit: up to 4 planes of n W words below 2^31): the 64-bit form took ~70 of the int8 GEMV's ~475
+// instructions per item at 3 bits.
+struct PlaneCopy {
+  const uint32_t* planes;
+  uint32_t W, nW, last_row;
+  __device__ __forceinline__ explicit PlaneCopy(const AnyPrecDevice& w)
+      : planes(w.plane_data), W(static_cast<uint32_t>(w.words)), nW(static_cast<uint32_t>(w.n * w.words)), last_row(static_cast<uint32_t>(w.n - 1)) {}
+  template <int B>
+  __device__ __forceinline__ void issue(uint32_t st, uint32_t row0, uint32_t gi, int g, int t, int lane) const {
+    const uint32_t word = 16 * gi + 4 * t;
+    const bool ok = word < W;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t row = min_i64(row0 + g + 8 * h, n - 1);
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t o = min(row0 + g + 8 * h, last_row) * W + (ok ? word : 0u);
 #pragma unroll
-    for (int j = 0; j < B; ++j)
-      cp_async(st + ((h * B + j) * 32 + lane) * 16, w.plane_data + (j * n + row) * W + (ok ? word : 0), 16, ok);
+      for (int j = 0; j < B; ++j) cp_async(st + ((h * B + j) * 32 + lane) * 16, planes + (o + j * nW), 16, ok);
+    }
   }
-}
+};
 
 // One row's int8 table in registers (int8_tables.h): the 2^B int8 centroids, four per word (2 bits: one word).
 template <int B>

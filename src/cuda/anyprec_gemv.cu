@@ -752,10 +752,11 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
   // Work items: (tile, group of 16 words).
   StreamRing<kStages, kStreamWarps> ring(static_cast<uint32_t>(__cvta_generic_to_shared(stream_smem)) + warp * S::kWarpBytes,
                                          S::kBytes, tiles, G, warp);
+  const PlaneCopy planes(w);
   auto issue_weights = [&] {   // the plane words of the lane's rows and, at a tile's first group, the tile's LUT rows
     const uint32_t st = ring.issue_stage();
     const int64_t it_gi = ring.it_item, row0 = ring.it_tile * 16;
-    cp_async_plane_words<B>(st, w, row0, it_gi, g, t, lane);
+    planes.issue<B>(st, static_cast<uint32_t>(row0), static_cast<uint32_t>(it_gi), g, t, lane);
     if (it_gi == warp && lane < 16 * S::kLutChunks) {   // row lane / chunks, its 16-byte chunk lane % chunks
       const int64_t row = min_i64(row0 + lane / S::kLutChunks, n - 1);
       cp_async(st + S::kPlaneBytes + 16 * lane, lut + row * E + 8 * (lane % S::kLutChunks), S::kLutRowBytes < 16 ? S::kLutRowBytes : 16);
@@ -833,6 +834,7 @@ __global__ void __launch_bounds__(kStreamWarps * 32, (StreamStage<B, kMX, kStage
 template <int B, int kMX, int kStages, bool kHalfX>
 void launch_stream(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, const uint4* xf) {
   const size_t smem = static_cast<size_t>(kStreamWarps) * StreamStage<B, kMX, kStages, kHalfX>::kWarpBytes;
+  LOWBIT_CHECK(anyprec_offsets_fit(w.n, w.k), "anyprec streamed GEMV: ", w.n, "x", w.k, " passes the 32-bit plane offsets (n * k <= 2^34)");
   auto kern = fused ? anyprec_gemv_reglut_stream_kernel<B, true, kMX, kStages, kHalfX>
                     : anyprec_gemv_reglut_stream_kernel<B, false, kMX, kStages, kHalfX>;
   launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kStreamWarps * 32, smem, (w.n + 15) / 16), kStreamWarps * 32, smem, s,

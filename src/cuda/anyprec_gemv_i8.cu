@@ -137,6 +137,46 @@ struct I8Stage {
   static constexpr int kMinBlocks = kWarps == 4 ? (kStages == 2 ? (M <= 2 ? 4 : 3) : 3) : 2;
 };
 
+// The int8 GEMV's epilogue: the CTA's warps' exact int32 sums of the tile (per lane: kPack, rows g / g + 8 of batch column
+// t; else the m16n8 fragment, rows g / g + 8 and columns 2t / 2t + 1) summed as integers over the warps, then scaled
+// once: lane (row 4 warp + lane % 4, batch column lane / 4) of warps 0..3 returns (hi + lo / 254) sigma_row s_col plus,
+// with outliers, outlier_corrections'. Integer sums make the value the same for every CTA form (4 or 8 warps) and any
+// split of the groups over the warps. sg0 / sg1: the row scales of rows g / g + 8 (every warp loads them with its
+// first group: G >= kWarps), sxm: the scale of batch column lane / 4. buf: the double-buffered scratch's half.
+template <int kWarps, bool kOutliers, bool kPack, int kE, typename Entry>
+__device__ __forceinline__ float reduce_i8_fragments(const int (&hi)[kE], const int (&lo)[kE], float sg0, float sg1, float sxm, int warp,
+                                                     int lane, int64_t row0, int64_t n, int m_total, const int32_t* __restrict__ rowptr,
+                                                     OutlierX xo, Entry entry, int buf) {
+  static_assert(kWarps >= 4 && kE == (kPack ? 2 : 4), "warps 0..3 store the 16 rows");
+  __shared__ int part[2][kWarps][32][2 * kE];   // each warp's sums, (hi, lo) per element
+  const int lr = 4 * warp + lane % 4, mm = lane / 4;   // the lane's row within the tile (warps 0..3) and batch column
+  // The row scale of row lr, held by lanes 4 (lr % 8) + t as sg0 (lr < 8) or sg1.
+  const float s0 = __shfl_sync(0xffffffffu, sg0, 4 * (lr % 8)), s1 = __shfl_sync(0xffffffffu, sg1, 4 * (lr % 8));
+  float extra = 0.0f;
+  if constexpr (kOutliers) {   // before the barrier: the warps' outlier loads overlap the others' arrival
+    if (warp < 4 && rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections(rowptr, row0 + 4 * warp, n, xo, m_total, lane, entry);
+  }
+#pragma unroll
+  for (int i = 0; i < kE; ++i) {
+    part[buf][warp][lane][2 * i] = hi[i];
+    part[buf][warp][lane][2 * i + 1] = lo[i];
+  }
+  __syncthreads();
+  float v = 0.0f;
+  if (warp < 4 && mm < m_total && row0 + lr < n) {
+    // (row lr, column mm): kPack lane 4 (lr % 8) + mm, element lr / 8; else lane 4 (lr % 8) + mm / 2, element 2 (lr / 8) + mm % 2.
+    const int src = kPack ? 4 * (lr % 8) + mm : 4 * (lr % 8) + mm / 2, e = kPack ? lr / 8 : 2 * (lr / 8) + mm % 2;
+    int h = 0, l = 0;
+    for (int wi = 0; wi < kWarps; ++wi) {
+      h += part[buf][wi][src][2 * e];
+      l += part[buf][wi][src][2 * e + 1];
+    }
+    const float sum = static_cast<float>(h) + static_cast<float>(l) * (1.0f / kI8LoSteps);
+    v = sum * (lr < 8 ? s0 : s1) * sxm + extra;
+  }
+  return v;
+}
+
 // kI8Warps: the warps of a CTA, each taking every kI8Warps-th group of the tile's rows (4, or 8 for grids of few tiles).
 // kSwiGlu (a stacked gate/up weight, n = 2 H, H = 16 hp): the CTA takes its tiles in pairs, gate tile u then up tile
 // u + hp, keeps the gate tile's reduced values in the storing lanes and writes h = silu(gate) * up to y [m, H] (the
@@ -156,31 +196,39 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
   const uint4* xp = reinterpret_cast<const uint4*>(xq + kI8XHeaderBytes);
   StreamRing<kStages, kI8Warps> ring(static_cast<uint32_t>(__cvta_generic_to_shared(i8_smem)) + warp * S::kWarpBytes, S::kBytes,
                                      tiles, G, warp);
+  const PlaneCopy planes(w);
   auto issue_weights = [&] {   // the lane's plane words and, at a tile's first group, the tile's tables and scales
     const uint32_t st = ring.issue_stage();
-    const int64_t it_gi = ring.it_item, row0 = ring.it_tile * 16;
-    cp_async_plane_words<B>(st, w, row0, it_gi, g, t, lane);
-    if (it_gi == warp) {   // rows are padded to 16 (lut8, lut8_scale): the tile's copies are always in bounds
+    const uint32_t it_gi = static_cast<uint32_t>(ring.it_item), row0 = static_cast<uint32_t>(ring.it_tile) * 16;
+    planes.issue<B>(st, row0, it_gi, g, t, lane);
+    if (it_gi == static_cast<uint32_t>(warp)) {   // rows are padded to 16 (lut8, lut8_scale): the tile's copies are always in bounds
       constexpr int kPieceChunks = S::kTabChunks / S::kPieces;
 #pragma unroll
       for (int c = lane; c < S::kTabChunks + 4; c += 32) {   // the pieces' tables, then the 16 row scales
         if (c < S::kTabChunks)
-          cp_async(st + S::kPlaneBytes + 16 * c, (c < kPieceChunks ? tab : tab_lo) + (row0 << B) + 16 * (c % kPieceChunks), 16);
+          cp_async(st + S::kPlaneBytes + 16 * c, (c < kPieceChunks ? tab : tab_lo) + ((row0 << B) + 16 * (c % kPieceChunks)), 16);
         else
-          cp_async(st + S::kPlaneBytes + S::kTabBytes + 16 * (c - S::kTabChunks), tab_scale + row0 + 4 * (c - S::kTabChunks), 16);
+          cp_async(st + S::kPlaneBytes + S::kTabBytes + 16 * (c - S::kTabChunks), tab_scale + (row0 + 4 * (c - S::kTabChunks)), 16);
       }
     }
   };
   auto issue_x = [&] {   // the group's pieces of all M columns
     const uint32_t st = ring.issue_stage() + S::kPlaneBytes + S::kTabBytes + S::kScaleBytes;
+    const uint32_t o = static_cast<uint32_t>(ring.it_item) * (64 * M) + lane;
 #pragma unroll
-    for (int c = 0; c < S::kXBytes / 16 / 32; ++c) cp_async(st + 16 * (lane + 32 * c), xp + ring.it_item * 64 * M + lane + 32 * c, 16);
+    for (int c = 0; c < S::kXBytes / 16 / 32; ++c) cp_async(st + 16 * (lane + 32 * c), xp + (o + 32 * c), 16);
   };
-  if constexpr (kSwiGlu) ring.pair = hp;
+  if constexpr (kSwiGlu) ring.pair = static_cast<int32_t>(hp);
   ring.prologue(issue_weights, issue_x);   // xq and y belong to the kernels before
   const float* xscale = reinterpret_cast<const float*>(xq);
-  const float sx0 = 2 * t < m_total ? __ldg(xscale + 2 * t) : 0.0f, sx1 = 2 * t + 1 < m_total ? __ldg(xscale + 2 * t + 1) : 0.0f;
-  const int xl = (g < M ? g : 0) * 4 + t;   // lanes of columns >= M read column 0's pieces (not stored)
+  // kPack (batch 1..4): B column g is batch column g / 2's piece g % 2, so one mma sums a slot's both activation pieces
+  // (C columns 2t, 2t + 1: batch column t's hi and lo sums) where the unpacked form (batch 8: B column g is batch
+  // column g) takes one mma per piece. The same integer sums, so the same bits.
+  constexpr bool kPack = M <= 4;
+  const float sxm = lane / 4 < m_total ? __ldg(xscale + lane / 4) : 0.0f;   // the scale of the batch column the lane stores
+  // The lane's B bytes: lanes of batch columns >= M read column 0's pieces (not stored).
+  const int xcol = kPack ? g / 2 : g;
+  const uint32_t xl = 16 * ((xcol < M ? xcol : 0) * 4 + t) + (kPack ? 8 * (g % 2) : 0);
   int buf = 0;
   const int64_t units = kSwiGlu ? hp : tiles;
   float gate = 0.0f, hmax = 0.0f;   // kSwiGlu: the lane's gate value, its batch column's max |h| so far
@@ -189,7 +237,8 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
     const int64_t tile = unit + half * hp, row0 = tile * 16;
     I8Table<B> tab0, tab1, tlo0, tlo1;   // tlo: 4 bits, the centroids' second pieces
     float sg0 = 0.0f, sg1 = 0.0f;
-    int acc_h[2][4] = {}, acc_l[2][4] = {};   // two chains per piece (slot parity)
+    // Two chains per piece (slot parity). kPack: acc_h both x pieces, acc_l (4 bits) the centroids' second pieces.
+    int acc_h[2][4] = {}, acc_l[2][4] = {};
     for (int64_t gi = warp; gi < G; gi += kI8Warps) {
       const uint32_t st = ring.next(issue_weights, issue_x);
       if (gi == warp) {   // the tile's first group: its tables and scales
@@ -217,7 +266,7 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
         lds_u32x4(st + (j * 32 + lane) * 16, p0[j]);
         lds_u32x4(st + ((B + j) * 32 + lane) * 16, p1[j]);
       }
-      const uint32_t xs = st + S::kPlaneBytes + S::kTabBytes + S::kScaleBytes + 16 * xl;
+      const uint32_t xs = st + S::kPlaneBytes + S::kTabBytes + S::kScaleBytes + xl;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         uint32_t w0[B], w1[B];
@@ -234,31 +283,39 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
           a[2] = i8_lookup<B>(tab0, v0 >> 16, m0 >> 16);
           a[3] = i8_lookup<B>(tab1, v1 >> 16, m1 >> 16);
           uint32_t xb[4];
-          lds_u32x4(xs + 16 * 4 * M * (4 * e + s), xb);
-          mma_s8_16832(acc_h[s & 1], a, xb[0], xb[1]);
-          mma_s8_16832(acc_l[s & 1], a, xb[2], xb[3]);
+          if constexpr (kPack) {
+            lds_u32x2(xs + 16 * 4 * M * (4 * e + s), reinterpret_cast<uint32_t(&)[2]>(xb));
+            mma_s8_16832(acc_h[s & 1], a, xb[0], xb[1]);
+          } else {
+            lds_u32x4(xs + 16 * 4 * M * (4 * e + s), xb);
+            mma_s8_16832(acc_h[s & 1], a, xb[0], xb[1]);
+            mma_s8_16832(acc_l[s & 1], a, xb[2], xb[3]);
+          }
           if constexpr (B == 4) {   // the centroids' second pieces times x's first: the same 1/254 scale as acc_l
             uint32_t al[4];
             al[0] = i8_lookup<B>(tlo0, v0, m0);
             al[1] = i8_lookup<B>(tlo1, v1, m1);
             al[2] = i8_lookup<B>(tlo0, v0 >> 16, m0 >> 16);
             al[3] = i8_lookup<B>(tlo1, v1 >> 16, m1 >> 16);
-            mma_s8_16832(acc_l[s & 1], al, xb[0], xb[1]);
+            mma_s8_16832(acc_l[s & 1], al, xb[0], xb[1]);   // kPack: its even C columns (x's first piece) are used
           }
         }
       }
     }
-    // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8.
-    float acc[4];
+    // The lane's exact sums (hi: x's first pieces; lo: the 1/254-scaled terms). kPack: rows g, g + 8 of batch column t;
+    // else c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8.
+    constexpr int kE = kPack ? 2 : 4;
+    int hi[kE], lo[kE];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float sum = static_cast<float>(acc_h[0][i] + acc_h[1][i]) + static_cast<float>(acc_l[0][i] + acc_l[1][i]) * (1.0f / kI8LoSteps);
-      acc[i] = sum * (i < 2 ? sg0 : sg1) * (i % 2 == 0 ? sx0 : sx1);
+    for (int i = 0; i < kE; ++i) {
+      const int c = kPack ? 2 * i : i;
+      hi[i] = acc_h[0][c] + acc_h[1][c];
+      lo[i] = kPack ? acc_h[0][c + 1] + acc_h[1][c + 1] + (B == 4 ? acc_l[0][c] + acc_l[1][c] : 0) : acc_l[0][c] + acc_l[1][c];
     }
     if (unit + gridDim.x >= units && half == (kSwiGlu ? 1 : 0)) pdl_launch_dependents();   // the CTA's last tile
     if constexpr (kSwiGlu) {
-      const float v = reduce_tc_fragments<kI8Warps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr,
-                                                                   OutlierX{x, k, 1}, I8OutlierEntry<B>{w}, buf);
+      const float v = reduce_i8_fragments<kI8Warps, kFusedOutliers, kPack>(hi, lo, sg0, sg1, sxm, warp, lane, row0, n, m_total, w.rowptr,
+                                                                         OutlierX{x, k, 1}, I8OutlierEntry<B>{w}, buf);
       const int mm = lane / 4;
       const int64_t j = unit * 16 + warp * 4 + lane % 4;   // the hidden unit of this lane's row in both tiles
       if (half == 0) {
@@ -269,8 +326,10 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
         hmax = i8_absmax_step(hmax, h);
       }
     } else {
-      store_tc_fragments<kI8Warps, kFusedOutliers>(acc, warp, lane, row0, n, m_total, w.rowptr, OutlierX{x, k, 1}, y,
-                                                   I8OutlierEntry<B>{w}, buf);
+      const float v = reduce_i8_fragments<kI8Warps, kFusedOutliers, kPack>(hi, lo, sg0, sg1, sxm, warp, lane, row0, n, m_total, w.rowptr,
+                                                                         OutlierX{x, k, 1}, I8OutlierEntry<B>{w}, buf);
+      const int64_t row = row0 + warp * 4 + lane % 4;
+      if (warp < 4 && lane / 4 < m_total && row < n) y[(lane / 4) * n + row] = v;
     }
     buf ^= 1;
   }
@@ -285,11 +344,27 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
 }
 
 template <int B, int M, int kStages, int kWarps>
+auto i8_kernel(bool fused, bool sw) {
+  return sw ? (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, true> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, true>)
+            : (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, false> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, false>);
+}
+
+// The most work items one warp of the persistent grid takes (its makespan in items) with kWarps warps per CTA: units (tiles,
+// or SwiGLU's tile pairs) spread over the resident CTAs, each unit's G groups over the CTA's warps.
+template <int B, int M, int kStages, int kWarps>
+int64_t i8_items_per_warp(const AnyPrecDevice& w, bool fused, bool sw) {
+  static const int sms = device_sm_count();
+  const size_t smem = static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes;
+  const int64_t ctas = static_cast<int64_t>(sms) * stream_blocks_per_sm(i8_kernel<B, M, kStages, kWarps>(fused, sw), kWarps * 32, smem);
+  const int64_t G = (w.words + 15) / 16, units = sw ? w.n / 32 : (w.n + 15) / 16;
+  return (units + ctas - 1) / ctas * (sw ? 2 : 1) * ((G + kWarps - 1) / kWarps);
+}
+
+template <int B, int M, int kStages, int kWarps>
 void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq, unsigned* hmax_bits) {
   const size_t smem = static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes;
   const bool sw = hmax_bits != nullptr;
-  auto kern = sw ? (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, true> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, true>)
-                 : (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, false> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, false>);
+  auto kern = i8_kernel<B, M, kStages, kWarps>(fused, sw);
   const int64_t hp = sw ? w.n / 32 : 0;   // SwiGLU: tile pairs, one per 16 hidden units
   launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kWarps * 32, smem, sw ? hp : (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y,
              static_cast<const uint8_t*>(xq), hp, hmax_bits);
@@ -306,13 +381,15 @@ int i8_stages(int b, int64_t k) {
   return forced != 0 ? forced : b == 4 && k <= 4096 ? 3 : 2;
 }
 
+// The CTA form of the int8 GEMV for a weight, batch form M and epilogue (sw: SwiGLU's tile pairs): warps per CTA and
+// ring stages.
+struct I8Form {
+  int warps, stages;
+};
 template <int B, int M>
-void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq,
-                     const float* xmax, unsigned* hmax_bits) {
+I8Form i8_form(const AnyPrecDevice& w, bool fused, bool sw) {
+  static const int sms = device_sm_count();
   const int64_t G = (w.words + 15) / 16, tiles = (w.n + 15) / 16;
-  const dim3 xgrid(static_cast<unsigned>((G * 64 + kI8XThreads - 1) / kI8XThreads), static_cast<unsigned>(M));
-  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, kI8XThreads, 0, s, w.k, w.words, x, m, M, vec, xq, xmax);
   // Grids of at most two tiles per SM (the 4096-row matrices of 7B models: 256 tiles) have few warps to hide the
   // latency with four per tile (ncu, H200, 4096x11008 3 bits batch 1: 1.8 warps per scheduler, 64% of cycles without an
   // eligible warp): eight warps per tile there (rows of at least 8 groups). Measured against four warps with two or
@@ -325,26 +402,60 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
   // 8192x28672 47.5 against 49.7; Llama-2-70B 3-bit decode batch 8 455.4 -> 485.5 tok/s, while 4 bits (larger
   // stages) went 332.8 -> 326.6 and keeps four warps; at batch 1 four warps measured as fast or faster (28672x8192
   // 36.4-37.5 against 37.8 us).
-  static const int sms = device_sm_count();
   // 4 bits at batch 1 on rows of at most 4096 inputs: three ring stages (two items of every warp loaded before the PDL
   // wait, while the norm or attention and the activation kernel before it run). H200, Llama-2-7B decode, runs of one
   // binary alternated (docs/results/issue7-session21-h200.txt part 3): 4-bit 328.7 / 328.8 tok/s with two stages on every
   // matrix, 342.3 / 340.5 with three, 342.3 / 343.6 with four; at 2 and 3 bits three stages were slower (3-bit 540.3 ->
   // 507.8, 2-bit 600.4 -> 583.1), and on Llama-2-70B (rows of 8192 and 28672) too: 4-bit 51.2 -> 44.3 (part 6), 3-bit
   // with four stages 92.5 -> 82.1.
-  const bool few_tiles = tiles <= 2LL * sms && G >= 8;   // eight warps per tile (above)
-  if constexpr (M == 1) {
-    if (i8_stages(B, w.k) == 3) {
-      if (few_tiles) return launch_i8<B, M, 3, 8>(w, x, m, y, s, fused, xq, hmax_bits);
+  // Balance: a grid of 4-warp CTAs takes whole tiles, so where the tiles are few per CTA the busiest warp can run a
+  // third more items than the average (Llama-2-7B q/k/v, 768 tiles of 8 groups on 528 CTAs: 4 items where the mean is
+  // 2.9; SwiGLU's gate/up pairs: 8 where it is 5.2); eight warps per tile where that takes fewer items per warp, at
+  // batch 1..2. H200, Llama-2-7B decode, same runs (docs/results/issue7-session25-h200.txt part 1): 3 bits batch 1
+  // 552.0-552.4 -> 564.1 tok/s with it, 2 and 4 bits unchanged (their forms do not change or the tiles are balanced);
+  // at batch 8 it cost 4 bits 3.4% (2,251-2,265 -> 2,185: eight-warp CTAs of 4-bit stages fit one per SM), so M <= 2.
+  const int stages = M == 1 ? i8_stages(B, w.k) : 2;
+  bool eight = tiles <= 2LL * sms && G >= 8;   // few tiles (above)
+  if (!eight && gemv_balance_enabled() && M <= 2 && G >= 8) {
+    if constexpr (M == 1) {
+      if (stages == 3) eight = i8_items_per_warp<B, M, 3, 8>(w, fused, sw) < i8_items_per_warp<B, M, 3, 4>(w, fused, sw);
+    }
+    if (stages == 2) eight = i8_items_per_warp<B, M, 2, 8>(w, fused, sw) < i8_items_per_warp<B, M, 2, 4>(w, fused, sw);
+  }
+  if (stages == 2 && B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) eight = true;
+  return {eight ? 8 : 4, stages};
+}
+
+template <int B, int M>
+void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq,
+                     const float* xmax, unsigned* hmax_bits) {
+  const int64_t G = (w.words + 15) / 16;
+  const dim3 xgrid(static_cast<unsigned>((G * 64 + kI8XThreads - 1) / kI8XThreads), static_cast<unsigned>(M));
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  launch_pdl(kPdlXfrag, anyprec_i8_x_kernel, xgrid, kI8XThreads, 0, s, w.k, w.words, x, m, M, vec, xq, xmax);
+  const I8Form f = i8_form<B, M>(w, fused, hmax_bits != nullptr);
+  if (f.stages == 3) {
+    if constexpr (M == 1) {
+      if (f.warps == 8) return launch_i8<B, M, 3, 8>(w, x, m, y, s, fused, xq, hmax_bits);
       return launch_i8<B, M, 3, 4>(w, x, m, y, s, fused, xq, hmax_bits);
     }
   }
-  if (few_tiles) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
-  if (B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
+  if (f.warps == 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
   launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq, hmax_bits);
 }
 
 }  // namespace
+
+int anyprec_i8_cta_warps(const AnyPrecDevice& w, int bits, int m, bool fused, bool swiglu) {
+  LOWBIT_CHECK(bits >= 2 && bits <= 4 && anyprec_i8_fits(w.n, w.k, m), "anyprec int8 GEMV: no CTA form for ", w.n, "x", w.k, ", ", bits,
+               " bits, batch ", m);
+  fused = fused && w.rowptr != nullptr;
+  int warps = 0;
+  dispatch_int<2, 3, 4>(bits, [&](auto b) {
+    dispatch_int<1, 2, 4, 8>(i8_columns(m), [&](auto mm) { warps = i8_form<decltype(b)::value, decltype(mm)::value>(w, fused, swiglu).warps; });
+  });
+  return warps;
+}
 
 size_t anyprec_i8_x_bytes(int64_t k, int m) {
   const int M = i8_columns(m);
@@ -357,7 +468,7 @@ void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, fl
                w.n, ")");
   LOWBIT_CHECK(bits >= 2 && bits <= 4 && w.lut8[bits] != nullptr && w.lut8_scale[bits] != nullptr,
                "anyprec int8 GEMV: no int8 tables for width ", bits, " (they serve the weight's widths among 2..4)");
-  LOWBIT_CHECK(anyprec_i8_fits(w.n, w.k, m) && xq != nullptr, "anyprec int8 GEMV: needs k a multiple of 128 and >= 2048, batch 1..",
+  LOWBIT_CHECK(anyprec_i8_fits(w.n, w.k, m) && xq != nullptr, "anyprec int8 GEMV: needs k a multiple of 128 and >= 2048, n * k <= 2^34, batch 1..",
                kMaxGemvBatch, " and an xfrag scratch (asked: ", w.n, "x", w.k, ", batch ", m, ")");
   fused = fused && w.rowptr != nullptr;
   auto* q = static_cast<uint8_t*>(xq);

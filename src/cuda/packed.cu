@@ -551,6 +551,10 @@ bool& group_gemv_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_GROUP_GEMV", true);
   return on;
 }
+bool& gemv_balance_state() {   // from the environment on first use
+  static bool on = env_switch("LOWBIT_GEMV_BALANCE", true);
+  return on;
+}
 bool& fused_gemm_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_FUSED_GEMM", true);
   return on;
@@ -558,6 +562,8 @@ bool& fused_gemm_state() {   // from the environment on first use
 }  // namespace
 
 bool group_gemv_enabled() { return group_gemv_state(); }
+bool gemv_balance_enabled() { return gemv_balance_state(); }
+void set_gemv_balance(bool on) { gemv_balance_state() = on; }
 void set_group_gemv(bool on) { group_gemv_state() = on; }
 bool fused_gemm_enabled() { return fused_gemm_state(); }
 void set_fused_gemm(bool on) { fused_gemm_state() = on; }

@@ -138,7 +138,11 @@ constexpr bool is_tensor_core(GemvPath p) {
 }
 // Whether the int8 GEMV (TensorCoreInt8LutStream, anyprec_gemv_i8) serves this shape and batch: k a multiple of 128
 // and >= 2048, batch 1..8 (2..4 bits).
-constexpr bool anyprec_i8_fits(int64_t n, int64_t k, int m) { return n >= 1 && k % 128 == 0 && k >= 2048 && m >= 1 && m <= kMaxGemvBatch; }
+// Whether the streamed any-precision GEMVs' plane offsets (PlaneCopy: up to 4 planes of n * k / 32 words) fit 32 bits.
+constexpr bool anyprec_offsets_fit(int64_t n, int64_t k) { return n * ((k + 31) / 32) <= (int64_t{1} << 29); }
+constexpr bool anyprec_i8_fits(int64_t n, int64_t k, int m) {
+  return n >= 1 && k % 128 == 0 && k >= 2048 && anyprec_offsets_fit(n, k) && m >= 1 && m <= kMaxGemvBatch;
+}
 // Whether Auto runs the int8 GEMV where it fits (2..4 bits, batch 1..8). On unless LOWBIT_INT8_TABLES=0 in the
 // environment (read once); set_int8_tables() overrides it (benchmarks time both in one run; a captured decode graph is
 // keyed on it). Its centroids are the fp16 LUT's rounded to int8 under a row scale, in two pieces at 4 bits
@@ -202,6 +206,9 @@ size_t anyprec_xfrag_bytes(int64_t k);
 void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, bool fused, void* xq,
                      const float* xmax = nullptr, unsigned* hmax_bits = nullptr);
 size_t anyprec_i8_x_bytes(int64_t k, int m);
+// The warps per CTA (4 or 8) the int8 GEMV runs for this weight, width, batch and epilogue (gemv_balance_enabled and
+// the shape rules). Its sums are integers reduced as integers, so both forms give the same bits.
+int anyprec_i8_cta_warps(const AnyPrecDevice& w, int bits, int m, bool fused, bool swiglu);
 // xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation;
 // GemvPath::Dp2aStream: their 16-bit integer values, mixed24a_dp_x_bytes(k, m) <= mixed24a_xfrag_bytes(k) of it).
 // xmax: as for anyprec_gemv_i8 (read by GemvPath::Dp2aStream only).
@@ -326,6 +333,12 @@ bool packed_swiglu_fuses(const DevicePackedWeight& w, int bits, int64_t m);
 // overrides it: bench --e2e times both in one run, a captured decode graph is keyed on it). ys[p]: part p's output.
 bool group_gemv_enabled();
 void set_group_gemv(bool on);
+// The any-precision int8 GEMV picks 4- or 8-warp CTAs at batch 1..2 by which gives the busiest warp fewer work items
+// (whole tiles per CTA leave some CTAs a tile more than others; anyprec_gemv_i8.cu, i8_form): on unless
+// LOWBIT_GEMV_BALANCE=0 in the environment (read once); set_gemv_balance() overrides it (tests run both forms; a
+// captured decode graph is keyed on it).
+bool gemv_balance_enabled();
+void set_gemv_balance(bool on);
 bool packed_group_runs(const std::vector<const DevicePackedWeight*>& ws, int64_t m);
 void packed_matmul_group(const std::vector<const DevicePackedWeight*>& ws, const float* x, int64_t m, const std::vector<float*>& ys,
                          GemmContext& ctx, const float* x_max = nullptr);

@@ -87,18 +87,21 @@ unsigned persistent_grid(Kernel kern, int threads, size_t smem, int64_t tiles) {
 // read the cursor: weights() the item's weights, x() its activations; they are called only while items remain.
 template <int kStages, int kWarps>
 struct StreamRing {
+  // The cursor in 32 bits (tiles = n / 16 and items = groups per tile are far below 2^31; the 64-bit form cost the
+  // int8 GEMV ~20 of its ~90 bookkeeping instructions per item).
   uint32_t base, stage_bytes;
-  int64_t tiles, items;
+  int32_t tiles, items;
   int warp;
-  int64_t it_tile, it_item;
+  int32_t it_tile, it_item;
   int it_stage = 0, stage = 0;
   // pair > 0: the tiles come in pairs (u, u + pair) for units u = blockIdx.x, + gridDim.x, ... < pair (the int8 GEMV's
   // SwiGLU epilogue: a gate tile, then its up tile); it_half: which of the pair the cursor is on.
-  int64_t pair = 0;
+  int32_t pair = 0;
   int it_half = 0;
   __device__ __forceinline__ bool live() const { return pair > 0 ? it_tile - it_half * pair < pair : it_tile < tiles; }
   __device__ __forceinline__ StreamRing(uint32_t base_, uint32_t stage_bytes_, int64_t tiles_, int64_t items_, int warp_)
-      : base(base_), stage_bytes(stage_bytes_), tiles(tiles_), items(items_), warp(warp_), it_tile(blockIdx.x), it_item(warp_) {}
+      : base(base_), stage_bytes(stage_bytes_), tiles(static_cast<int32_t>(tiles_)), items(static_cast<int32_t>(items_)), warp(warp_),
+        it_tile(static_cast<int32_t>(blockIdx.x)), it_item(warp_) {}
   __device__ __forceinline__ uint32_t issue_stage() const { return base + it_stage * stage_bytes; }
   __device__ __forceinline__ void advance() {
     it_item += kWarps;
@@ -108,7 +111,7 @@ struct StreamRing {
         it_tile += pair;
         it_half = 1;
       } else {
-        it_tile += gridDim.x - it_half * pair;
+        it_tile += static_cast<int32_t>(gridDim.x) - it_half * pair;
         it_half = 0;
       }
     }
@@ -118,7 +121,7 @@ struct StreamRing {
   // it, one cp.async group per item.
   template <typename Weights, typename X>
   __device__ __forceinline__ void prologue(Weights weights, X x) {
-    const int64_t t0 = it_tile, i0 = it_item;
+    const int32_t t0 = it_tile, i0 = it_item;
     const int h0 = it_half;
     for (int p = 0; p + 1 < kStages; ++p) { if (live()) weights(); advance(); }
     pdl_wait();
