@@ -405,9 +405,10 @@ TEST(CudaKernels, Int8GemvSwiGluEpilogueIsBitIdentical) {
 }
 
 // The int8 GEMV's CTA forms (4 or 8 warps per tile; gemv_balance_enabled picks 8 where the busiest warp then takes fewer
-// items) give the same bits: its sums are integers, reduced over the warps as integers and scaled once. 12288x4096
-// (Llama-2-7B q/k/v: 768 tiles of 8 groups) and 22016x4096 (gate/up, also with the SwiGLU epilogue's tile pairs), every
-// width 2..4, batch 1, 2, 8, outliers fused; at least one case must change form, or the test proves nothing.
+// items) give the same bits: its sums are integers, reduced over the warps as integers and scaled once; and so do both
+// activation pieces in one mma and one mma each (i8_pack_mode 1 / 0). 12288x4096 (Llama-2-7B q/k/v: 768 tiles of 8
+// groups) and 22016x4096 (gate/up, also with the SwiGLU epilogue's tile pairs), every width 2..4, batch 1, 2, 8,
+// outliers fused; at least one case must change form, or the test proves nothing.
 TEST(CudaKernels, Int8GemvCtaFormsAreBitIdentical) {
   SKIP_WITHOUT_GPU();
   const bool saved = cuda::gemv_balance_enabled();
@@ -441,6 +442,16 @@ TEST(CudaKernels, Int8GemvCtaFormsAreBitIdentical) {
           EXPECT_TRUE(std::all_of(got[1].begin(), got[1].end(), [](float v) { return std::isfinite(v); })) << what;
           EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * sizeof(float)))
               << what << ": " << warps[0] << " and " << warps[1] << " warps per CTA differ";
+          for (const int pack : {0, 1}) {   // both activation pieces in one mma or one mma each (2..3 bits, batch 1..4)
+            cuda::set_i8_pack_mode(pack);
+            cuda::DeviceBuffer<unsigned> hmax(8);
+            LOWBIT_CUDA_CHECK(cudaMemset(hmax.get(), 0, hmax.bytes()));
+            const auto p = run_poisoned(x, outs, [&](const float* xd, float* yd) {
+              cuda::anyprec_gemv_i8(dw.anyprec(), bits, xd, m, yd, nullptr, true, xq.get(), nullptr, sw ? hmax.get() : nullptr);
+            });
+            cuda::set_i8_pack_mode(-1);
+            EXPECT_EQ(0, std::memcmp(p.data(), got[1].data(), p.size() * sizeof(float))) << what << ": pack mode " << pack << " differs";
+          }
         }
   }
   EXPECT_GT(changed, 0) << "no case ran both CTA forms";

@@ -182,7 +182,7 @@ __device__ __forceinline__ float reduce_i8_fragments(const int (&hi)[kE], const 
 // u + hp, keeps the gate tile's reduced values in the storing lanes and writes h = silu(gate) * up to y [m, H] (the
 // same expression as swiglu_kernel) after the up tile, and each batch column's max |h| (atomicMax of its bits into
 // hmax_bits[col], a slot zeroed earlier in the step) for the down GEMV's activation kernel: no SwiGLU kernel.
-template <int B, bool kFusedOutliers, int M, int kStages, int kI8Warps, bool kSwiGlu>
+template <int B, bool kFusedOutliers, int M, int kStages, int kI8Warps, bool kSwiGlu, bool kPackPieces>
 __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warps>::kMinBlocks)) anyprec_gemv_i8_stream_kernel(
     AnyPrecDevice w, const float* __restrict__ x, int m_total, float* __restrict__ y, const uint8_t* __restrict__ xq,
     int64_t hp, unsigned* __restrict__ hmax_bits) {
@@ -221,10 +221,10 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
   if constexpr (kSwiGlu) ring.pair = static_cast<int32_t>(hp);
   ring.prologue(issue_weights, issue_x);   // xq and y belong to the kernels before
   const float* xscale = reinterpret_cast<const float*>(xq);
-  // kPack (batch 1..4): B column g is batch column g / 2's piece g % 2, so one mma sums a slot's both activation pieces
-  // (C columns 2t, 2t + 1: batch column t's hi and lo sums) where the unpacked form (batch 8: B column g is batch
-  // column g) takes one mma per piece. The same integer sums, so the same bits.
-  constexpr bool kPack = M <= 4;
+  // kPack (batch 1..4, kPackPieces): B column g is batch column g / 2's piece g % 2, so one mma sums a slot's both
+  // activation pieces (C columns 2t, 2t + 1: batch column t's hi and lo sums) where the unpacked form (B column g is
+  // batch column g) takes one mma per piece. The same integer sums, so the same bits. (Which is faster: i8_form.)
+  constexpr bool kPack = M <= 4 && kPackPieces;
   const float sxm = lane / 4 < m_total ? __ldg(xscale + lane / 4) : 0.0f;   // the scale of the batch column the lane stores
   // The lane's B bytes: lanes of batch columns >= M read column 0's pieces (not stored).
   const int xcol = kPack ? g / 2 : g;
@@ -343,10 +343,20 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
   cp_async_wait<0>();   // no copy outlives the CTA
 }
 
+// The kernel of a form; pack: kPackPieces (instantiated where it can differ: batch 1..4; 4 bits always pack).
+template <int B, int M, int kStages, int kWarps, bool kPackPieces>
+auto i8_kernel_of(bool fused, bool sw) {
+  return sw ? (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, true, kPackPieces>
+                     : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, true, kPackPieces>)
+            : (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, false, kPackPieces>
+                     : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, false, kPackPieces>);
+}
 template <int B, int M, int kStages, int kWarps>
-auto i8_kernel(bool fused, bool sw) {
-  return sw ? (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, true> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, true>)
-            : (fused ? anyprec_gemv_i8_stream_kernel<B, true, M, kStages, kWarps, false> : anyprec_gemv_i8_stream_kernel<B, false, M, kStages, kWarps, false>);
+auto i8_kernel(bool fused, bool sw, bool pack = true) {
+  if constexpr (M <= 4 && B <= 3) {
+    if (!pack) return i8_kernel_of<B, M, kStages, kWarps, false>(fused, sw);
+  }
+  return i8_kernel_of<B, M, kStages, kWarps, (M <= 4)>(fused, sw);
 }
 
 // The most work items one warp of the persistent grid takes (its makespan in items) with kWarps warps per CTA: units (tiles,
@@ -361,10 +371,11 @@ int64_t i8_items_per_warp(const AnyPrecDevice& w, bool fused, bool sw) {
 }
 
 template <int B, int M, int kStages, int kWarps>
-void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq, unsigned* hmax_bits) {
+void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStream_t s, bool fused, uint8_t* xq, unsigned* hmax_bits,
+               bool pack) {
   const size_t smem = static_cast<size_t>(kWarps) * I8Stage<B, M, kStages, kWarps>::kWarpBytes;
   const bool sw = hmax_bits != nullptr;
-  auto kern = i8_kernel<B, M, kStages, kWarps>(fused, sw);
+  auto kern = i8_kernel<B, M, kStages, kWarps>(fused, sw, pack);
   const int64_t hp = sw ? w.n / 32 : 0;   // SwiGLU: tile pairs, one per 16 hidden units
   launch_pdl(kPdlRegLut, kern, persistent_grid(kern, kWarps * 32, smem, sw ? hp : (w.n + 15) / 16), kWarps * 32, smem, s, w, x, m, y,
              static_cast<const uint8_t*>(xq), hp, hmax_bits);
@@ -385,6 +396,7 @@ int i8_stages(int b, int64_t k) {
 // ring stages.
 struct I8Form {
   int warps, stages;
+  bool pack;   // kPackPieces
 };
 template <int B, int M>
 I8Form i8_form(const AnyPrecDevice& w, bool fused, bool sw) {
@@ -423,7 +435,25 @@ I8Form i8_form(const AnyPrecDevice& w, bool fused, bool sw) {
     if (stages == 2) eight = i8_items_per_warp<B, M, 2, 8>(w, fused, sw) < i8_items_per_warp<B, M, 2, 4>(w, fused, sw);
   }
   if (stages == 2 && B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) eight = true;
-  return {eight ? 8 : 4, stages};
+  // Both activation pieces in one mma (kPackPieces) at batch 1..4: faster at 4 bits on every shape measured, and at 2..3
+  // bits where the busiest warp has few items, slower where it has many. H200, 3 bits batch 1, runs of one binary
+  // alternated (docs/results/issue7-session25-h200.txt part 3), packed / unpacked, us: 12288x4096 (4 items per warp)
+  // 13.9-14.4 / 14.6-14.9, 4096x11008 (3) 14.2-14.7 / 14.7-15.2, 28672x8192 (14) 37.1-38.0 / 36.3-36.6, 8192x28672
+  // (14) 39.3-40.1 / 36.4-36.5; 4 bits packed 64.1-64.4 / 66.5-66.9 on 28672x8192; Llama-2-7B decode 3 / 4 bits 561.0 /
+  // 349.7 tok/s packed everywhere, 549.0 / 342.4 unpacked at batch 1.
+  bool pack = M <= 4;
+  if (pack && B <= 3) {
+    const int mode = i8_pack_mode();
+    if (mode >= 0) {
+      pack = mode == 1;
+    } else {
+      int64_t items = 0;
+      if (eight) items = stages == 3 ? i8_items_per_warp<B, M, 3, 8>(w, fused, sw) : i8_items_per_warp<B, M, 2, 8>(w, fused, sw);
+      else items = stages == 3 ? i8_items_per_warp<B, M, 3, 4>(w, fused, sw) : i8_items_per_warp<B, M, 2, 4>(w, fused, sw);
+      pack = items < 8;
+    }
+  }
+  return {eight ? 8 : 4, stages, pack};
 }
 
 template <int B, int M>
@@ -436,12 +466,12 @@ void launch_i8_batch(const AnyPrecDevice& w, const float* x, int m, float* y, cu
   const I8Form f = i8_form<B, M>(w, fused, hmax_bits != nullptr);
   if (f.stages == 3) {
     if constexpr (M == 1) {
-      if (f.warps == 8) return launch_i8<B, M, 3, 8>(w, x, m, y, s, fused, xq, hmax_bits);
-      return launch_i8<B, M, 3, 4>(w, x, m, y, s, fused, xq, hmax_bits);
+      if (f.warps == 8) return launch_i8<B, M, 3, 8>(w, x, m, y, s, fused, xq, hmax_bits, f.pack);
+      return launch_i8<B, M, 3, 4>(w, x, m, y, s, fused, xq, hmax_bits, f.pack);
     }
   }
-  if (f.warps == 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits);
-  launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq, hmax_bits);
+  if (f.warps == 8) return launch_i8<B, M, 2, 8>(w, x, m, y, s, fused, xq, hmax_bits, f.pack);
+  launch_i8<B, M, 2, 4>(w, x, m, y, s, fused, xq, hmax_bits, f.pack);
 }
 
 }  // namespace

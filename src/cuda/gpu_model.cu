@@ -33,13 +33,14 @@ int splits_for(int span, int rows, int heads, int sms) {
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes, the register-table
 // GEMV's activation precision and which paths run the linears (packed.h: half_x_gemv_enabled, fused_gemm_enabled,
 // dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
-// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled, group_gemv_enabled, gemv_balance_enabled).
+// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled, group_gemv_enabled, gemv_balance_enabled, i8_pack_mode).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (half_x_gemv_enabled() ? 0x10000u : 0u) | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
          (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u) |
          (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u) |
-         (group_gemv_enabled() ? 0u : 0x1000000u) | (gemv_balance_enabled() ? 0u : 0x2000000u);
+         (group_gemv_enabled() ? 0u : 0x1000000u) | (gemv_balance_enabled() ? 0u : 0x2000000u) |
+         (static_cast<unsigned>(i8_pack_mode() + 1) << 26);
 }
 
 }  // namespace

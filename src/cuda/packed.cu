@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <tuple>
 
 #include "cuda/int8_tables.h"
@@ -551,6 +552,13 @@ bool& group_gemv_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_GROUP_GEMV", true);
   return on;
 }
+int& i8_pack_state() {   // from the environment on first use
+  static int mode = [] {
+    const char* v = std::getenv("LOWBIT_I8_PACK");
+    return v != nullptr && (std::string(v) == "0" || std::string(v) == "1") ? std::atoi(v) : -1;
+  }();
+  return mode;
+}
 bool& gemv_balance_state() {   // from the environment on first use
   static bool on = env_switch("LOWBIT_GEMV_BALANCE", true);
   return on;
@@ -563,6 +571,8 @@ bool& fused_gemm_state() {   // from the environment on first use
 
 bool group_gemv_enabled() { return group_gemv_state(); }
 bool gemv_balance_enabled() { return gemv_balance_state(); }
+int i8_pack_mode() { return i8_pack_state(); }
+void set_i8_pack_mode(int mode) { i8_pack_state() = mode < 0 ? -1 : mode > 0 ? 1 : 0; }
 void set_gemv_balance(bool on) { gemv_balance_state() = on; }
 void set_group_gemv(bool on) { group_gemv_state() = on; }
 bool fused_gemm_enabled() { return fused_gemm_state(); }

@@ -339,6 +339,12 @@ void set_group_gemv(bool on);
 // captured decode graph is keyed on it).
 bool gemv_balance_enabled();
 void set_gemv_balance(bool on);
+// Whether the any-precision int8 GEMV sums both activation pieces in one mma at batch 1..4 (anyprec_gemv_i8.cu's
+// kPackPieces): -1 by its rule (i8_form: always at 4 bits, at 2..3 bits where the busiest warp runs few items), 0 never,
+// 1 always at 2..3 bits. LOWBIT_I8_PACK=0|1 in the environment sets it (read once); set_i8_pack_mode() overrides it
+// (tests compare the forms, which give the same bits; a captured decode graph is keyed on it).
+int i8_pack_mode();
+void set_i8_pack_mode(int mode);
 bool packed_group_runs(const std::vector<const DevicePackedWeight*>& ws, int64_t m);
 void packed_matmul_group(const std::vector<const DevicePackedWeight*>& ws, const float* x, int64_t m, const std::vector<float*>& ys,
                          GemmContext& ctx, const float* x_max = nullptr);
