@@ -763,6 +763,11 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
   const uint32_t off_ss = S::kSc + (two ? 2 * (3 * uu + s) : 96 + 2 * uu), off_sm = off_ss + (two ? 48 : 16);
   int buf = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int part = P.part_of(tile);
+    const Mixed24ADevice& w = P.w[part];
+    const int64_t row0 = (tile - P.tile_start[part]) * 16;
+    // The fused outliers' first dependent load (the rows' CSR bounds), issued now and used in the epilogue.
+    const int32_t obound = kFusedOutliers && warp < 4 && w.rowptr != nullptr ? outlier_row_bound<4>(w.rowptr, row0 + 4 * warp, w.n, lane) : -1;
     float acc[M][16];
 #pragma unroll
     for (int col = 0; col < M; ++col)
@@ -828,12 +833,10 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
       frag[3] = 0.0f;
     }
     if (t != 0) frag[0] = frag[1] = frag[2] = frag[3] = 0.0f;
-    const int part = P.part_of(tile);
-    const Mixed24ADevice& w = P.w[part];
     // The fused outliers with four passes' loads in flight (add_outlier_partials' kPasses; docs/results/
     // issue7-session24-h200.txt part 8), batch columns < M.
-    store_tc_fragments<kWarps, kFusedOutliers, 4, M>(frag, warp, lane, (tile - P.tile_start[part]) * 16, w.n, m_total, w.rowptr,
-                                                    OutlierX{x, k, 1}, P.y[part], MixedOutlierEntry{w}, buf);
+    store_tc_fragments<kWarps, kFusedOutliers, 4, M>(frag, warp, lane, row0, w.n, m_total, w.rowptr, OutlierX{x, k, 1}, P.y[part],
+                                                    MixedOutlierEntry{w}, buf, obound);
     buf ^= 1;
   }
   cp_async_wait<0>();   // no copy outlives the CTA

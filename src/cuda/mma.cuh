@@ -100,14 +100,23 @@ constexpr int kXtColumns = 8;   // batch columns per row of the transposed copy 
 // GEMV, whose shorter kernel left the chains exposed: outliers over its dense time +26-28% -> +17-18% on the 70B
 // shapes, docs/results/issue7-session24-h200.txt part 8). The sums keep their order, entries e, e + 32, ...: the same
 // bits for every kPasses.
+// The lane's CSR bound for rows row_a .. row_a + kRows - 1 (lane r <= rows: rowptr[row_a + r], else 0), the first load of
+// add_outlier_partials' chain: a kernel may load it at its tile's start and pass it in (bound >= 0).
+template <int kRows>
+__device__ __forceinline__ int32_t outlier_row_bound(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n, int lane) {
+  if (row_a >= n) return 0;
+  const int rows = static_cast<int>(row_a + kRows <= n ? kRows : n - row_a);
+  return lane <= rows ? __ldg(rowptr + row_a + lane) : 0;
+}
+
 template <int kRows, int M, int kPasses = 1, typename Entry>
 __device__ __forceinline__ void add_outlier_partials(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n,
                                                      OutlierX xo, int m_total, int lane, Entry entry,
-                                                     float (&acc)[kRows][M]) {
+                                                     float (&acc)[kRows][M], int32_t pre_bound = -1) {
   static_assert(kRows < 32, "row bounds come from one lane each");
   if (row_a >= n) return;
   const int rows = static_cast<int>(row_a + kRows <= n ? kRows : n - row_a);
-  const int32_t bound = lane <= rows ? __ldg(rowptr + row_a + lane) : 0;
+  const int32_t bound = pre_bound >= 0 ? pre_bound : outlier_row_bound<kRows>(rowptr, row_a, n, lane);
   int32_t lim[kRows + 1];   // lim[r]: first entry of row r (lim[rows..]: the end)
 #pragma unroll
   for (int r = 0; r <= kRows; ++r) lim[r] = __shfl_sync(0xffffffffu, bound, r < rows ? r : rows);
@@ -181,14 +190,14 @@ __device__ __forceinline__ void reduce_scatter_step(float (&v)[32], int lane) {
 // reduce-scatter (31 shuffles, deterministic, no atomics).
 template <int kPasses = 1, int kCols = 8, typename Entry>
 __device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__ rowptr, int64_t row_a, int64_t n,
-                                                     OutlierX xo, int m_total, int lane, Entry entry) {
+                                                     OutlierX xo, int m_total, int lane, Entry entry, int32_t pre_bound = -1) {
   static_assert(kCols >= 1 && kCols <= 8, "at most 8 batch columns");
   float acc[4][kCols];
 #pragma unroll
   for (int r = 0; r < 4; ++r)
 #pragma unroll
     for (int mm = 0; mm < kCols; ++mm) acc[r][mm] = 0.0f;
-  add_outlier_partials<4, kCols, kPasses>(rowptr, row_a, n, xo, m_total, lane, entry, acc);
+  add_outlier_partials<4, kCols, kPasses>(rowptr, row_a, n, xo, m_total, lane, entry, acc, pre_bound);
   float v[32];   // index 4 mm + r
 #pragma unroll
   for (int i = 0; i < 32; ++i) v[i] = i / 4 < kCols ? acc[i % 4][i / 4 < kCols ? i / 4 : 0] : 0.0f;
@@ -211,12 +220,12 @@ __device__ __forceinline__ float outlier_corrections(const int32_t* __restrict__
 template <int kWarps, bool kOutliers, int kPasses = 1, int kCols = 8, typename Entry>
 __device__ __forceinline__ float reduce_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
                                                      int m_total, const int32_t* __restrict__ rowptr, OutlierX xo, Entry entry,
-                                                     int buf) {
+                                                     int buf, int32_t pre_bound = -1) {
   static_assert(kWarps >= 4, "warps 0..3 store the 16 rows");
   __shared__ float part[2][kWarps][32][4];   // each warp's fragment
   float extra = 0.0f;
   if constexpr (kOutliers) {   // before the barrier: the warps' outlier loads overlap the others' arrival
-    if (warp < 4 && rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections<kPasses, kCols>(rowptr, row0 + 4 * warp, n, xo, m_total, lane, entry);
+    if (warp < 4 && rowptr != nullptr && row0 + 4 * warp < n) extra = outlier_corrections<kPasses, kCols>(rowptr, row0 + 4 * warp, n, xo, m_total, lane, entry, pre_bound);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) part[buf][warp][lane][i] = acc[i];
@@ -235,8 +244,8 @@ __device__ __forceinline__ float reduce_tc_fragments(const float (&acc)[4], int 
 template <int kWarps, bool kOutliers, int kPasses = 1, int kCols = 8, typename Entry>
 __device__ __forceinline__ void store_tc_fragments(const float (&acc)[4], int warp, int lane, int64_t row0, int64_t n,
                                                    int m_total, const int32_t* __restrict__ rowptr, OutlierX xo,
-                                                   float* __restrict__ y, Entry entry, int buf = 0) {
-  const float v = reduce_tc_fragments<kWarps, kOutliers, kPasses, kCols>(acc, warp, lane, row0, n, m_total, rowptr, xo, entry, buf);
+                                                   float* __restrict__ y, Entry entry, int buf = 0, int32_t pre_bound = -1) {
+  const float v = reduce_tc_fragments<kWarps, kOutliers, kPasses, kCols>(acc, warp, lane, row0, n, m_total, rowptr, xo, entry, buf, pre_bound);
   const int64_t row = row0 + warp * 4 + lane % 4;
   const int mm = lane / 4;
   if (warp < 4 && mm < m_total && row < n) y[mm * n + row] = v;
