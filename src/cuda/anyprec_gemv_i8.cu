@@ -19,7 +19,9 @@
 // (register_selectors: nibble q = the code of word bit 4q + s) gives A bytes q of a0 / a1 (rows g / g + 8, k 4t + q)
 // and, shifted by 16, the codes of bits 16 + 4q + s for a2 / a3 (k 16 + 4t + q). The activation pieces of those
 // bits are written in that order by anyprec_i8_x_kernel, so the mma's k index never has to match a column of x:
-// each lane's B bytes are the x pieces of its own codes' columns.
+// each lane's B bytes are the x pieces of its own codes' columns. At batch 1..4 one mma can take both pieces (B column g
+// = batch column g / 2's piece g % 2; kPackPieces, where i8_form measured it faster), and the CTA's warps' int32 sums are
+// summed as integers before the one fp32 scaling (reduce_i8_fragments), so no CTA form changes the result.
 //
 // Memory side as the streamed register-table kernel: persistent CTAs of 4 warps, each warp streaming its work items
 // (tile, group of 16 words) through a private cp.async ring; a stage holds the group's plane words of the lane's two
