@@ -315,9 +315,9 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
       lo[i] = kPack ? acc_h[0][c + 1] + acc_h[1][c + 1] + (B == 4 ? acc_l[0][c] + acc_l[1][c] : 0) : acc_l[0][c] + acc_l[1][c];
     }
     if (unit + gridDim.x >= units && half == (kSwiGlu ? 1 : 0)) pdl_launch_dependents();   // the CTA's last tile
+    const float v = reduce_i8_fragments<kI8Warps, kFusedOutliers, kPack>(hi, lo, sg0, sg1, sxm, warp, lane, row0, n, m_total, w.rowptr,
+                                                                       OutlierX{x, k, 1}, I8OutlierEntry<B>{w}, buf);
     if constexpr (kSwiGlu) {
-      const float v = reduce_i8_fragments<kI8Warps, kFusedOutliers, kPack>(hi, lo, sg0, sg1, sxm, warp, lane, row0, n, m_total, w.rowptr,
-                                                                         OutlierX{x, k, 1}, I8OutlierEntry<B>{w}, buf);
       const int mm = lane / 4;
       const int64_t j = unit * 16 + warp * 4 + lane % 4;   // the hidden unit of this lane's row in both tiles
       if (half == 0) {
@@ -328,8 +328,6 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
         hmax = i8_absmax_step(hmax, h);
       }
     } else {
-      const float v = reduce_i8_fragments<kI8Warps, kFusedOutliers, kPack>(hi, lo, sg0, sg1, sxm, warp, lane, row0, n, m_total, w.rowptr,
-                                                                         OutlierX{x, k, 1}, I8OutlierEntry<B>{w}, buf);
       const int64_t row = row0 + warp * 4 + lane % 4;
       if (warp < 4 && lane / 4 < m_total && row < n) y[(lane / 4) * n + row] = v;
     }
@@ -429,13 +427,14 @@ I8Form i8_form(const AnyPrecDevice& w, bool fused, bool sw) {
   // 552.0-552.4 -> 564.1 tok/s with it, 2 and 4 bits unchanged (their forms do not change or the tiles are balanced);
   // at batch 8 it cost 4 bits 3.4% (2,251-2,265 -> 2,185: eight-warp CTAs of 4-bit stages fit one per SM), so M <= 2.
   const int stages = M == 1 ? i8_stages(B, w.k) : 2;
-  bool eight = tiles <= 2LL * sms && G >= 8;   // few tiles (above)
-  if (!eight && gemv_balance_enabled() && M <= 2 && G >= 8) {
+  auto items = [&](bool eight_warps) -> int64_t {   // i8_items_per_warp of the form with these stages
     if constexpr (M == 1) {
-      if (stages == 3) eight = i8_items_per_warp<B, M, 3, 8>(w, fused, sw) < i8_items_per_warp<B, M, 3, 4>(w, fused, sw);
+      if (stages == 3) return eight_warps ? i8_items_per_warp<B, M, 3, 8>(w, fused, sw) : i8_items_per_warp<B, M, 3, 4>(w, fused, sw);
     }
-    if (stages == 2) eight = i8_items_per_warp<B, M, 2, 8>(w, fused, sw) < i8_items_per_warp<B, M, 2, 4>(w, fused, sw);
-  }
+    return eight_warps ? i8_items_per_warp<B, M, 2, 8>(w, fused, sw) : i8_items_per_warp<B, M, 2, 4>(w, fused, sw);
+  };
+  bool eight = tiles <= 2LL * sms && G >= 8;   // few tiles (above)
+  if (!eight && gemv_balance_enabled() && M <= 2 && G >= 8) eight = items(true) < items(false);
   if (stages == 2 && B <= 3 && M == 8 && w.n * w.k >= 8192LL * 8192 && G >= 8) eight = true;
   // Both activation pieces in one mma (kPackPieces) at batch 1..4: faster at 4 bits on every shape measured, and at 2..3
   // bits where the busiest warp has few items, slower where it has many. H200, 3 bits batch 1, runs of one binary
@@ -446,14 +445,7 @@ I8Form i8_form(const AnyPrecDevice& w, bool fused, bool sw) {
   bool pack = M <= 4;
   if (pack && B <= 3) {
     const int mode = i8_pack_mode();
-    if (mode >= 0) {
-      pack = mode == 1;
-    } else {
-      int64_t items = 0;
-      if (eight) items = stages == 3 ? i8_items_per_warp<B, M, 3, 8>(w, fused, sw) : i8_items_per_warp<B, M, 2, 8>(w, fused, sw);
-      else items = stages == 3 ? i8_items_per_warp<B, M, 3, 4>(w, fused, sw) : i8_items_per_warp<B, M, 2, 4>(w, fused, sw);
-      pack = items < 8;
-    }
+    pack = mode >= 0 ? mode == 1 : items(eight) < 8;
   }
   return {eight ? 8 : 4, stages, pack};
 }
