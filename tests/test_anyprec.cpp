@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <set>
 
@@ -570,22 +571,73 @@ TEST(AnyPrecInt8Tables, RoundingStaysWithinItsBudgetAtEveryWidth) {
       ASSERT_LE(std::fabs(got - v), s / 508.0 * (1 + 1e-4) + 1e-7 * std::fabs(v)) << "x " << v << " scale " << s;
     }
   }
-  // Two pieces per centroid (the 4-bit tables): within max|c| / 64516.
-  for (int row = 0; row < 2000; ++row) {
+  // Two pieces per centroid (the 4-bit tables): sigma = max|c| / 126, within sigma / 508 = max|c| / 64008, both pieces in
+  // -127..126 (i8_split16's precondition); rows of centroids at half steps reach lo = 127 before its fold.
+  int folded = 0;
+  for (int row = 0; row < 4000; ++row) {
     std::vector<float> c(16);
     for (float& v : c) v = f16_to_f32(f32_to_f16(0.01f * nd(rng)));
+    if (row % 2 == 1) {   // centroids a hair below (k + 1/2) sigma: the residual rounds to lo = 127
+      float mx = 0;
+      for (float v : c) mx = std::max(mx, std::fabs(v));
+      for (int e = 0; e < 15; ++e) c[static_cast<size_t>(e)] = (static_cast<float>(static_cast<int>(rng() % 200) - 100) + 0.4995f) * (mx / 126.0f);
+      c[15] = mx;   // the row's maximum, so sigma is mx / 126
+    }
     std::vector<int8_t> q2(16), l2(16);
     const float sigma = cuda::i8_table_row2(c.data(), 16, q2.data(), l2.data());
+    float mx = 0;
+    for (float v : c) mx = std::max(mx, std::fabs(v));
+    EXPECT_FLOAT_EQ(sigma, mx / 126.0f);
     for (int e = 0; e < 16; ++e) {
-      const double got = static_cast<double>(sigma) * (q2[static_cast<size_t>(e)] + l2[static_cast<size_t>(e)] / 254.0);
+      const int qe = q2[static_cast<size_t>(e)], le = l2[static_cast<size_t>(e)];
+      ASSERT_TRUE(qe >= -127 && qe <= 126 && le >= -127 && le <= 126) << "row " << row << " entry " << e << ": " << qe << ", " << le;
+      folded += le == -127;
+      const double got = static_cast<double>(sigma) * (qe + le / 254.0);
       ASSERT_LE(std::fabs(got - c[static_cast<size_t>(e)]), sigma * (1.0 / 508 + 1e-5)) << "row " << row << " entry " << e;
     }
   }
+  EXPECT_GT(folded, 100) << "the lo = 127 fold was exercised";
   int8_t hi = 1, lo = 1;
   cuda::i8_x_pieces(3.0f, 0.0f, hi, lo);
   EXPECT_EQ(hi, 0);
   EXPECT_EQ(lo, 0);
   EXPECT_TRUE(std::isnan(cuda::i8_absmax_step(1.0f, std::nanf(""))));
+}
+
+// The 4-bit GEMV's two-PRMT form of a 16-entry table (int8_tables.h, i8_split16): for every pair of values in the range
+// i8_table_row2 gives, the two lookups as the hardware makes them (PRMT's generic mode: a selector nibble's msb
+// replicates the selected byte's sign bit) sum to the value, for all 16 codes.
+uint32_t prmt_generic(uint32_t a, uint32_t b, uint32_t sel) {
+  const uint64_t v = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t d = 0;
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t n = (sel >> (4 * q)) & 0xFu;
+    uint32_t byte = static_cast<uint32_t>(v >> (8 * (n & 7u))) & 0xFFu;
+    if (n & 8u) byte = (byte & 0x80u) != 0 ? 0xFFu : 0u;
+    d |= byte << (8 * q);
+  }
+  return d;
+}
+TEST(AnyPrecInt8Tables, SplitFormSumsToEveryValue) {
+  std::mt19937 rng(11);
+  int8_t t[16], s[16];
+  for (int a = -127; a <= 126; ++a)
+    for (int b = -127; b <= 126; ++b) {
+      for (int e = 0; e < 16; ++e) t[e] = static_cast<int8_t>(static_cast<int>(rng() % 254) - 127);
+      const int i = static_cast<int>(rng() % 8);
+      t[i] = static_cast<int8_t>(a);
+      t[i + 8] = static_cast<int8_t>(b);
+      cuda::i8_split16(t, s);
+      uint32_t w[4];
+      std::memcpy(w, s, 16);
+      for (int c = 0; c < 16; ++c) {
+        const uint32_t sel = static_cast<uint32_t>(c) * 0x1111u;   // code c in all four nibbles
+        const int a1 = static_cast<int8_t>(prmt_generic(w[0], w[1], sel) & 0xFFu);
+        const int a2 = static_cast<int8_t>(prmt_generic(w[2], w[3], sel ^ 0x8888u) & 0xFFu);
+        ASSERT_EQ(a1 + a2, t[c]) << "pair (" << a << ", " << b << ") at " << i << ", code " << c;
+        ASSERT_EQ(cuda::i8_split16_at(s, c), t[c]);
+      }
+    }
 }
 
 }  // namespace

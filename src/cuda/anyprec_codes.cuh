@@ -74,7 +74,7 @@ __device__ __forceinline__ void transpose_codes(const uint32_t (&p)[B], uint32_t
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));   // generic mode: codes' nibble msb is 0
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));   // generic mode: a nibble's msb replicates the byte's sign
   return d;
 }
 
@@ -176,13 +176,12 @@ struct I8Table {
   uint32_t v[kWords];
 };
 
-// Four int8 centroids, byte q for the code in nibble q of sel (register_selectors); 4 bits: the two 8-entry halves
-// looked up with the low 3 bits and merged under msel (nibble q: q + 4 * the code's plane-0 bit). One PRMT per four
-// weights at 2..3 bits, three at 4.
+// Four int8 centroids, byte q for the code in nibble q of sel (register_selectors): one PRMT per four weights (2..3
+// bits; the 4-bit tables are looked up in two halves, i8_split16, in the kernel).
 template <int B>
-__device__ __forceinline__ uint32_t i8_lookup(const I8Table<B>& t, uint32_t sel, uint32_t msel) {
-  if constexpr (B == 4) return prmt(prmt(t.v[0], t.v[1], sel), prmt(t.v[2], t.v[3], sel), msel);
-  else if constexpr (B == 3) return prmt(t.v[0], t.v[1], sel);
+__device__ __forceinline__ uint32_t i8_lookup(const I8Table<B>& t, uint32_t sel) {
+  static_assert(B <= 3, "4 bits: two PRMT per code set (int8_tables.h, i8_split16)");
+  if constexpr (B == 3) return prmt(t.v[0], t.v[1], sel);
   else return prmt(t.v[0], t.v[0], sel);
 }
 

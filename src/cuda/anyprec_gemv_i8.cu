@@ -6,11 +6,14 @@
 // PRMT). An fp16 centroid is two bytes, so a lookup of four codes takes four PRMT: the low bytes, the high bytes, and
 // two interleaves into half2 pairs. Here each row's centroids are int8 under a row scale (int8_tables.h, derived at
 // upload from the fp16 LUT: each centroid off by at most max|c| / 254), so one PRMT looks up four codes as the four
-// bytes of an int8 A register of mma.sync m16n8k32; at 4 bits three PRMT (two 8-entry halves and a merge) where the
-// fp16 tables take eight. At 4 bits the centroids carry a second int8 piece (c ~ sigma (hi + lo / 254), off by at
-// most max|c| / 64516): one piece cost +0.69% perplexity there (a what-if on every layer of SmolLM2, docs/PERF.md
-// session 18; +0.09% at 3 bits), and the second piece's lookup (three more PRMT) and mma (into the x low piece's
-// accumulator, the same 1/254 scale) keep the 4-bit kernel exact to fp16 level. The activations become two int8 pieces under one scale per batch column (x ~ s (hi + lo /
+// bytes of an int8 A register of mma.sync m16n8k32. At 4 bits the centroids carry a second int8 piece (c ~ sigma (hi +
+// lo / 254), off by at most max|c| / 64008): one piece cost +0.69% perplexity there (a what-if on every layer of
+// SmolLM2, docs/PERF.md session 18; +0.09% at 3 bits), and the second piece's lookup and mma (into the x low piece's
+// accumulator, the same 1/254 scale) keep the 4-bit kernel exact to fp16 level. A 16-entry table is two 8-byte
+// halves; each piece's table is stored so that the two halves' PRMT lookups (the code's msb, flipped for the second
+// half, making PRMT return the sign of a byte: 0 or -1) sum to the value (int8_tables.h, i8_split16), and the mma adds
+// them: two PRMT and two mma per four codes and piece, where a merge PRMT made it three PRMT and one mma (SASS, 3 bits
+// unchanged: 896 -> 800 instructions per 4-bit item, 384 -> 256 PRMT). The activations become two int8 pieces under one scale per batch column (x ~ s (hi + lo /
 // 254), off by at most max|x| / 64516), one mma each into int32 accumulators: the sums are exact, and
 // y = sigma_row * s_col * (sum_hi + sum_lo / 254) in fp32 at the end.
 //
@@ -112,9 +115,14 @@ struct I8OutlierEntry {
   __device__ __forceinline__ float operator()(int64_t row, int64_t e, int64_t& xcol) const {
     const int64_t c = __ldg(w.col + e);
     xcol = c;
-    const int64_t i = row * (1 << B) + code_at<B>(w, row, c);
-    float q = static_cast<float>(w.lut8[B][i]);
-    if constexpr (B == 4) q += static_cast<float>(w.lut8_lo4[i]) * (1.0f / kI8LoSteps);
+    const int code = code_at<B>(w, row, c);
+    float q;
+    if constexpr (B == 4) {   // the tables in i8_split16's form
+      q = static_cast<float>(i8_split16_at(w.lut8[B] + row * 16, code)) +
+          static_cast<float>(i8_split16_at(w.lut8_lo4 + row * 16, code)) * (1.0f / kI8LoSteps);
+    } else {
+      q = static_cast<float>(w.lut8[B][row * (1 << B) + code]);
+    }
     return __half2float(w.val[e]) - __ldg(w.lut8_scale[B] + row) * q;
   }
 };
@@ -239,8 +247,10 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
     const int64_t tile = unit + half * hp, row0 = tile * 16;
     I8Table<B> tab0, tab1, tlo0, tlo1;   // tlo: 4 bits, the centroids' second pieces
     float sg0 = 0.0f, sg1 = 0.0f;
-    // Two chains per piece (slot parity). kPack: acc_h both x pieces, acc_l (4 bits) the centroids' second pieces.
-    int acc_h[2][4] = {}, acc_l[2][4] = {};
+    // Two chains per piece (slot parity); 4 bits: two more, for the tables' second half (i8_split16: each code's value is
+    // the sum of two PRMT lookups, one mma each). kPack: acc_h both x pieces, acc_l (4 bits) the centroids' second pieces.
+    constexpr int kChains = B == 4 ? 4 : 2;
+    int acc_h[kChains][4] = {}, acc_l[kChains][4] = {};
     for (int64_t gi = warp; gi < G; gi += kI8Warps) {
       const uint32_t st = ring.next(issue_weights, issue_x);
       if (gi == warp) {   // the tile's first group: its tables and scales
@@ -276,30 +286,39 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
         for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-          uint32_t v0, m0, v1, m1;
-          register_selectors<B>(w0, s, v0, m0);
-          register_selectors<B>(w1, s, v1, m1);
-          uint32_t a[4];
-          a[0] = i8_lookup<B>(tab0, v0, m0);
-          a[1] = i8_lookup<B>(tab1, v1, m1);
-          a[2] = i8_lookup<B>(tab0, v0 >> 16, m0 >> 16);
-          a[3] = i8_lookup<B>(tab1, v1 >> 16, m1 >> 16);
           uint32_t xb[4];
-          if constexpr (kPack) {
-            lds_u32x2(xs + 16 * 4 * M * (4 * e + s), reinterpret_cast<uint32_t(&)[2]>(xb));
-            mma_s8_16832(acc_h[s & 1], a, xb[0], xb[1]);
+          if constexpr (kPack) lds_u32x2(xs + 16 * 4 * M * (4 * e + s), reinterpret_cast<uint32_t(&)[2]>(xb));
+          else lds_u32x4(xs + 16 * 4 * M * (4 * e + s), xb);
+          if constexpr (B == 4) {
+            // Nibble q of c0 / c1: the 4-bit code of word bit 4q + s (plane 0 its msb), of rows g / g + 8. The tables'
+            // first halves take the codes as they are, the second halves with the msb flipped (i8_split16).
+            const uint32_t c0 = transpose_slot<4, 0x11111111u>(w0, s), c1 = transpose_slot<4, 0x11111111u>(w1, s);
+#pragma unroll
+            for (int part = 0; part < 2; ++part) {
+              const uint32_t f0 = part == 0 ? c0 : c0 ^ 0x88888888u, f1 = part == 0 ? c1 : c1 ^ 0x88888888u;
+              const int ch = (s & 1) + 2 * part;
+              uint32_t a[4], al[4];
+              a[0] = prmt(tab0.v[2 * part], tab0.v[2 * part + 1], f0);
+              a[1] = prmt(tab1.v[2 * part], tab1.v[2 * part + 1], f1);
+              a[2] = prmt(tab0.v[2 * part], tab0.v[2 * part + 1], f0 >> 16);
+              a[3] = prmt(tab1.v[2 * part], tab1.v[2 * part + 1], f1 >> 16);
+              al[0] = prmt(tlo0.v[2 * part], tlo0.v[2 * part + 1], f0);
+              al[1] = prmt(tlo1.v[2 * part], tlo1.v[2 * part + 1], f1);
+              al[2] = prmt(tlo0.v[2 * part], tlo0.v[2 * part + 1], f0 >> 16);
+              al[3] = prmt(tlo1.v[2 * part], tlo1.v[2 * part + 1], f1 >> 16);
+              mma_s8_16832(acc_h[ch], a, xb[0], xb[1]);
+              if constexpr (!kPack) mma_s8_16832(acc_l[ch], a, xb[2], xb[3]);
+              mma_s8_16832(acc_l[ch], al, xb[0], xb[1]);   // the centroids' second pieces times x's first (kPack: even C columns)
+            }
           } else {
-            lds_u32x4(xs + 16 * 4 * M * (4 * e + s), xb);
+            const uint32_t v0 = transpose_slot<B, 0x11111111u>(w0, s), v1 = transpose_slot<B, 0x11111111u>(w1, s);
+            uint32_t a[4];
+            a[0] = i8_lookup<B>(tab0, v0);
+            a[1] = i8_lookup<B>(tab1, v1);
+            a[2] = i8_lookup<B>(tab0, v0 >> 16);
+            a[3] = i8_lookup<B>(tab1, v1 >> 16);
             mma_s8_16832(acc_h[s & 1], a, xb[0], xb[1]);
-            mma_s8_16832(acc_l[s & 1], a, xb[2], xb[3]);
-          }
-          if constexpr (B == 4) {   // the centroids' second pieces times x's first: the same 1/254 scale as acc_l
-            uint32_t al[4];
-            al[0] = i8_lookup<B>(tlo0, v0, m0);
-            al[1] = i8_lookup<B>(tlo1, v1, m1);
-            al[2] = i8_lookup<B>(tlo0, v0 >> 16, m0 >> 16);
-            al[3] = i8_lookup<B>(tlo1, v1 >> 16, m1 >> 16);
-            mma_s8_16832(acc_l[s & 1], al, xb[0], xb[1]);   // kPack: its even C columns (x's first piece) are used
+            if constexpr (!kPack) mma_s8_16832(acc_l[s & 1], a, xb[2], xb[3]);
           }
         }
       }
@@ -311,8 +330,12 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
 #pragma unroll
     for (int i = 0; i < kE; ++i) {
       const int c = kPack ? 2 * i : i;
-      hi[i] = acc_h[0][c] + acc_h[1][c];
-      lo[i] = kPack ? acc_h[0][c + 1] + acc_h[1][c + 1] + (B == 4 ? acc_l[0][c] + acc_l[1][c] : 0) : acc_l[0][c] + acc_l[1][c];
+      hi[i] = 0, lo[i] = 0;
+#pragma unroll
+      for (int ch = 0; ch < kChains; ++ch) {
+        hi[i] += acc_h[ch][c];
+        lo[i] += kPack ? acc_h[ch][c + 1] + (B == 4 ? acc_l[ch][c] : 0) : acc_l[ch][c];
+      }
     }
     if (unit + gridDim.x >= units && half == (kSwiGlu ? 1 : 0)) pdl_launch_dependents();   // the CTA's last tile
     const float v = reduce_i8_fragments<kI8Warps, kFusedOutliers, kPack>(hi, lo, sg0, sg1, sxm, warp, lane, row0, n, m_total, w.rowptr,

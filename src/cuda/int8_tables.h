@@ -37,14 +37,54 @@ LOWBIT_HD float i8_table_row(const float* c, int E, int8_t* q) {
 }
 
 // Two int8 pieces per centroid (the 4-bit tables, whose one-piece rounding measured +0.69% perplexity): the row scale
-// and hi as i8_table_row, lo = rint((c / sigma - hi) * 254), so c ~ sigma (hi + lo / 254), off by at most sigma / 508 =
-// max|c| / 64516 (below the fp16 rounding of every centroid of at least max|c| / 32).
+// sigma = max|c| / 126 (one step below i8_table_row's, so that i8_split16 below never needs 128), hi = rint(c / sigma),
+// lo = rint((c / sigma - hi) * 254) in -127..126 (a residual that rounds to 127 is written as hi + 1, lo = -127: the
+// same value), so c ~ sigma (hi + lo / 254), off by at most sigma / 508 = max|c| / 64008 (below the fp16 rounding of
+// every centroid of at least max|c| / 32). Both pieces lie in -127..126.
+inline constexpr float kI8Max2 = 126.0f;
 LOWBIT_HD float i8_table_row2(const float* c, int E, int8_t* q, int8_t* l) {
-  const float s = i8_table_row(c, E, q);
-  for (int e = 0; e < E; ++e)
-    l[e] = s > 0.0f && s <= 3.0e38f ? static_cast<int8_t>(rintf((fminf(fmaxf(c[e] / s, -kI8Max), kI8Max) - q[e]) * kI8LoSteps))
-                                    : int8_t{0};
+  float mx = 0.0f;
+  for (int e = 0; e < E; ++e) mx = i8_absmax_step(mx, c[e]);
+  const float s = mx / kI8Max2;
+  const bool ok = s > 0.0f && s <= 3.0e38f;
+  for (int e = 0; e < E; ++e) {
+    if (!ok) {
+      q[e] = l[e] = 0;
+      continue;
+    }
+    const float v = fminf(fmaxf(c[e] / s, -kI8Max2), kI8Max2), h = rintf(v);
+    const int lo = static_cast<int>(rintf((v - h) * kI8LoSteps));
+    q[e] = static_cast<int8_t>(lo == 127 ? h + 1.0f : h);
+    l[e] = static_cast<int8_t>(lo == 127 ? -127 : lo);
+  }
   return s;
+}
+
+// A 16-entry int8 table in the form the 4-bit int8 GEMV looks it up with two PRMT and no merge (anyprec_gemv_i8.cu):
+// s[0..7] = L, s[8..15] = H, such that for every 4-bit code c (plane 0 its msb)
+//   A1(c) = c < 8 ? L[c] : -(L[c - 8] < 0)    (PRMT of L's 8 bytes under selector nibble c: for c >= 8 the nibble's
+//                                              msb asks for the selected byte's sign bit replicated: 0 or -1)
+//   A2(c) = c >= 8 ? H[c - 8] : -(H[c] < 0)   (the same PRMT of H's bytes under nibble c ^ 8)
+// sum to t[c]: the mma adds A1 and A2 (two mma into one sum), so a code costs two PRMT where the two halves and their
+// merge took three. Entry i pairs t[i] and t[i + 8]: L[i] = t[i] + h, H[i] = t[i + 8] + l with l = (L[i] < 0), h =
+// (H[i] < 0), the first consistent (l, h) of the four (one always is). Needs t in -127..126 (i8_table_row2's range):
+// L and H then lie in -127..127.
+LOWBIT_HD void i8_split16(const int8_t* t, int8_t* s) {
+  for (int i = 0; i < 8; ++i) {
+    const int a = t[i], b = t[i + 8];
+    int l = 0, h = 0;
+    for (int k = 0; k < 4; ++k) {
+      l = k & 1, h = k >> 1;
+      if (l == (a + h < 0 ? 1 : 0) && h == (b + l < 0 ? 1 : 0)) break;
+    }
+    s[i] = static_cast<int8_t>(a + h);
+    s[i + 8] = static_cast<int8_t>(b + l);
+  }
+}
+// The value t[c] of a table in i8_split16's form (A1(c) + A2(c), as the GEMV's two PRMT and mma add it).
+LOWBIT_HD int i8_split16_at(const int8_t* s, int c) {
+  const int i = c & 7;
+  return c < 8 ? s[i] - (s[i + 8] < 0 ? 1 : 0) : s[i + 8] - (s[i] < 0 ? 1 : 0);
 }
 
 // The two int8 pieces of activation x under the column scale s (both 0 when s is 0 or not finite).

@@ -137,6 +137,7 @@ __global__ void f32_to_f16_kernel(const float* __restrict__ in, __half* __restri
   if (i < count) out[i] = __float2half_rn(in[i]);
 }
 // One row's int8 table per thread (int8_tables.h), rows n .. n16 - 1 zero; lo: the second pieces (4 bits), or null.
+// 4 bits: both pieces stored in i8_split16's form.
 template <int E>
 __global__ void int8_tables_kernel(const __half* __restrict__ lut, int64_t n, int64_t n16, int8_t* __restrict__ q,
                                    float* __restrict__ scale, int8_t* __restrict__ lo) {
@@ -147,6 +148,13 @@ __global__ void int8_tables_kernel(const __half* __restrict__ lut, int64_t n, in
 #pragma unroll
   for (int e = 0; e < E; ++e) c[e] = r < n ? __half2float(lut[r * E + e]) : 0.0f;
   scale[r] = lo != nullptr ? i8_table_row2(c, E, t, u) : i8_table_row(c, E, t);
+  if constexpr (E == 16) {   // both pieces in the GEMV's two-PRMT form
+    int8_t v[E];
+    i8_split16(t, v);
+    i8_split16(u, t);
+#pragma unroll
+    for (int e = 0; e < E; ++e) u[e] = t[e], t[e] = v[e];
+  }
 #pragma unroll
   for (int e = 0; e < E; ++e) {
     q[r * E + e] = t[e];

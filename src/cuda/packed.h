@@ -31,7 +31,7 @@ struct AnyPrecDevice {
   const __half* lut[9] = {};                // lut[b]: [n, 2^b] for every served b
   // Derived at upload for the served widths 2..4 (int8_tables.h; the int8 GEMV, GemvPath::TensorCoreInt8LutStream):
   // lut8[b] [n16, 2^b] int8 centroids and lut8_scale[b] [n16] their row scales, n16 = n rounded up to 16 (zeros).
-  // 4 bits in two pieces (int8_tables.h, i8_table_row2): lut8[4] the hi and lut8_lo4 the lo bytes.
+  // 4 bits in two pieces (int8_tables.h, i8_table_row2): lut8[4] the hi and lut8_lo4 the lo bytes, each in i8_split16's form.
   const int8_t* lut8[5] = {};
   const float* lut8_scale[5] = {};
   const int8_t* lut8_lo4 = nullptr;
