@@ -176,6 +176,32 @@ struct I8Table {
   uint32_t v[kWords];
 };
 
+// The slot selectors of one word (transpose_slot<B, 0x11111111>'s values) from its planes rotated once per word,
+// r[j] = rotl(p[j], B-1-j): plane j's bit of the code at word bit 4q + s then sits at bit 4q + s + B-1-j, so the B
+// planes meet in disjoint bits and one AND-OR per plane gathers them (a LOP3 each, the masks immediates); one funnel
+// shift moves nibble q to bits 4q..4q+3 (hi16: nibbles 4..7 to bits 0..15, the high selector). Per word and row
+// 2 + 4 (3 + 2) - 1 = 21 operations for the four slots' low and high selectors, where shifting each plane per slot
+// took 25 (SASS, 3 bits).
+template <int B>
+__device__ __forceinline__ void rotate_planes(const uint32_t (&p)[B], uint32_t (&r)[B]) {
+#pragma unroll
+  for (int j = 0; j < B; ++j) r[j] = B - 1 - j == 0 ? p[j] : __funnelshift_l(p[j], p[j], B - 1 - j);
+}
+// Slot s's bits before the shift: nibble q of the selector at bits 4q + s .. 4q + s + 3 (mod 32), plane j at 4q + s + B-1-j.
+template <int B>
+__device__ __forceinline__ uint32_t rotated_slot_bits(const uint32_t (&r)[B], int s) {
+  static_assert(B >= 2 && B <= 3, "rotated selectors: 2..3 bits");
+  uint32_t z = 0;
+#pragma unroll
+  for (int j = 0; j < B; ++j) z |= r[j] & (0x11111111u << ((s + B - 1 - j) & 3));
+  return z;
+}
+// z shifted so that nibble q of slot s sits at bits 4q..4q+3 (lo16) and nibbles 4..7 at bits 0..15 (hi16).
+__device__ __forceinline__ void slot_selectors(uint32_t z, int s, uint32_t& lo16, uint32_t& hi16) {
+  lo16 = s == 0 ? z : __funnelshift_r(z, z, s);
+  hi16 = s == 0 ? z >> 16 : __funnelshift_r(z, z, s + 16);
+}
+
 // Four int8 centroids, byte q for the code in nibble q of sel (register_selectors): one PRMT per four weights (2..3
 // bits; the 4-bit tables are looked up in two halves, i8_split16, in the kernel).
 template <int B>

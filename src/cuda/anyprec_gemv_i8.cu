@@ -284,6 +284,11 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
         uint32_t w0[B], w1[B];
 #pragma unroll
         for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
+        uint32_t r0[B <= 3 ? B : 1], r1[B <= 3 ? B : 1];   // 2..3 bits: the planes rotated once per word (rotated_slot_bits; at 4 bits it moved
+        if constexpr (B <= 3) {  // IMAD shifts to the busier ALU pipe, +24 SHF per item, and the 8-warp batch-8 forms spilled)
+          rotate_planes<B>(w0, r0);
+          rotate_planes<B>(w1, r1);
+        }
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           uint32_t xb[4];
@@ -311,12 +316,14 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
               mma_s8_16832(acc_l[ch], al, xb[0], xb[1]);   // the centroids' second pieces times x's first (kPack: even C columns)
             }
           } else {
-            const uint32_t v0 = transpose_slot<B, 0x11111111u>(w0, s), v1 = transpose_slot<B, 0x11111111u>(w1, s);
+            uint32_t v0, v0h, v1, v1h;
+            slot_selectors(rotated_slot_bits<B>(r0, s), s, v0, v0h);
+            slot_selectors(rotated_slot_bits<B>(r1, s), s, v1, v1h);
             uint32_t a[4];
             a[0] = i8_lookup<B>(tab0, v0);
             a[1] = i8_lookup<B>(tab1, v1);
-            a[2] = i8_lookup<B>(tab0, v0 >> 16);
-            a[3] = i8_lookup<B>(tab1, v1 >> 16);
+            a[2] = i8_lookup<B>(tab0, v0h);
+            a[3] = i8_lookup<B>(tab1, v1h);
             mma_s8_16832(acc_h[s & 1], a, xb[0], xb[1]);
             if constexpr (!kPack) mma_s8_16832(acc_l[s & 1], a, xb[2], xb[3]);
           }
