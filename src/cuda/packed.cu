@@ -466,13 +466,16 @@ static bool anyprec_stream_preferred(int64_t n, int64_t k, int m, int bits) {
 }
 
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
-  // The int8 GEMV where it fits (session 18, H200, results/issue7-int8-tables-v18-h200.txt parts 5 and 9): faster than
-  // the register-table kernels at 2..4 bits, batch 1..8, on the seven 7B..70B shapes (28672x8192 batch 1: 3 bits 38.0
-  // against 50.9 us streamed; 4 bits, two centroid pieces, 70.0 against 77.7) except 3 bits at batch 5..8 on 4096-wide
-  // matrices of at most 11008 rows (11008x4096 batch 8: 18.3 against 17.3 us) and 4 bits on 4096x4096 (batch 1: 11.7
-  // against 11.0, batch 8: 13.0 against 12.4), left to the register-table kernels.
-  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled() && anyprec_i8_fits(n, k, m) &&
-      !(bits == 3 && m > 4 && k <= 4096 && n <= 11008) && !(bits == 4 && n * k <= 4096LL * 4096))
+  // The int8 GEMV wherever it fits at 2..4 bits, batch 1..8 (session 18, H200, results/issue7-int8-tables-v18-h200.txt
+  // parts 5 and 9: faster than the register-table kernels on the seven 7B..70B shapes, 28672x8192 batch 1: 3 bits 38.0
+  // against 50.9 us streamed; 4 bits, two centroid pieces, 70.0 against 77.7). Two cases where the register-table
+  // kernels are still the faster ones alone, 4 bits on 4096x4096 (batch 1: 10.8-10.9 against 11.8 us) and 3 bits at
+  // batch 5..8 on 4096-wide matrices of at most 11008 rows (session 18: 11008x4096 batch 8, 18.3 against 17.3 us), were left to them
+  // until session 26; in the decode step, behind the kernel that hands the int8 GEMV its row maximum, the int8 GEMV
+  // is the faster one there too: Llama-2-7B (its o projection) 4-bit batch 1 357.6 / 358.4 -> 370.0 / 370.2 tok/s,
+  // batch 8 2,245 / 2,254 -> 2,322 / 2,313; 3-bit batch 5 1,912 / 1,914 -> 1,970 / 1,970, batch 8 2,930 / 2,925 ->
+  // 3,033 / 3,030 (H200, same runs, docs/results/issue7-session26-h200.txt parts 4-5).
+  if (presplit && bits >= 2 && bits <= 4 && int8_tables_enabled() && anyprec_i8_fits(n, k, m))
     return GemvPath::TensorCoreInt8LutStream;
   if (presplit && (bits == 3 || bits == 4) && anyprec_stream_fits(n, k, m) && anyprec_stream_preferred(n, k, m, bits))
     return half_x_gemv_enabled() ? GemvPath::TensorCoreRegisterLutStreamHalfX : GemvPath::TensorCoreRegisterLutStream;
