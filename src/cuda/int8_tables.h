@@ -1,7 +1,8 @@
 // The int8 forms of the any-precision GEMV's operands (GemvPath::TensorCoreInt8LutStream), shared by the kernels and
 // their CPU twin (host + device, the same float operations on both sides, so both produce the same bytes):
 //   - a row's 2^b fp16 centroids as int8 with one fp32 scale per row: sigma = max|c| / 127, q = rint(c / sigma); the
-//     centroid becomes sigma * q, off by at most sigma / 2 = max|c| / 254 (the one lossy step of this path);
+//     centroid becomes sigma * q, off by at most sigma / 2 = max|c| / 254 (the one lossy step of this path; the 4-bit
+//     tables carry a second piece under sigma = max|c| / 126, i8_table_row2, and are stored in i8_split16's form);
 //   - an activation as two int8 pieces under one scale per batch column: s = max|x| / 127, v = x / s,
 //     hi = rint(v), lo = rint((v - hi) * 254), x ~ s (hi + lo / 254), off by at most s / 508 = max|x| / 64516.
 // With both in int8 the GEMV runs on int8 mma.sync (m16n8k32) with exact int32 sums, and one PRMT looks up four
