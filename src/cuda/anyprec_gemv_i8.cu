@@ -12,10 +12,10 @@
 // accumulator, the same 1/254 scale) keep the 4-bit kernel exact to fp16 level. A 16-entry table is two 8-byte
 // halves; each piece's table is stored so that the two halves' PRMT lookups (the code's msb, flipped for the second
 // half, making PRMT return the sign of a byte: 0 or -1) sum to the value (int8_tables.h, i8_split16), and the mma adds
-// them: two PRMT and two mma per four codes and piece, where a merge PRMT made it three PRMT and one mma (SASS, 3 bits
-// unchanged: 896 -> 800 instructions per 4-bit item, 384 -> 256 PRMT). The activations become two int8 pieces under one scale per batch column (x ~ s (hi + lo /
-// 254), off by at most max|x| / 64516), one mma each into int32 accumulators: the sums are exact, and
-// y = sigma_row * s_col * (sum_hi + sum_lo / 254) in fp32 at the end.
+// them: two PRMT and two mma per four codes and piece, where a merge PRMT made it three PRMT and one mma (SASS of the
+// 4-bit loop: 896 -> 800 instructions per item, 384 -> 256 PRMT). The activations become two int8 pieces under one
+// scale per batch column (x ~ s (hi + lo / 254), off by at most max|x| / 64516), one mma each into int32 accumulators:
+// the sums are exact, and y = sigma_row * s_col * (sum_hi + sum_lo / 254) in fp32 at the end.
 //
 // Fragments: lane (g, t) holds rows g and g + 8 of its 16-row tile and words 16 gi + 4t + e (e = 0..3) of group gi of
 // each plane row, as the streamed register-table kernel. Slot s = 0..3 of word e is one mma: the selector of slot s
@@ -284,8 +284,10 @@ __global__ void __launch_bounds__(kI8Warps * 32, (I8Stage<B, M, kStages, kI8Warp
         uint32_t w0[B], w1[B];
 #pragma unroll
         for (int j = 0; j < B; ++j) { w0[j] = p0[j][e]; w1[j] = p1[j][e]; }
-        uint32_t r0[B <= 3 ? B : 1], r1[B <= 3 ? B : 1];   // 2..3 bits: the planes rotated once per word (rotated_slot_bits; at 4 bits it moved
-        if constexpr (B <= 3) {  // IMAD shifts to the busier ALU pipe, +24 SHF per item, and the 8-warp batch-8 forms spilled)
+        // 2..3 bits: the planes rotated once per word (rotated_slot_bits). At 4 bits that form moved shifts from IMAD onto
+        // the busier ALU pipe (+24 SHF per item) and made the 8-warp batch-8 forms spill: 4 bits transpose per slot.
+        uint32_t r0[B <= 3 ? B : 1], r1[B <= 3 ? B : 1];
+        if constexpr (B <= 3) {
           rotate_planes<B>(w0, r0);
           rotate_planes<B>(w1, r1);
         }
@@ -411,15 +413,18 @@ void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
              static_cast<const uint8_t*>(xq), hp, hmax_bits);
 }
 
-// The int8 GEMV's ring stages at batch 1 for width b and rows of k inputs: 3 at 4 bits on rows of at most 4096, else 2;
+// The int8 GEMV's ring stages at batch 1 for width b and an n x k matrix: 3 at 4 bits on rows of at most 4096 inputs or
+// where the grid has at most two tiles per SM (eight-warp CTAs, one tile each: the three-stage CTAs' lower occupancy
+// costs no tile rounds there), else 2;
 // LOWBIT_I8_STAGES=2|3 in the environment sets every case (read once; bench runs compare them).
-int i8_stages(int b, int64_t k) {
+int i8_stages(int b, int64_t n, int64_t k) {
   static const int forced = [] {
     const char* v = std::getenv("LOWBIT_I8_STAGES");
-    const int n = v != nullptr ? std::atoi(v) : 0;
-    return n == 2 || n == 3 ? n : 0;
+    const int s = v != nullptr ? std::atoi(v) : 0;
+    return s == 2 || s == 3 ? s : 0;
   }();
-  return forced != 0 ? forced : b == 4 && k <= 4096 ? 3 : 2;
+  static const int sms = device_sm_count();
+  return forced != 0 ? forced : b == 4 && (k <= 4096 || (n + 15) / 16 <= 2LL * sms) ? 3 : 2;
 }
 
 // The CTA form of the int8 GEMV for a weight, batch form M and epilogue (sw: SwiGLU's tile pairs): warps per CTA and
@@ -449,14 +454,16 @@ I8Form i8_form(const AnyPrecDevice& w, bool fused, bool sw) {
   // binary alternated (docs/results/issue7-session21-h200.txt part 3): 4-bit 328.7 / 328.8 tok/s with two stages on every
   // matrix, 342.3 / 340.5 with three, 342.3 / 343.6 with four; at 2 and 3 bits three stages were slower (3-bit 540.3 ->
   // 507.8, 2-bit 600.4 -> 583.1), and on Llama-2-70B (rows of 8192 and 28672) too: 4-bit 51.2 -> 44.3 (part 6), 3-bit
-  // with four stages 92.5 -> 82.1.
+  // with four stages 92.5 -> 82.1. Session 26: three stages at 4 bits on Llama-2-7B's down projection (4096 x 11008, 256
+  // tiles) as well, 369.1 / 369.1 -> 372.5 / 372.2 tok/s (LOWBIT_I8_STAGES=3, which also set 2..3 bits, slower there;
+  // docs/results/issue7-session26-h200.txt part 8).
   // Balance: a grid of 4-warp CTAs takes whole tiles, so where the tiles are few per CTA the busiest warp can run a
   // third more items than the average (Llama-2-7B q/k/v, 768 tiles of 8 groups on 528 CTAs: 4 items where the mean is
   // 2.9; SwiGLU's gate/up pairs: 8 where it is 5.2); eight warps per tile where that takes fewer items per warp, at
   // batch 1..2. H200, Llama-2-7B decode, same runs (docs/results/issue7-session25-h200.txt part 1): 3 bits batch 1
   // 552.0-552.4 -> 564.1 tok/s with it, 2 and 4 bits unchanged (their forms do not change or the tiles are balanced);
   // at batch 8 it cost 4 bits 3.4% (2,251-2,265 -> 2,185: eight-warp CTAs of 4-bit stages fit one per SM), so M <= 2.
-  const int stages = M == 1 ? i8_stages(B, w.k) : 2;
+  const int stages = M == 1 ? i8_stages(B, w.n, w.k) : 2;
   auto items = [&](bool eight_warps) -> int64_t {   // i8_items_per_warp of the form with these stages
     if constexpr (M == 1) {
       if (stages == 3) return eight_warps ? i8_items_per_warp<B, M, 3, 8>(w, fused, sw) : i8_items_per_warp<B, M, 3, 4>(w, fused, sw);
