@@ -413,9 +413,9 @@ void launch_i8(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
              static_cast<const uint8_t*>(xq), hp, hmax_bits);
 }
 
-// The int8 GEMV's ring stages at batch 1 for width b and an n x k matrix: 3 at 4 bits on rows of at most 4096 inputs or
-// where the grid has at most two tiles per SM (eight-warp CTAs, one tile each: the three-stage CTAs' lower occupancy
-// costs no tile rounds there), else 2;
+// The int8 GEMV's ring stages at batch 1 for width b and an n x k matrix: 3 at 4 bits on rows of at most 4096 inputs,
+// and at 2 and 4 bits where the grid has at most two tiles per SM (eight-warp CTAs, one tile each: the three-stage
+// CTAs' lower occupancy costs no tile rounds there), else 2;
 // LOWBIT_I8_STAGES=2|3 in the environment sets every case (read once; bench runs compare them).
 int i8_stages(int b, int64_t n, int64_t k) {
   static const int forced = [] {
@@ -424,7 +424,7 @@ int i8_stages(int b, int64_t n, int64_t k) {
     return s == 2 || s == 3 ? s : 0;
   }();
   static const int sms = device_sm_count();
-  return forced != 0 ? forced : b == 4 && (k <= 4096 || (n + 15) / 16 <= 2LL * sms) ? 3 : 2;
+  return forced != 0 ? forced : (b == 4 && k <= 4096) || (b != 3 && (n + 15) / 16 <= 2LL * sms) ? 3 : 2;
 }
 
 // The CTA form of the int8 GEMV for a weight, batch form M and epilogue (sw: SwiGLU's tile pairs): warps per CTA and
@@ -456,7 +456,8 @@ I8Form i8_form(const AnyPrecDevice& w, bool fused, bool sw) {
   // 507.8, 2-bit 600.4 -> 583.1), and on Llama-2-70B (rows of 8192 and 28672) too: 4-bit 51.2 -> 44.3 (part 6), 3-bit
   // with four stages 92.5 -> 82.1. Session 26: three stages at 4 bits on Llama-2-7B's down projection (4096 x 11008, 256
   // tiles) as well, 369.1 / 369.1 -> 372.5 / 372.2 tok/s (LOWBIT_I8_STAGES=3, which also set 2..3 bits, slower there;
-  // docs/results/issue7-session26-h200.txt part 8).
+  // docs/results/issue7-session26-h200.txt part 8); 2 bits there too: Llama-2-7B 655.4 / 653.8 -> 665.4 / 664.2, Llama-3-8B
+  // 541.8 / 541.9 -> 544.8 / 544.8, while 3 bits lost (562.6 / 562.5 -> 552.8 / 552.8) and keep two stages (part 11).
   // Balance: a grid of 4-warp CTAs takes whole tiles, so where the tiles are few per CTA the busiest warp can run a
   // third more items than the average (Llama-2-7B q/k/v, 768 tiles of 8 groups on 528 CTAs: 4 items where the mean is
   // 2.9; SwiGLU's gate/up pairs: 8 where it is 5.2); eight warps per tile where that takes fewer items per warp, at
