@@ -202,7 +202,8 @@ __device__ __forceinline__ void slot_selectors(uint32_t z, int s, uint32_t& lo16
   hi16 = s == 0 ? z >> 16 : __funnelshift_r(z, z, s + 16);
 }
 
-// Four int8 centroids, byte q for the code in nibble q of sel (register_selectors): one PRMT per four weights (2..3
+// Four int8 centroids, byte q for the code in nibble q of sel (transpose_slot<B, 0x11111111>'s selectors, or
+// rotated_slot_bits + slot_selectors): one PRMT per four weights (2..3
 // bits; the 4-bit tables are looked up in two halves, i8_split16, in the kernel).
 template <int B>
 __device__ __forceinline__ uint32_t i8_lookup(const I8Table<B>& t, uint32_t sel) {

@@ -19,8 +19,9 @@
 //
 // Fragments: lane (g, t) holds rows g and g + 8 of its 16-row tile and words 16 gi + 4t + e (e = 0..3) of group gi of
 // each plane row, as the streamed register-table kernel. Slot s = 0..3 of word e is one mma: the selector of slot s
-// (register_selectors: nibble q = the code of word bit 4q + s) gives A bytes q of a0 / a1 (rows g / g + 8, k 4t + q)
-// and, shifted by 16, the codes of bits 16 + 4q + s for a2 / a3 (k 16 + 4t + q). The activation pieces of those
+// (transpose_slot<B, 0x11111111>, or its rotated form at 2..3 bits: nibble q = the code of word bit 4q + s) gives A
+// bytes q of a0 / a1 (rows g / g + 8, k 4t + q) and, shifted by 16, the codes of bits 16 + 4q + s for a2 / a3 (k 16 +
+// 4t + q). The activation pieces of those
 // bits are written in that order by anyprec_i8_x_kernel, so the mma's k index never has to match a column of x:
 // each lane's B bytes are the x pieces of its own codes' columns. At batch 1..4 one mma can take both pieces (B column g
 // = batch column g / 2's piece g % 2; kPackPieces, where i8_form measured it faster), and the CTA's warps' int32 sums are

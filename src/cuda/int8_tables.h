@@ -28,11 +28,16 @@ LOWBIT_HD float i8_absmax_step(float m, float v) {
   return (a > m || a != a) ? a : m;
 }
 
-// The int8 table of one row from its E centroids (as floats); returns the row scale sigma (0 for an all-zero row).
-LOWBIT_HD float i8_table_row(const float* c, int E, int8_t* q) {
+// max |c| over a row's E centroids (NaN if any is NaN).
+LOWBIT_HD float i8_row_absmax(const float* c, int E) {
   float mx = 0.0f;
   for (int e = 0; e < E; ++e) mx = i8_absmax_step(mx, c[e]);
-  const float s = mx / kI8Max;
+  return mx;
+}
+
+// The int8 table of one row from its E centroids (as floats); returns the row scale sigma (0 for an all-zero row).
+LOWBIT_HD float i8_table_row(const float* c, int E, int8_t* q) {
+  const float s = i8_row_absmax(c, E) / kI8Max;
   for (int e = 0; e < E; ++e) q[e] = s > 0.0f && s <= 3.0e38f ? static_cast<int8_t>(rintf(c[e] / s)) : int8_t{0};
   return s;
 }
@@ -44,9 +49,7 @@ LOWBIT_HD float i8_table_row(const float* c, int E, int8_t* q) {
 // every centroid of at least max|c| / 32). Both pieces lie in -127..126.
 inline constexpr float kI8Max2 = 126.0f;
 LOWBIT_HD float i8_table_row2(const float* c, int E, int8_t* q, int8_t* l) {
-  float mx = 0.0f;
-  for (int e = 0; e < E; ++e) mx = i8_absmax_step(mx, c[e]);
-  const float s = mx / kI8Max2;
+  const float s = i8_row_absmax(c, E) / kI8Max2;
   const bool ok = s > 0.0f && s <= 3.0e38f;
   for (int e = 0; e < E; ++e) {
     if (!ok) {
