@@ -195,6 +195,60 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
   EXPECT_EQ(gpu.graph_captures() - captures_before, 1) << "40 graph steps of one batch and cache: one capture, 39 replays";
 }
 
+// Any-precision width changed from step to step (as requests at different widths would): each width's decode graph
+// is captured once and replayed after steps at other widths, giving, step by step, the logits of plain launches at
+// that width, bit for bit; at most kMaxDecodeGraphs (8) graphs are kept, the least recently used evicted first.
+TEST(CudaModel, WidthSwitchReplaysEachWidthsGraph) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.dim = 256, c.hidden_dim = 704, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
+  c.max_seq_len = 256;
+  cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 17);
+  const std::vector<int> order = {3, 8, 4, 3, 2, 8, 8, 4, 2, 3, 4, 8};
+  // The logits of every step, widths in `order` (repeated `rounds` times), on a new cache after a 9-token prompt.
+  auto run = [&](bool graph, int rounds) {
+    cuda::GpuKVCache kv = gpu.new_cache(1, 64);
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 9; ++i) prompt.push_back((i * 131 + 7) % c.vocab_size);
+    gpu.forward(prompt.data(), 1, 9, kv, false, 3);
+    gpu.greedy_from_last_logits(1);
+    std::vector<std::vector<float>> logits;
+    for (int r = 0; r < rounds; ++r)
+      for (int bits : order) {
+        gpu.decode_step_greedy(kv, bits, graph);
+        logits.push_back(download(gpu, gpu.decode_logits(), static_cast<size_t>(c.vocab_size)));
+      }
+    return logits;
+  };
+  const auto plain = run(false, 2);
+  const int before = gpu.graph_captures();
+  const auto graphed = run(true, 2);
+  EXPECT_EQ(gpu.graph_captures() - before, 4) << "widths 2, 3, 4, 8 on one cache: one capture each, every later step a replay";
+  ASSERT_EQ(plain.size(), graphed.size());
+  for (size_t i = 0; i < plain.size(); ++i)
+    EXPECT_EQ(plain[i], graphed[i]) << "step " << i << " at width " << order[i % order.size()];
+  // The widths differ in what they compute from the same state, so a graph replayed at the wrong width shows above.
+  auto first_step = [&](int bits) {
+    cuda::GpuKVCache kv = gpu.new_cache(1, 16);
+    std::vector<int32_t> prompt = {5, 6, 7};
+    gpu.forward(prompt.data(), 1, 3, kv, false, 3);
+    gpu.greedy_from_last_logits(1);
+    gpu.decode_step_greedy(kv, bits, false);
+    return download(gpu, gpu.decode_logits(), static_cast<size_t>(c.vocab_size));
+  };
+  EXPECT_NE(first_step(3), first_step(4));
+  EXPECT_NE(first_step(4), first_step(8));
+  // Eight graphs at most: widths 2..8 on two caches are 14 keys; the last 8 stay.
+  for (int cache = 0; cache < 2; ++cache) {
+    cuda::GpuKVCache kv = gpu.new_cache(1, 48 + cache);
+    std::vector<int32_t> prompt = {1, 2, 3};
+    gpu.forward(prompt.data(), 1, 3, kv, false, 2);
+    gpu.greedy_from_last_logits(1);
+    for (int bits = 2; bits <= 8; ++bits) gpu.decode_step_greedy(kv, bits, true);
+  }
+  EXPECT_EQ(gpu.cached_graphs(), 8u);
+}
+
 // A greedy decode of `batch` sequences from a synthetic prompt (token i: (i * mul + add) % vocab, prompt_len each):
 // the prefill, then `steps` CUDA-graph decode steps. Returns the tokens picked and the last step's logits.
 struct GreedyRun {

@@ -71,6 +71,42 @@ double time_decode(GpuModel& m, int bits, int prompt, int decode, int batch, dou
   return tok_s;
 }
 
+WidthSwitchTiming time_width_switch(GpuModel& m, const std::vector<int>& widths, int prompt, int steps_per_width) {
+  const int W = static_cast<int>(widths.size());
+  LOWBIT_CHECK(W >= 2 && steps_per_width >= 1, "width switch timing needs two widths or more");
+  const int V = m.config().vocab_size;
+  const int steps = W * steps_per_width;
+  GpuKVCache kv = m.new_cache(1, prompt + W + 3 * steps + 1);
+  std::vector<int32_t> p(static_cast<size_t>(prompt));
+  for (int i = 0; i < prompt; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 104729 + 3) % V);
+  m.forward(p.data(), 1, prompt, kv, false, widths[0]);
+  m.greedy_from_last_logits(1);
+  m.synchronize();
+  WidthSwitchTiming t;
+  // First use of each width on this cache: its step runs uncaptured, then its graph is captured.
+  for (int b : widths) {
+    const double t0 = now_s();
+    m.decode_step_greedy(kv, b, true);
+    m.synchronize();
+    t.first_use_ms.push_back(1e3 * (now_s() - t0));
+  }
+  // Blocked (each width's steps in a row), alternating (the width changes every step), blocked again: the context
+  // grows by the same steps in each pass, so the mean of the blocked passes faces the alternating one's context.
+  auto pass = [&](bool alternate) {
+    m.synchronize();
+    const double t0 = now_s();
+    for (int i = 0; i < steps; ++i) m.decode_step_greedy(kv, widths[static_cast<size_t>(alternate ? i % W : i / steps_per_width)], true);
+    m.synchronize();
+    return 1e6 * (now_s() - t0) / steps;
+  };
+  const double a = pass(false);
+  const int captures = m.graph_captures();
+  t.alternating_us = pass(true);
+  t.captures_alternating = m.graph_captures() - captures;
+  t.blocked_us = 0.5 * (a + pass(false));
+  return t;
+}
+
 double device_copy_bandwidth() {
   const size_t bytes = 1ull << 30;
   DeviceBuffer<uint8_t> a(bytes), b(bytes);
@@ -209,6 +245,22 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
           }
           out << "\n" << std::flush;
         }
+      }
+      if (widths.size() >= 2) {
+        // Switching width between requests: every step at another width replays that width's cached graph.
+        const int per_width = 32;
+        const WidthSwitchTiming t = time_width_switch(m, widths, o.prompt, per_width);
+        out << "  width switch (batch 1, " << shape << " anyprec, " << per_width << " steps per width and pass): first use on a"
+            << " new cache (uncaptured step + graph capture)";
+        for (size_t i = 0; i < widths.size(); ++i) {
+          std::snprintf(line, sizeof line, " %d-bit %.2f ms;", widths[i], t.first_use_ms[i]);
+          out << line;
+        }
+        std::snprintf(line, sizeof line,
+                      " mean step %.1f us with the widths in blocks, %.1f us with the width changed every step (%+.1f us per"
+                      " switch); graph captures while alternating: %d\n",
+                      t.blocked_us, t.alternating_us, t.alternating_us - t.blocked_us, t.captures_alternating);
+        out << line << std::flush;
       }
     }
   }

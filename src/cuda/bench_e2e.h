@@ -24,6 +24,15 @@ double time_prefill(GpuModel& m, int bits, int prefill);
 // Greedy decode tokens/s (steps x batch / time) of `decode` CUDA-graph steps after a `prompt`-token prompt in each
 // of `batch` sequences; *kv_bytes receives the KV cache's size.
 double time_decode(GpuModel& m, int bits, int prompt, int decode, int batch, double* kv_bytes);
+// The cost of switching any-precision width between decode steps (batch 1, CUDA-graph steps on one cache of a
+// `prompt`-token context): each width's first step on the cache (run uncaptured, then captured), and the mean step
+// time with the widths decoded in blocks of steps_per_width against changing width every step.
+struct WidthSwitchTiming {
+  std::vector<double> first_use_ms;   // per width, in the order given
+  double blocked_us = 0, alternating_us = 0;
+  int captures_alternating = 0;       // graphs captured during the alternating pass (0: every switch replayed)
+};
+WidthSwitchTiming time_width_switch(GpuModel& m, const std::vector<int>& widths, int prompt, int steps_per_width);
 // Device-to-device copy bandwidth, bytes read + written per second (1 GiB, median of 20).
 double device_copy_bandwidth();
 

@@ -62,6 +62,48 @@ struct Variant {
   bool chosen(GemvPath runtime) const { return path == runtime && (path == GemvPath::Scalar || presplit == kPreSplitInRuntime); }
 };
 
+// The runtime's choice per format, shape and batch, kept for the summary tables printed after the raw rows.
+struct SummaryCell {
+  std::string format;
+  int64_t n, k, m;
+  double us, cublas_us, copy_fraction;
+};
+
+// One markdown table per format: rows the shapes, columns the batches; cells "us (x cuBLAS fp16, of copy bw)".
+void print_summary(const std::vector<SummaryCell>& cells, const std::vector<int64_t>& batches, std::ostream& out) {
+  std::vector<std::string> formats;
+  std::vector<std::pair<int64_t, int64_t>> shapes;
+  for (const SummaryCell& c : cells) {
+    if (std::find(formats.begin(), formats.end(), c.format) == formats.end()) formats.push_back(c.format);
+    if (std::find(shapes.begin(), shapes.end(), std::make_pair(c.n, c.k)) == shapes.end()) shapes.emplace_back(c.n, c.k);
+  }
+  char buf[128];
+  out << "\nsummary: the path the runtime takes (*), us (speedup over cuBLAS fp16 at the same batch, weight bytes read\n"
+         "per second as a fraction of the copy bandwidth)\n";
+  for (const std::string& f : formats) {
+    out << "\n" << f << "\n\n| shape (n x k) |";
+    for (int64_t m : batches) out << " batch " << m << " |";
+    out << "\n|---|";
+    for (size_t i = 0; i < batches.size(); ++i) out << "---|";
+    out << "\n";
+    for (const auto& [n, k] : shapes) {
+      out << "| " << n << "x" << k << " |";
+      for (int64_t m : batches) {
+        const auto c = std::find_if(cells.begin(), cells.end(), [&](const SummaryCell& x) {
+          return x.format == f && x.n == n && x.k == k && x.m == m;
+        });
+        if (c == cells.end()) {
+          out << " - |";
+          continue;
+        }
+        std::snprintf(buf, sizeof buf, " %.1f (%.2fx, %.2f) |", c->us, c->cublas_us / c->us, c->copy_fraction);
+        out << buf;
+      }
+      out << "\n";
+    }
+  }
+}
+
 }  // namespace
 
 void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
@@ -76,6 +118,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
   out << "shape (n x k) | kernel | batch | us | cuBLAS fp16 us | speedup | weight GB/s | of copy bw\n";
   cudaStream_t s = nullptr;
   GemmContext ctx(s);
+  std::vector<SummaryCell> summary;
   for (const auto& [n, k] : o.shapes) {
     // Baseline: cuBLAS fp16 (fp32 accumulation, fp16 out), the same batches, rotated weights.
     const uint64_t wbytes = static_cast<uint64_t>(n * k) * 2;
@@ -113,6 +156,11 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                     static_cast<double>(bytes) / (us * 1e-6) / bw);
       out << line << std::flush;
     };
+    // A row of the runtime's choice, also kept for the summary.
+    auto chosen_row = [&](const std::string& format, const std::string& kernel, int64_t m, double us, double b_us, uint64_t bytes) {
+      row(kernel, m, us, b_us, bytes);
+      summary.push_back({format, n, k, m, us, b_us, static_cast<double>(bytes) / (us * 1e-6) / bw});
+    };
     if (o.fp16)
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int64_t m = o.batches[bi];
@@ -123,13 +171,19 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           dense_f16_matmul(wh[static_cast<size_t>(i % rot_h)].get(), n, k, xf.get(), m, yf.get(), ctx);
         });
         const bool ours = dense_gemv_preferred(n, k, m);
-        row(std::string("fp16 cuBLAS, fp32 x converted, fp32 out") + (ours ? "" : " *"), m, cub, base[bi], wbytes);
+        if (ours)
+          row("fp16 cuBLAS, fp32 x converted, fp32 out", m, cub, base[bi], wbytes);
+        else
+          chosen_row("fp16 (the runtime's linear, fp32 x and out)", "fp16 cuBLAS, fp32 x converted, fp32 out *", m, cub, base[bi], wbytes);
         for (int r : {1, 2, 4}) {
           const double us = median_us(o.iters, [&](int i) {
             dense_f16_gemv(wh[static_cast<size_t>(i % rot_h)].get(), n, k, xf.get(), static_cast<int>(m), nullptr, yf.get(), s, r);
           });
-          row("fp16 GEMV, " + std::to_string(r) + " rows per warp" + (ours && r == dense_gemv_rows_per_warp(n, static_cast<int>(m)) ? " *" : ""),
-              m, us, base[bi], wbytes);
+          const std::string name = "fp16 GEMV, " + std::to_string(r) + " rows per warp";
+          if (ours && r == dense_gemv_rows_per_warp(n, static_cast<int>(m)))
+            chosen_row("fp16 (the runtime's linear, fp32 x and out)", name + " *", m, us, base[bi], wbytes);
+          else
+            row(name, m, us, base[bi], wbytes);
         }
       }
     wh.clear();
@@ -148,7 +202,11 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               anyprec_dequant_f16(w[static_cast<size_t>(i % rot)].anyprec(), b, wd, s);
               dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
             });
-            row("anyprec " + std::to_string(b) + "-bit (dequant+cuBLAS)" + (fused ? "" : " *"), m, us, base[bi], w[0].bytes_read(b));
+            const std::string ap = "anyprec " + std::to_string(b) + "-bit";
+            if (fused)
+              row(ap + " (dequant+cuBLAS)", m, us, base[bi], w[0].bytes_read(b));
+            else
+              chosen_row(ap, ap + " (dequant+cuBLAS) *", m, us, base[bi], w[0].bytes_read(b));
             {
               // Every fused kernel that runs at this batch and width; * on Auto's.
               const bool tiles = m <= 2 * kMaxGemvBatch;
@@ -156,8 +214,11 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                 if ((kind == GemmKernel::TwoTiles && !tiles) || !anyprec_gemm_serves(b, kind)) continue;
                 const double fus = median_us(o.iters, [&](int i) { anyprec_gemm(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), m, yf.get(), ctx, kind); });
                 const bool star = fused && kind == anyprec_gemm_auto_kind(m);
-                row("anyprec " + std::to_string(b) + "-bit (fused GEMM, " + gemm_kernel_name(kind) + ")" + (star ? " *" : ""), m, fus,
-                    base[bi], w[0].bytes_read(b));
+                const std::string name = ap + " (fused GEMM, " + gemm_kernel_name(kind) + ")";
+                if (star)
+                  chosen_row(ap, name + " *", m, fus, base[bi], w[0].bytes_read(b));
+                else
+                  row(name, m, fus, base[bi], w[0].bytes_read(b));
               }
             }
             continue;
@@ -185,8 +246,11 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), static_cast<int>(m), yf.get(), s,
                            OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);
             });
-            row("anyprec " + std::to_string(b) + "-bit" + v.name + (v.chosen(runtime) ? " *" : ""), m, us, base[bi],
-                w[0].bytes_read(b));
+            const std::string ap = "anyprec " + std::to_string(b) + "-bit";
+            if (v.chosen(runtime))
+              chosen_row(ap, ap + v.name + " *", m, us, base[bi], w[0].bytes_read(b));
+            else
+              row(ap + v.name, m, us, base[bi], w[0].bytes_read(b));
           }
         }
     }
@@ -200,6 +264,9 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
         dense.push_back(w.back().mixed24a_dense());
       }
       const uint64_t all_bytes = w[0].bytes(), dense_bytes = all_bytes - w[0].outlier_bytes();
+      char pct[32];
+      std::snprintf(pct, sizeof pct, "%.2g%%", 100.0 * o.outlier_frac);
+      const std::string m24 = std::string("2/4/16 + ") + pct + " outliers";
       DeviceBuffer<uint8_t> xfrag(mixed24a_xfrag_bytes(k));
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int64_t m = o.batches[bi];
@@ -230,7 +297,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,
                             runtime, frag);
             });
-            row("2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);
+            chosen_row(m24, "2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);
             const double c_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::SpMV,
                             runtime, frag);
@@ -244,18 +311,23 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
           });
           const bool tiles = m <= 2 * kMaxGemvBatch && mixed24a_stream_fits(n, k, kMaxGemvBatch);
-          row(std::string("2/4/16 + outliers (dequant+cuBLAS)") + (tiles ? "" : " *"), m, us, base[bi], all_bytes);
+          if (tiles)
+            row("2/4/16 + outliers (dequant+cuBLAS)", m, us, base[bi], all_bytes);
+          else
+            chosen_row(m24, "2/4/16 + outliers (dequant+cuBLAS) *", m, us, base[bi], all_bytes);
           if (tiles) {
             const double t_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv_two_tiles(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, xfrag.get());
             });
-            row("2/4/16 + outliers (fused, two-tile GEMV) *", m, t_us, base[bi], all_bytes);
+            chosen_row(m24, "2/4/16 + outliers (fused, two-tile GEMV) *", m, t_us, base[bi], all_bytes);
           }
         }
       }
     }
   }
   LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int64_t> batches(o.batches.begin(), o.batches.end());
+  print_summary(summary, batches, out);
 }
 
 }  // namespace lowbit::cuda

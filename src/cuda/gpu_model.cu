@@ -123,7 +123,7 @@ void GpuModel::init_common() {
 }
 
 GpuModel::~GpuModel() {
-  if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
+  invalidate_graph();
   gemm_.reset();
   if (stream_ != nullptr) cudaStreamDestroy(stream_);
 }
@@ -438,8 +438,8 @@ int GpuModel::decode_splits(int seqs, int capacity) const {
 }
 
 void GpuModel::invalidate_graph() {
-  if (graph_ != nullptr) cudaGraphExecDestroy(graph_);
-  graph_ = nullptr;
+  for (DecodeGraph& g : graphs_) cudaGraphExecDestroy(g.exec);
+  graphs_.clear();
 }
 
 bool GpuModel::run_group(const std::vector<const GpuLinear*>& ls, const float* x, int64_t m, const std::vector<float*>& ys,
@@ -700,20 +700,38 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
     }
   } else if (!use_graph) {
     body();
-  } else if (graph_ != nullptr && graph_seqs_ == seqs && graph_bits_ == bits && graph_capacity_ == cache.capacity &&
-             graph_cache_ == cache.k.get() && graph_gemm_gen_ == gemm_->generation() &&
-             graph_pdl_ == graph_launch_key()) {
-    LOWBIT_CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
   } else {
-    invalidate_graph();
-    run_and_capture(&graph_);
-    ++graph_captures_;
-    graph_seqs_ = seqs;
-    graph_bits_ = bits;
-    graph_capacity_ = cache.capacity;
-    graph_cache_ = cache.k.get();
-    graph_gemm_gen_ = gemm_->generation();   // after the uncaptured step, which may have grown the scratch
-    graph_pdl_ = graph_launch_key();
+    const uint64_t gen = gemm_->generation();
+    const unsigned pdl = graph_launch_key();
+    auto hit = std::find_if(graphs_.begin(), graphs_.end(), [&](const DecodeGraph& g) {
+      return g.seqs == seqs && g.bits == bits && g.capacity == cache.capacity && g.cache == cache.k.get() && g.gemm_gen == gen &&
+             g.pdl == pdl;
+    });
+    if (hit != graphs_.end()) {
+      hit->last_use = ++graph_clock_;
+      LOWBIT_CUDA_CHECK(cudaGraphLaunch(hit->exec, stream_));
+    } else {
+      DecodeGraph g;
+      g.seqs = seqs, g.bits = bits, g.capacity = cache.capacity, g.cache = cache.k.get(), g.pdl = pdl;
+      run_and_capture(&g.exec);
+      ++graph_captures_;
+      g.gemm_gen = gemm_->generation();   // after the uncaptured step, which may have grown the scratch
+      g.last_use = ++graph_clock_;
+      // Graphs over an older GEMM scratch point into freed memory and can never match again; then the least recent.
+      const auto stale = std::remove_if(graphs_.begin(), graphs_.end(), [&](const DecodeGraph& o) {
+        if (o.gemm_gen == g.gemm_gen) return false;
+        cudaGraphExecDestroy(o.exec);
+        return true;
+      });
+      graphs_.erase(stale, graphs_.end());
+      if (graphs_.size() >= kMaxDecodeGraphs) {
+        auto lru = std::min_element(graphs_.begin(), graphs_.end(),
+                                    [](const DecodeGraph& a, const DecodeGraph& b) { return a.last_use < b.last_use; });
+        cudaGraphExecDestroy(lru->exec);
+        graphs_.erase(lru);
+      }
+      graphs_.push_back(g);
+    }
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   for (int b = 0; b < seqs; ++b) ++cache.len[static_cast<size_t>(b)];

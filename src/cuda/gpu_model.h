@@ -63,8 +63,9 @@ class GpuModel {
 
   // Decode loop building block: one step for all sequences from device-resident tokens (set_decode_tokens), the
   // greedy next tokens written back in their place (get_decode_tokens). With use_graph the step is captured once
-  // per (sequences, bits, cache) and replayed (the first such call runs uncaptured and records the graph); the
-  // positions are uploaded before each step. cache.len advances by one.
+  // per (sequences, bits, cache) and replayed (the first such call runs uncaptured and records the graph); graphs of
+  // up to kMaxDecodeGraphs such keys are kept, so switching width between steps or requests replays the width's
+  // graph. The positions are uploaded before each step. cache.len advances by one.
   void decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph);
   int32_t* decode_tokens() { return tok_dev_.get(); }
   void set_decode_tokens(const std::vector<int32_t>& toks);
@@ -76,8 +77,10 @@ class GpuModel {
   // The logits of the last decode step (device, [seqs, vocab]); valid until the next step or forward().
   const float* decode_logits() const { return logits_.get(); }
   cudaStream_t stream() const { return stream_; }
-  // How often decode_step_greedy captured its graph (once per batch / width / cache; replays reuse it).
+  // How often decode_step_greedy captured a graph (once per batch / width / cache; replays reuse it, also after
+  // steps at other widths in between).
   int graph_captures() const { return graph_captures_; }
+  size_t cached_graphs() const { return graphs_.size(); }
   void synchronize() const;
 
   // Stage timing (CUDA events at the stages of every layer: norms, q/k/v, RoPE + KV store, attention, o, gate/up,
@@ -136,12 +139,21 @@ class GpuModel {
   struct StageTimer;
   std::unique_ptr<StageTimer> prof_;
   void mark(const char* stage);
-  // The captured decode graph.
-  cudaGraphExec_t graph_ = nullptr;
-  int graph_seqs_ = -1, graph_bits_ = -1, graph_capacity_ = -1, decode_seqs_ = 0, graph_captures_ = 0;
-  uint64_t graph_gemm_gen_ = 0;
-  unsigned graph_pdl_ = 0;   // the PDL kernel classes the graph was captured with (0: none; cuda/launch.cuh)
-  const void* graph_cache_ = nullptr;
+  // The captured decode graphs, one per (sequences, width, cache, GEMM scratch, PDL classes), so that a request at
+  // another any-precision width replays its own graph instead of re-capturing (kMaxDecodeGraphs, least recently used
+  // evicted first; graphs over a GEMM scratch that has since grown are dropped, they can never match again).
+  struct DecodeGraph {
+    cudaGraphExec_t exec = nullptr;
+    int seqs = -1, bits = -1, capacity = -1;
+    const void* cache = nullptr;
+    uint64_t gemm_gen = 0;
+    unsigned pdl = 0;   // the PDL kernel classes the graph was captured with (0: none; cuda/launch.cuh)
+    uint64_t last_use = 0;
+  };
+  static constexpr size_t kMaxDecodeGraphs = 8;
+  std::vector<DecodeGraph> graphs_;
+  uint64_t graph_clock_ = 0;
+  int decode_seqs_ = 0, graph_captures_ = 0;
 };
 
 }  // namespace lowbit::cuda

@@ -51,7 +51,7 @@ void register_bench(CLI::App& app, Common& common) {
   // FLOPs counted: every linear layer and the head for every prompt token, attention over the causal half only.
   auto kernels = std::make_shared<bool>(false);
   auto shapes = std::make_shared<std::vector<std::string>>(std::vector<std::string>{
-      "4096x4096", "11008x4096", "4096x11008", "8192x8192", "28672x8192", "8192x28672"});
+      "4096x4096", "11008x4096", "4096x11008", "14336x4096", "8192x8192", "28672x8192", "8192x28672"});
   auto kbits = std::make_shared<std::vector<int>>(std::vector<int>{3, 4, 8});
   auto batches = std::make_shared<std::vector<int>>(std::vector<int>{1, 2, 4, 8, 16, 64, 512});
   auto iters = std::make_shared<int>(50);

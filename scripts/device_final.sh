@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The full GPU validation and benchmark of one build on the lent machine, in parts that each fit one device call
+# (10 minutes) and the 64 MiB transfer limit. On this machine first: scripts/device_bundle.sh. Then, back to back
+# (the machine stays warm between calls), each call carrying the files named and running
+# `OUT=$OUT bash scripts/device_final.sh PART`:
+#   tests    (.devbundle/pkg.tar.xz, .devbundle/shared)  GPU tests (all but SmolLM2), kernel benchmark: every shape
+#            of TARGETS.md x widths 2..8 and 2/4/16 x batch 1,2,4,8,16,64,512 beside cuBLAS fp16
+#   e2e      (.devbundle/smollm2.part00)                 end to end: Llama-2-7B and Llama-3-8B shapes, every format
+#   smollm2  (.devbundle/smollm2.part01, part02, .sha256) the SmolLM2 GPU tests, compute-sanitizer memcheck and
+#            racecheck over the kernel tests named below
+#   e2e70b                                               end to end: Llama-2-70B shape (the any-precision parent needs
+#                                                        ~77 GB: an H200)
+# Logs land in $OUT, one file per step, each headed by its command, device and date.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+bash scripts/device_eval.sh stage
+source scripts/device_env.sh
+export LOWBIT_SHARED_DIR="$LB/shared" LOWBIT_SOURCE_DIR="$PWD"
+mkdir -p /tmp/lbcache/models
+[ -f "$LB/smollm2.gguf" ] && ln -sf "$LB/smollm2.gguf" /tmp/lbcache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+export LOWBIT_CACHE=/tmp/lbcache
+
+# step NAME TIMEOUT CMD...: runs CMD into $OUT/NAME.txt, headed by the command, the GPU and the date.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  {
+    echo "# \$ $*"
+    echo "# $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader), $(date -u +%FT%TZ)"
+  } > "$OUT/$name.txt"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
+  local rc=$?
+  echo "# exit $rc after $((SECONDS - t0)) s" >> "$OUT/$name.txt"
+  echo "$name: exit $rc after $((SECONDS - t0)) s"
+}
+
+case "${1:-}" in
+  tests)
+    step tests-model 200 "$LB/pkg/test_cuda_model" --gtest_filter='-CudaModel.SmolLM2*'
+    step tests-kernels 280 "$LB/pkg/test_cuda_kernels"
+    step bench-kernels 240 "$LB/pkg/lowbit" bench --kernels --kernel-bits 2,3,4,5,6,7,8 --batch 1,2,4,8,16,64,512 --iters 20
+    grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|tests ran" "$OUT"/tests-*.txt
+    ;;
+  e2e)
+    step bench-e2e-7b-8b 560 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b,llama3-8b --weights fp16,anyprec,mixed24a \
+      --kernel-bits 2,3,4,8 --decode-batches 1,8
+    ;;
+  smollm2)
+    step tests-smollm2 240 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.SmolLM2*'
+    step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+      --gtest_filter='CudaKernels.*:-CudaKernels.AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape:CudaKernels.AnyPrecInt8GemvMatchesCpuTwin'
+    step memcheck-model 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
+      --gtest_filter='CudaModel.WidthSwitch*:CudaModel.GraphDecode*:CudaModel.DecodeAndBatch*'
+    step racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+      --gtest_filter='CudaKernels.Int8GemvCtaForms*:CudaKernels.Mixed24aGrouped*'
+    grep -hE "^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY|^# exit" "$OUT"/*.txt
+    ;;
+  e2e70b)
+    step bench-e2e-70b 580 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights anyprec,mixed24a \
+      --kernel-bits 3,4,8 --decode-batches 1,8
+    ;;
+  *) echo "usage: $0 tests | e2e | smollm2 | e2e70b" >&2; exit 2 ;;
+esac
