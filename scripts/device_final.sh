@@ -3,11 +3,12 @@
 # (10 minutes) and the 64 MiB transfer limit. On this machine first: scripts/device_bundle.sh. Then, back to back
 # (the machine stays warm between calls), each call carrying the files named and running
 # `OUT=$OUT bash scripts/device_final.sh PART`:
-#   tests    (.devbundle/pkg.tar.xz, .devbundle/shared)  GPU tests (all but SmolLM2), kernel benchmark: every shape
-#            of TARGETS.md x widths 2..8 and 2/4/16 x batch 1,2,4,8,16,64,512 beside cuBLAS fp16
-#   e2e      (.devbundle/smollm2.part00)                 end to end: Llama-2-7B and Llama-3-8B shapes, every format
+#   tests    (.devbundle/pkg.tar.xz, .devbundle/shared)  the GPU tests, all but SmolLM2's
+#   kernels  (.devbundle/smollm2.part00)                 kernel benchmark: every shape of TARGETS.md x widths 2..8
+#                                                        and 2/4/16 x batch 1,2,4,8,16,64,512 beside cuBLAS fp16
 #   smollm2  (.devbundle/smollm2.part01, part02, .sha256) the SmolLM2 GPU tests, compute-sanitizer memcheck and
-#            racecheck over the kernel tests named below
+#                                                        racecheck over the tests named below
+#   e2e                                                  end to end: Llama-2-7B and Llama-3-8B shapes, every format
 #   e2e70b                                               end to end: Llama-2-70B shape (the any-precision parent needs
 #                                                        ~77 GB: an H200)
 # Logs land in $OUT, one file per step, each headed by its command, device and date.
@@ -39,14 +40,18 @@ step() {
 
 case "${1:-}" in
   tests)
-    step tests-model 200 "$LB/pkg/test_cuda_model" --gtest_filter='-CudaModel.SmolLM2*'
-    step tests-kernels 280 "$LB/pkg/test_cuda_kernels"
-    step bench-kernels 240 "$LB/pkg/lowbit" bench --kernels --kernel-bits 2,3,4,5,6,7,8 --batch 1,2,4,8,16,64,512 --iters 20
-    grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|tests ran" "$OUT"/tests-*.txt
+    step tests-model 150 "$LB/pkg/test_cuda_model" --gtest_filter='-CudaModel.SmolLM2*'
+    step tests-kernels 400 "$LB/pkg/test_cuda_kernels"
+    grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^# exit" "$OUT"/tests-*.txt
+    ;;
+  kernels)
+    step bench-kernels 560 "$LB/pkg/lowbit" bench --kernels --kernel-bits 2,3,4,5,6,7,8 --batch 1,2,4,8,16,64,512 --iters 20
+    sed -n '/^summary/,$p' "$OUT/bench-kernels.txt" | head -40
     ;;
   e2e)
-    step bench-e2e-7b-8b 560 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b,llama3-8b --weights fp16,anyprec,mixed24a \
+    step bench-e2e-7b-8b 580 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b,llama3-8b --weights fp16,anyprec,mixed24a \
       --kernel-bits 2,3,4,8 --decode-batches 1,8
+    grep -E "^llama|width switch" "$OUT/bench-e2e-7b-8b.txt" | cut -c1-200
     ;;
   smollm2)
     step tests-smollm2 240 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.SmolLM2*'
@@ -61,6 +66,7 @@ case "${1:-}" in
   e2e70b)
     step bench-e2e-70b 580 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights anyprec,mixed24a \
       --kernel-bits 3,4,8 --decode-batches 1,8
+    grep -E "^llama|width switch" "$OUT/bench-e2e-70b.txt" | cut -c1-200
     ;;
-  *) echo "usage: $0 tests | e2e | smollm2 | e2e70b" >&2; exit 2 ;;
+  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b" >&2; exit 2 ;;
 esac
