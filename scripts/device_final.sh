@@ -59,7 +59,7 @@ case "${1:-}" in
       --gtest_filter='CudaKernels.*:-CudaKernels.AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape:CudaKernels.AnyPrecInt8GemvMatchesCpuTwin'
     step memcheck-model 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
       --gtest_filter='CudaModel.WidthSwitch*:CudaModel.GraphDecode*:CudaModel.DecodeAndBatch*'
-    step racecheck 100 compute-sanitizer --tool racecheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+    step racecheck 250 compute-sanitizer --tool racecheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
       --gtest_filter='CudaKernels.Int8GemvCtaForms*:CudaKernels.Mixed24aGrouped*'
     grep -hE "^\[  (PASSED|FAILED) |ERROR SUMMARY|RACECHECK SUMMARY|^# exit" "$OUT"/*.txt
     ;;

@@ -701,6 +701,44 @@ TEST(CudaKernels, Mixed24aGroupedGemvEqualsItsParts) {
   EXPECT_THROW(cuda::mixed24a_gemv_group(four, 2, x.get(), 1, ys, nullptr, cuda::OutlierMode::Fused, nullptr), Error);
 }
 
+// argmax_rows, split over blocks (vocabularies of 16K and up, with scratch) and in one block per row, against the host:
+// the largest value's index, the lowest on ties, NaN never chosen, 0 for a row of -inf; vocabularies from 100 to
+// Qwen2's 151,936, 1..8 rows, the maximum planted in the first, a middle and the last slice.
+TEST(CudaKernels, ArgmaxRowsMatchesHostEitherWay) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-10.0f, 10.0f);
+  for (int vocab : {100, 16384, 32000, 128256, 151936})
+    for (int rows : {1, 3, 8}) {
+      std::vector<float> h(static_cast<size_t>(rows) * vocab);
+      for (float& v : h) v = u(rng);
+      std::vector<int32_t> want(static_cast<size_t>(rows));
+      for (int r = 0; r < rows; ++r) {
+        float* row = h.data() + static_cast<size_t>(r) * vocab;
+        row[(r * 7919) % vocab] = std::nanf("");
+        if (r == 2) {   // every value -inf: index 0
+          std::fill(row, row + vocab, -INFINITY);
+          want[static_cast<size_t>(r)] = 0;
+          continue;
+        }
+        const int first = r % 3 == 0 ? vocab / 64 : r % 3 == 1 ? vocab / 2 + 3 : vocab - 2;   // first / middle / last slice
+        row[first] = 20.0f;
+        row[std::min(vocab - 1, first + 1 + r)] = 20.0f;   // a tie after it: the lower index wins
+        if (r % 3 == 2) row[vocab - 1] = 20.0f;
+        want[static_cast<size_t>(r)] = first;
+      }
+      cuda::DeviceBuffer<float> d(h);
+      cuda::DeviceBuffer<uint64_t> scratch(static_cast<size_t>(rows) * cuda::kArgmaxSlices);
+      for (bool split : {false, true}) {
+        std::vector<int32_t> poison(static_cast<size_t>(rows), -1);
+        cuda::DeviceBuffer<int32_t> out(poison);
+        cuda::argmax_rows(d.get(), rows, vocab, out.get(), nullptr, split ? scratch.get() : nullptr);
+        LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(out.download(), want) << "vocab " << vocab << " rows " << rows << (split ? " split" : " one block");
+      }
+    }
+}
+
 // The dequantize kernels write exactly fp16(the value the packed data encodes), outliers included, original order.
 TEST(CudaKernels, DequantizeKernelsAreBitExact) {
   SKIP_WITHOUT_GPU();
@@ -720,7 +758,7 @@ TEST(CudaKernels, DequantizeKernelsAreBitExact) {
       EXPECT_EQ(bad, 0) << "anyprec " << sh.n << "x" << sh.k << " b" << bits;
     }
   }
-  for (const Shape& sh : {Shape{17, 576}, Shape{40, 1600}}) {
+  for (const Shape& sh : {Shape{17, 576}, Shape{40, 1600}, Shape{16, 2048}}) {
     const Mixed24AQuantized q = test::random_mixed24a(sh.n, sh.k, true, 9);
     const cuda::DevicePackedWeight dw(pack_mixed24a(q, storage));
     cuda::DeviceBuffer<__half> out(static_cast<size_t>(sh.n * sh.k));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <string>
@@ -156,6 +157,15 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                     static_cast<double>(bytes) / (us * 1e-6) / bw);
       out << line << std::flush;
     };
+    // The dequantize kernel of the large-batch path alone: bytes read (packed) + written (fp16), against the copy.
+    auto dequant_row = [&](const std::string& format, uint64_t read, const std::function<void(int)>& f) {
+      const double us = median_us(o.iters, f);
+      const double bytes = static_cast<double>(read) + 2.0 * static_cast<double>(n * k);
+      std::snprintf(line, sizeof line, "%lldx%lld | %s dequantize to fp16 alone (bytes read + written) | - | %.1f | - | - | %.0f | %.2f\n",
+                    static_cast<long long>(n), static_cast<long long>(k), format.c_str(), us, bytes / (us * 1e-6) / 1e9,
+                    bytes / (us * 1e-6) / bw);
+      out << line << std::flush;
+    };
     // A row of the runtime's choice, also kept for the summary.
     auto chosen_row = [&](const std::string& format, const std::string& kernel, int64_t m, double us, double b_us, uint64_t bytes) {
       row(kernel, m, us, b_us, bytes);
@@ -192,7 +202,12 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       std::vector<DevicePackedWeight> w;
       for (int i = 0; i < rot; ++i) w.push_back(DevicePackedWeight::random_anyprec(n, k, 50 + static_cast<uint64_t>(i)));
       DeviceBuffer<uint8_t> xfrag(anyprec_xfrag_bytes(k));
-      for (int b : o.bits)
+      for (int b : o.bits) {
+        {
+          __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
+          dequant_row("anyprec " + std::to_string(b) + "-bit", w[0].bytes_read(b),
+                      [&](int i) { anyprec_dequant_f16(w[static_cast<size_t>(i % rot)].anyprec(), b, wd, s); });
+        }
         for (size_t bi = 0; bi < o.batches.size(); ++bi) {
           const int64_t m = o.batches[bi];
           if (m > kMaxGemvBatch) {
@@ -253,6 +268,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               row(ap + v.name, m, us, base[bi], w[0].bytes_read(b));
           }
         }
+      }
     }
     if (o.mixed24a && k % 64 == 0) {
       const int rot = rotation(static_cast<uint64_t>(n * k) * 3 / 8);
@@ -268,6 +284,11 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       std::snprintf(pct, sizeof pct, "%.2g%%", 100.0 * o.outlier_frac);
       const std::string m24 = std::string("2/4/16 + ") + pct + " outliers";
       DeviceBuffer<uint8_t> xfrag(mixed24a_xfrag_bytes(k));
+      {
+        __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
+        dequant_row("2/4/16", dense_bytes, [&](int i) { mixed24a_dequant_f16(dense[static_cast<size_t>(i % rot)], wd, s); });
+        dequant_row(m24, all_bytes, [&](int i) { mixed24a_dequant_f16(full[static_cast<size_t>(i % rot)], wd, s); });
+      }
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int64_t m = o.batches[bi];
         if (m <= kMaxGemvBatch) {

@@ -405,6 +405,7 @@ void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
   gu_ = DeviceBuffer<float>(fused_gu ? R * 2 * c_.hidden_dim : 0);
   logits_ = DeviceBuffer<float>(static_cast<size_t>(ws_logit_rows_) * c_.vocab_size);
   nll_ = DeviceBuffer<float>(R);
+  argmax_keys_ = DeviceBuffer<uint64_t>(static_cast<size_t>(ws_logit_rows_) * kArgmaxSlices);
   hit_ = DeviceBuffer<int32_t>(R);
   tok_in_ = DeviceBuffer<int32_t>(R);
   seq_dev_ = DeviceBuffer<int32_t>(R);
@@ -624,7 +625,7 @@ void GpuModel::set_decode_tokens(const std::vector<int32_t>& toks) {
 void GpuModel::greedy_from_last_logits(int seqs) {
   LOWBIT_CHECK(seqs >= 1 && seqs <= ws_logit_rows_, "greedy: ", seqs, " sequences, the last forward produced ",
                ws_logit_rows_, " rows of logits at most");
-  argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_);
+  argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_, argmax_keys_.get());
   decode_seqs_ = seqs;
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
@@ -663,7 +664,7 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
   auto body = [&] {
     embed_rows(emb_, tok_dev_.get(), seqs, c_.dim, x_.get(), stream_);
     forward_device(seqs, seqs, 1, cache, false, bits, splits);
-    argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_);
+    argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_, argmax_keys_.get());
     mark("end");
   };
   // Runs this call's step uncaptured (which also sizes the GEMM scratch: nothing may be allocated during a capture),

@@ -135,6 +135,7 @@ class GpuModel {
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
   DeviceBuffer<float> qkv_, gu_;   // outputs of the stacked linears [rows, qd + 2 kvd] / [rows, 2 hidden]
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
+  DeviceBuffer<uint64_t> argmax_keys_;   // [logit rows][kArgmaxSlices]: the split argmax's partial keys
   DeviceBuffer<float> u_dev_;
   struct StageTimer;
   std::unique_ptr<StageTimer> prof_;

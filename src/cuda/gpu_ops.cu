@@ -689,9 +689,76 @@ void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s)
 void nll_rows(const float* logits, const int32_t* target, int rows, int vocab, float* nll, int* hit, cudaStream_t s) {
   if (rows > 0) launch_pdl(kPdlOps, nll_kernel, rows, 512, 0, s, logits, target, vocab, nll, hit);
 }
-void argmax_rows(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s) {
+// Split argmax: block (slice, row) reduces its slice of the row with the comparisons of nll_kernel (NaN never wins,
+// ties to the lower index) into one 64-bit key, the value's order-preserving bits above the complement of its
+// index, so that the larger key is the larger value and, among equal values, the lower index; one warp per row then
+// takes the largest of the kArgmaxSlices keys. One 512-thread block per row read a 128K vocabulary (Llama-3) in ~0.1 ms
+// of the decode step, latency-bound on one SM.
+__device__ __forceinline__ uint64_t argmax_key(float v, int i) {
+  const uint32_t u = __float_as_uint(v);
+  const uint32_t ordered = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  return (static_cast<uint64_t>(ordered) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(i));
+}
+
+__global__ void argmax_slices_kernel(const float* logits, int vocab, uint64_t* keys) {
+  pdl_launch_dependents();
+  pdl_wait();
+  __shared__ uint64_t sk[32];
+  const int len = (vocab + kArgmaxSlices - 1) / kArgmaxSlices, lo = static_cast<int>(blockIdx.x) * len;
+  const int hi = min(vocab, lo + len);
+  const float* lg = logits + static_cast<int64_t>(blockIdx.y) * vocab;
+  float mx = -FLT_MAX;
+  int arg = 0;
+  for (int i = lo + static_cast<int>(threadIdx.x); i < hi; i += static_cast<int>(blockDim.x)) {
+    const float v = lg[i];
+    if (v > mx) {
+      mx = v;
+      arg = i;
+    }
+  }
+  uint64_t k = argmax_key(mx, arg);
+  for (int off = 16; off > 0; off >>= 1) {
+    const uint64_t o = __shfl_xor_sync(0xffffffffu, k, off);
+    k = o > k ? o : k;
+  }
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  if (lane == 0) sk[warp] = k;
+  __syncthreads();
+  if (warp == 0) {
+    k = lane < static_cast<int>(blockDim.x) / 32 ? sk[lane] : 0;
+    for (int off = 16; off > 0; off >>= 1) {
+      const uint64_t o = __shfl_xor_sync(0xffffffffu, k, off);
+      k = o > k ? o : k;
+    }
+    if (lane == 0) keys[static_cast<int64_t>(blockIdx.y) * kArgmaxSlices + blockIdx.x] = k;
+  }
+}
+
+__global__ void argmax_combine_kernel(const uint64_t* keys, int rows, int32_t* out) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int row = static_cast<int>((blockIdx.x * blockDim.x + threadIdx.x) / 32), lane = static_cast<int>(threadIdx.x) % 32;
+  if (row >= rows) return;
+  static_assert(kArgmaxSlices == 32, "one key per lane");
+  uint64_t k = keys[static_cast<int64_t>(row) * kArgmaxSlices + lane];
+  for (int off = 16; off > 0; off >>= 1) {
+    const uint64_t o = __shfl_xor_sync(0xffffffffu, k, off);
+    k = o > k ? o : k;
+  }
+  // A row whose every value is -FLT_MAX, -inf or NaN keeps nll_kernel's answer, 0: every slice's key then holds 0.
+  if (lane == 0) out[row] = static_cast<int32_t>(0xFFFFFFFFu - static_cast<uint32_t>(k));
+}
+
+void argmax_rows(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s, uint64_t* scratch) {
+  if (rows <= 0) return;
+  if (scratch != nullptr && vocab >= kArgmaxSplitVocab) {
+    launch_pdl(kPdlOps, argmax_slices_kernel, dim3(kArgmaxSlices, static_cast<unsigned>(rows)), 256, 0, s, logits, vocab, scratch);
+    launch_pdl(kPdlOps, argmax_combine_kernel, static_cast<unsigned>((rows * 32 + 255) / 256), 256, 0, s,
+               static_cast<const uint64_t*>(scratch), rows, out);
+    return;
+  }
   // nll_kernel in argmax mode: with nll == nullptr it writes the argmax into hit and never reads target.
-  if (rows > 0) launch_pdl(kPdlOps, nll_kernel, rows, 512, 0, s, logits, nullptr, vocab, nullptr, out);
+  launch_pdl(kPdlOps, nll_kernel, rows, 512, 0, s, logits, nullptr, vocab, nullptr, out);
 }
 void increment(int32_t* pos, int count, cudaStream_t s) { increment_kernel<<<blocks_for(count, 128), 128, 0, s>>>(pos, count); }
 

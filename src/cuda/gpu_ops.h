@@ -77,8 +77,11 @@ void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int row
 void add_bias_rows(float* y, const float* bias, int rows, int n, cudaStream_t s);   // y[r] += bias
 // Per row r < rows: nll[r] = logsumexp(logits[r]) - logits[r][target[r]], hit[r] = argmax == target (ties: lowest).
 void nll_rows(const float* logits, const int32_t* target, int rows, int vocab, float* nll, int* hit, cudaStream_t s);
-// out[r] = argmax of logits[r] (lowest index on ties).
-void argmax_rows(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s);
+// out[r] = argmax of logits[r] (lowest index on ties; NaN never chosen). With scratch (rows * kArgmaxSlices words)
+// and a vocabulary of at least kArgmaxSplitVocab, each row is split over kArgmaxSlices blocks and combined by a
+// second kernel (the same answer); otherwise one block per row.
+inline constexpr int kArgmaxSlices = 32, kArgmaxSplitVocab = 16384;
+void argmax_rows(const float* logits, int rows, int vocab, int32_t* out, cudaStream_t s, uint64_t* scratch = nullptr);
 // pos[i] += 1 for i < count (advances a decode step inside a captured graph).
 void increment(int32_t* pos, int count, cudaStream_t s);
 

@@ -171,13 +171,10 @@ void launch_outliers(const Mixed24ADevice& w, const float* x, int m, float* y, c
   launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
 }
 
-// One thread per (row, unit, group): the group's 16 weights to fp16 at their original columns, two 16-byte stores
-// (the codes decoded as in the GEMV, by the 2^23 trick rather than integer-to-float conversions).
-__global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ out) {
-  const int64_t U = w.k / 64, gid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (gid >= w.n * U * 4) return;
-  const int s = static_cast<int>(gid % 4);
-  const int64_t unit = gid / 4, row = unit / U, u = unit % U, rg = row / 16;
+// The 16 weights of stored group s (0..2: 2-bit, 3: 4-bit) of unit u of `row` as fp16, in column order (the codes
+// decoded as in the GEMV, by the 2^23 trick rather than integer-to-float conversions).
+__device__ __forceinline__ void dequant_group(const Mixed24ADevice& w, int64_t row, int64_t u, int s, __half2 (&v)[8]) {
+  const int64_t U = w.k / 64, unit = row * U + u, rg = row / 16;
   const uint32_t m2 = __ldg(w.meta2 + unit), m4 = __ldg(w.meta4 + unit);
   const uint32_t* qa = reinterpret_cast<const uint32_t*>(w.qa + unit);
   const uint32_t sc = s == 0 ? (m2 & 15u) : s == 1 ? ((m2 >> 4) & 7u) : s == 2 ? ((m2 >> 7) & 7u) : (m4 & 15u);
@@ -185,7 +182,6 @@ __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ o
   const float ss = __half2float(s < 3 ? w.ss2[rg * 3 * U + 3 * u + s] : w.ss4[rg * U + u]);
   const float sm = __half2float(s < 3 ? w.sm2[rg * 3 * U + 3 * u + s] : w.sm4[rg * U + u]);
   const float scale = fmaf(static_cast<float>(sc), ss, sm), zm = 8388608.0f + static_cast<float>(z);
-  alignas(16) __half2 v[8];
   if (s < 3) {
     const uint32_t word = __ldg(qa + s);
 #pragma unroll
@@ -202,16 +198,51 @@ __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ o
                                code_minus_zero((word >> (sh + 4)) & 15u, zm) * scale);
     }
   }
-  const int64_t base = 16 * static_cast<int64_t>(__ldg(w.perm + 4 * u + s));
-  uint4* o = reinterpret_cast<uint4*>(out + row * w.k + base);   // k is a multiple of 64: 16-byte aligned
-  o[0] = reinterpret_cast<const uint4*>(v)[0];
-  o[1] = reinterpret_cast<const uint4*>(v)[1];
 }
 
+// fp16 weights in the original column order. A warp takes 32 consecutive original groups of one row (a chunk), lane t
+// decoding group p0 + t from its stored group (perm's inverse, built per block in shared memory), and the lanes trade
+// halves by shuffles so that each of the two 16-byte store instructions writes 512 contiguous bytes of the row: the
+// stores are the bulk of the bytes (the reads, 3 bits per weight, share 16-byte units in L1). Storing each group at
+// its stored position instead (before session 27) scattered 16-byte halves of sectors through perm and made
+// dequantize + cuBLAS at batch 64 about 4.8x cuBLAS fp16 alone on 28672x8192 (docs/PERF.md).
+__global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ out) {
+  extern __shared__ uint16_t inv[];   // [G]: the stored group holding original group p
+  const int G = static_cast<int>(w.k / 16);
+  for (int j = static_cast<int>(threadIdx.x); j < G; j += static_cast<int>(blockDim.x)) inv[__ldg(w.perm + j)] = static_cast<uint16_t>(j);
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t chunks_per_row = (G + 31) / 32, chunks = w.n * chunks_per_row;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; c < chunks; c += warps) {
+    const int64_t row = c / chunks_per_row;
+    const int p0 = static_cast<int>(c % chunks_per_row) * 32, p = p0 + lane;
+    alignas(16) __half2 v[8] = {};
+    if (p < G) {
+      const int j = inv[p];
+      dequant_group(w, row, j / 4, j % 4, v);
+    }
+    const uint4 a = reinterpret_cast<const uint4*>(v)[0], b = reinterpret_cast<const uint4*>(v)[1];
+    __half* o = out + row * w.k + 16 * static_cast<int64_t>(p0);   // k is a multiple of 64: 16-byte aligned
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      // 16-byte piece e = 32 r + lane of the chunk: half (e % 2) of group e / 2, held by lane e / 2.
+      const int src = 16 * r + lane / 2;
+      uint4 t;
+      t.x = __shfl_sync(0xffffffffu, lane % 2 ? b.x : a.x, src);
+      t.y = __shfl_sync(0xffffffffu, lane % 2 ? b.y : a.y, src);
+      t.z = __shfl_sync(0xffffffffu, lane % 2 ? b.z : a.z, src);
+      t.w = __shfl_sync(0xffffffffu, lane % 2 ? b.w : a.w, src);
+      if (p0 + src < G) reinterpret_cast<uint4*>(o)[32 * r + lane] = t;
+    }
+  }
+}
+
+// A warp per row, its lanes over the row's outliers (stored columns, written at their original ones).
 __global__ void mixed24a_dequant_outliers_kernel(Mixed24ADevice w, __half* __restrict__ out) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   if (row >= w.n) return;
-  for (int e = w.rowptr[row]; e < w.rowptr[row + 1]; ++e) {
+  for (int e = w.rowptr[row] + static_cast<int>(threadIdx.x) % 32; e < w.rowptr[row + 1]; e += 32) {
     const uint32_t c = w.col[e];
     out[row * w.k + 16 * static_cast<int64_t>(w.perm[c / 16]) + c % 16] = w.val[e];
   }
@@ -989,10 +1020,14 @@ void mixed24a_gemv_two_tiles(const Mixed24ADevice& w, const float* x, int m, flo
 }
 
 void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s) {
-  const int64_t threads = w.n * (w.k / 64) * 4;
-  mixed24a_dequant_kernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, s>>>(w, out);
+  const int64_t groups = w.k / 16, chunks = w.n * ((groups + 31) / 32);
+  const size_t smem = sizeof(uint16_t) * static_cast<size_t>(groups);
+  LOWBIT_CHECK(smem <= 48 * 1024, "mixed24a dequantize: k = ", w.k, " exceeds the ", 48 * 1024 * 8, " columns it supports");
+  // Eight warps per block, at most 16 blocks per SM's worth (each builds perm's inverse once).
+  const int64_t blocks = std::min<int64_t>((chunks + 7) / 8, 16 * static_cast<int64_t>(device_sm_count()));
+  mixed24a_dequant_kernel<<<static_cast<unsigned>(blocks), 256, smem, s>>>(w, out);
   if (w.rowptr != nullptr)
-    mixed24a_dequant_outliers_kernel<<<static_cast<unsigned>((w.n + 255) / 256), 256, 0, s>>>(w, out);
+    mixed24a_dequant_outliers_kernel<<<static_cast<unsigned>((w.n * 32 + 255) / 256), 256, 0, s>>>(w, out);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
