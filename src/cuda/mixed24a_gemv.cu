@@ -227,13 +227,13 @@ __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ o
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       // 16-byte piece e = 32 r + lane of the chunk: half (e % 2) of group e / 2, held by lane e / 2.
+      // (Every lane shuffles both halves: the source's value is read, so the choice is the destination's, after.)
       const int src = 16 * r + lane / 2;
-      uint4 t;
-      t.x = __shfl_sync(0xffffffffu, lane % 2 ? b.x : a.x, src);
-      t.y = __shfl_sync(0xffffffffu, lane % 2 ? b.y : a.y, src);
-      t.z = __shfl_sync(0xffffffffu, lane % 2 ? b.z : a.z, src);
-      t.w = __shfl_sync(0xffffffffu, lane % 2 ? b.w : a.w, src);
-      if (p0 + src < G) reinterpret_cast<uint4*>(o)[32 * r + lane] = t;
+      const uint4 ta = {__shfl_sync(0xffffffffu, a.x, src), __shfl_sync(0xffffffffu, a.y, src),
+                        __shfl_sync(0xffffffffu, a.z, src), __shfl_sync(0xffffffffu, a.w, src)};
+      const uint4 tb = {__shfl_sync(0xffffffffu, b.x, src), __shfl_sync(0xffffffffu, b.y, src),
+                        __shfl_sync(0xffffffffu, b.z, src), __shfl_sync(0xffffffffu, b.w, src)};
+      if (p0 + src < G) reinterpret_cast<uint4*>(o)[32 * r + lane] = lane % 2 ? tb : ta;
     }
   }
 }
