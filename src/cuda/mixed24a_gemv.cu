@@ -200,51 +200,35 @@ __device__ __forceinline__ void dequant_group(const Mixed24ADevice& w, int64_t r
   }
 }
 
-// fp16 weights in the original column order. A warp takes 32 consecutive original groups of one row (a chunk), lane t
-// decoding group p0 + t from its stored group (perm's inverse, built per block in shared memory), and the lanes trade
-// halves by shuffles so that each of the two 16-byte store instructions writes 512 contiguous bytes of the row: the
-// stores are the bulk of the bytes (the reads, 3 bits per weight, share 16-byte units in L1). Storing each group at
-// its stored position instead (before session 27) scattered 16-byte halves of sectors through perm and made
-// dequantize + cuBLAS at batch 64 about 4.8x cuBLAS fp16 alone on 28672x8192 (docs/PERF.md).
+// fp16 weights in the original column order, a block per row (grid-stride over rows): the block reads the row's units
+// in stored order (coalesced), writes each group's 16 values at its original place in a shared-memory copy of the
+// row, sets the row's outliers there, and copies the row out with coalesced 16-byte stores. Two earlier forms, each
+// thread storing its group straight to global memory (the stores scattered by perm) or decoding the original groups
+// in order (the reads scattered), left dequantize + cuBLAS at batch 64 on 28672x8192 at 4.8x / 3.6x cuBLAS fp16
+// alone (H200, docs/PERF.md, session 27).
 __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ out) {
-  extern __shared__ uint16_t inv[];   // [G]: the stored group holding original group p
-  const int G = static_cast<int>(w.k / 16);
-  for (int j = static_cast<int>(threadIdx.x); j < G; j += static_cast<int>(blockDim.x)) inv[__ldg(w.perm + j)] = static_cast<uint16_t>(j);
-  __syncthreads();
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t chunks_per_row = (G + 31) / 32, chunks = w.n * chunks_per_row;
-  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32; c < chunks; c += warps) {
-    const int64_t row = c / chunks_per_row;
-    const int p0 = static_cast<int>(c % chunks_per_row) * 32, p = p0 + lane;
-    alignas(16) __half2 v[8] = {};
-    if (p < G) {
-      const int j = inv[p];
-      dequant_group(w, row, j / 4, j % 4, v);
+  extern __shared__ uint4 srow[];   // [k / 8]: one row in fp16
+  const int64_t U = w.k / 64;
+  for (int64_t row = blockIdx.x; row < w.n; row += gridDim.x) {
+    for (int64_t g = threadIdx.x; g < 4 * U; g += blockDim.x) {
+      alignas(16) __half2 v[8];
+      dequant_group(w, row, g / 4, static_cast<int>(g % 4), v);
+      uint4* d = srow + 2 * static_cast<int64_t>(__ldg(w.perm + g));
+      d[0] = reinterpret_cast<const uint4*>(v)[0];
+      d[1] = reinterpret_cast<const uint4*>(v)[1];
     }
-    const uint4 a = reinterpret_cast<const uint4*>(v)[0], b = reinterpret_cast<const uint4*>(v)[1];
-    __half* o = out + row * w.k + 16 * static_cast<int64_t>(p0);   // k is a multiple of 64: 16-byte aligned
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      // 16-byte piece e = 32 r + lane of the chunk: half (e % 2) of group e / 2, held by lane e / 2.
-      // (Every lane shuffles both halves: the source's value is read, so the choice is the destination's, after.)
-      const int src = 16 * r + lane / 2;
-      const uint4 ta = {__shfl_sync(0xffffffffu, a.x, src), __shfl_sync(0xffffffffu, a.y, src),
-                        __shfl_sync(0xffffffffu, a.z, src), __shfl_sync(0xffffffffu, a.w, src)};
-      const uint4 tb = {__shfl_sync(0xffffffffu, b.x, src), __shfl_sync(0xffffffffu, b.y, src),
-                        __shfl_sync(0xffffffffu, b.z, src), __shfl_sync(0xffffffffu, b.w, src)};
-      if (p0 + src < G) reinterpret_cast<uint4*>(o)[32 * r + lane] = lane % 2 ? tb : ta;
+    __syncthreads();
+    if (w.rowptr != nullptr) {   // outliers: stored column c is original column 16 perm[c / 16] + c % 16
+      __half* sh = reinterpret_cast<__half*>(srow);
+      for (int e = w.rowptr[row] + static_cast<int>(threadIdx.x); e < w.rowptr[row + 1]; e += static_cast<int>(blockDim.x)) {
+        const uint32_t c = w.col[e];
+        sh[16 * static_cast<int64_t>(w.perm[c / 16]) + c % 16] = w.val[e];
+      }
+      __syncthreads();
     }
-  }
-}
-
-// A warp per row, its lanes over the row's outliers (stored columns, written at their original ones).
-__global__ void mixed24a_dequant_outliers_kernel(Mixed24ADevice w, __half* __restrict__ out) {
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-  if (row >= w.n) return;
-  for (int e = w.rowptr[row] + static_cast<int>(threadIdx.x) % 32; e < w.rowptr[row + 1]; e += 32) {
-    const uint32_t c = w.col[e];
-    out[row * w.k + 16 * static_cast<int64_t>(w.perm[c / 16]) + c % 16] = w.val[e];
+    uint4* o = reinterpret_cast<uint4*>(out + row * w.k);   // k is a multiple of 64: 16-byte aligned
+    for (int64_t i = threadIdx.x; i < w.k / 8; i += blockDim.x) o[i] = srow[i];
+    __syncthreads();   // before the next row overwrites the copy
   }
 }
 
@@ -1020,14 +1004,17 @@ void mixed24a_gemv_two_tiles(const Mixed24ADevice& w, const float* x, int m, flo
 }
 
 void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s) {
-  const int64_t groups = w.k / 16, chunks = w.n * ((groups + 31) / 32);
-  const size_t smem = sizeof(uint16_t) * static_cast<size_t>(groups);
-  LOWBIT_CHECK(smem <= 48 * 1024, "mixed24a dequantize: k = ", w.k, " exceeds the ", 48 * 1024 * 8, " columns it supports");
-  // Eight warps per block, at most 16 blocks per SM's worth (each builds perm's inverse once).
-  const int64_t blocks = std::min<int64_t>((chunks + 7) / 8, 16 * static_cast<int64_t>(device_sm_count()));
+  const size_t smem = sizeof(__half) * static_cast<size_t>(w.k);
+  LOWBIT_CHECK(smem <= 200 * 1024, "mixed24a dequantize: rows of ", w.k, " columns exceed the ", 100 * 1024, " it supports");
+  static size_t opted = 48 * 1024;   // the dynamic shared memory the kernel was allowed so far
+  if (smem > opted) {
+    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(mixed24a_dequant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    opted = smem;
+  }
+  int per_sm = 0;
+  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mixed24a_dequant_kernel, 256, smem));
+  const int64_t blocks = std::min<int64_t>(w.n, static_cast<int64_t>(std::max(per_sm, 1)) * device_sm_count());
   mixed24a_dequant_kernel<<<static_cast<unsigned>(blocks), 256, smem, s>>>(w, out);
-  if (w.rowptr != nullptr)
-    mixed24a_dequant_outliers_kernel<<<static_cast<unsigned>((w.n * 32 + 255) / 256), 256, 0, s>>>(w, out);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
