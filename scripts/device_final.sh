@@ -68,5 +68,13 @@ case "${1:-}" in
       --kernel-bits 3,4,8 --decode-batches 1,8
     grep -E "^llama|width switch" "$OUT/bench-e2e-70b.txt" | cut -c1-200
     ;;
-  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b" >&2; exit 2 ;;
+  dequant)   # the large-batch path's dequantize kernels: their tests, memcheck, the 2/4/16 kernel rows, 2/4/16 prefill
+    step tests-dequant 300 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Dequantize*:CudaKernels.LargeBatch*:CudaKernels.Mixed24a*:CudaKernels.Argmax*'
+    step memcheck-dequant 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+      --gtest_filter='CudaKernels.Dequantize*:CudaKernels.LargeBatch*'
+    step bench-kernels-mixed24a 200 "$LB/pkg/lowbit" bench --kernels --formats mixed24a --batch 1,8,16,64,512 --iters 20
+    step bench-e2e-mixed24a 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b,llama3-8b,llama2-70b --weights mixed24a --decode-batches 1
+    grep -hE "^\[  (PASSED|FAILED) |ERROR SUMMARY|^# exit|^llama|dequantize to fp16 alone" "$OUT"/*.txt | cut -c1-160
+    ;;
+  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b | dequant" >&2; exit 2 ;;
 esac
