@@ -2,7 +2,7 @@
 // their bitplanes in registers and fed straight to mma.sync m16n8k16, so no fp16 copy of W is written or read
 // (batch 9..16 runs the GEMVs' two-tile form, anyprec_gemv_two_tiles; this file's staged kernel serves 2..4 bits).
 // The dequantize + cuBLAS path writes and reads back n·k·2 bytes, 2.3-2.4x the fp16 GEMM's own time at batch 16..64
-// (docs/PERF.md, session 14).
+// (docs/perf-history.md, session 14).
 //
 // A CTA computes kRows = 32 · kWarps weight rows for 8 · NT tokens over a range of word quads (split-k over the
 // grid's z when the row and token blocks alone would leave SMs idle; the splits' partial sums are then added in

@@ -1017,7 +1017,7 @@ void launch_tc(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
   // (session 11, same runs) after the fused-outlier epilogue change: the register-table / CUDA-core kernels' outlier
   // instantiations cost 1.1% / 2.5% of 3- / 4-bit batch-1 decode, while the shared-table kernel's (80 registers
   // against 63) ran faster at batch 8 (4-bit 4096x11008 38.3 against 47.0 us, 8-bit 67.8 against 79.1) for a reason
-  // not established (its main loop is the same source; docs/PERF.md, session 11).
+  // not established (its main loop is the same source; docs/perf-history.md, session 11).
   const bool fused_rt = fused && w.rowptr != nullptr;
   if (xf != nullptr) {
     float* xt_out = fused_rt ? xfrag_xt(xf, w.k) : nullptr;   // only the fused outliers read it

@@ -8,7 +8,7 @@
 // upload from the fp16 LUT: each centroid off by at most max|c| / 254), so one PRMT looks up four codes as the four
 // bytes of an int8 A register of mma.sync m16n8k32. At 4 bits the centroids carry a second int8 piece (c ~ sigma (hi +
 // lo / 254), off by at most max|c| / 64008): one piece cost +0.69% perplexity there (a what-if on every layer of
-// SmolLM2, docs/PERF.md session 18; +0.09% at 3 bits), and the second piece's lookup and mma (into the x low piece's
+// SmolLM2, docs/perf-history.md, session 18; +0.09% at 3 bits), and the second piece's lookup and mma (into the x low piece's
 // accumulator, the same 1/254 scale) keep the 4-bit kernel exact to fp16 level. A 16-entry table is two 8-byte
 // halves; each piece's table is stored so that the two halves' PRMT lookups (the code's msb, flipped for the second
 // half, making PRMT return the sign of a byte: 0 or -1) sum to the value (int8_tables.h, i8_split16), and the mma adds

@@ -2,7 +2,7 @@
 // (2..4 bits) decoded from their bitplanes into registers and fed to wgmma as its A operand, the activations read by
 // the tensor cores straight from shared memory. No fp16 copy of W is written or read. Auto's kernel for batch 65..128
 // in session 15; since session 17 the warp-specialized kernel (anyprec_wgmma_ws.cu) is, and this one is kept as
-// GemmKernel::Wgmma (benchmarked and tested beside it; docs/PERF.md, sessions 15 and 17).
+// GemmKernel::Wgmma (benchmarked and tested beside it; docs/perf-history.md, sessions 15 and 17).
 //
 // Against the staged mma.sync GEMM (anyprec_gemm.cu): one A fragment per warp and k16 step feeds one m64nNk16 wgmma
 // (N tokens) instead of N / 8 mma.sync, and B needs no ldmatrix.
@@ -21,7 +21,7 @@
 // but that one. The copies run kStages - 2 quads ahead: a stage is refilled two quads after it was computed, when
 // every warpgroup has retired all its wgmmas that read it.
 //
-// Measured on the H200 (docs/PERF.md, session 15): 1.12-1.80x faster than dequantize + cuBLAS at batch 128, slower
+// Measured on the H200 (docs/perf-history.md, session 15): 1.12-1.80x faster than dequantize + cuBLAS at batch 128, slower
 // at 512 tokens; ncu at 512 tokens: tensor pipe 43% busy, 2 warps per scheduler, issue 33% (latency-bound). Tried:
 // eight wgmmas per commit group with the next quad's lookups overlapping them (wrong results: ptxas does not track
 // the asynchronous A-register reads across the loop's back edge; pinning the registers made it serialize every

@@ -4,7 +4,7 @@
 //
 // Why a second kernel: the register-A kernel decodes each A fragment in the warpgroup that multiplies it, so the
 // decode and the tensor cores take turns (ptxas keeps one wgmma step in flight with register operands), and 128-token
-// tiles decode every weight four times at 512 tokens (docs/PERF.md, session 15: tensor pipe 43% busy). Here the roles
+// tiles decode every weight four times at 512 tokens (docs/perf-history.md, session 15: tensor pipe 43% busy). Here the roles
 // are split, as in CUTLASS's warp-specialized mainloops:
 // - warpgroup 0 (the decoder) streams each row's plane words through a cp.async ring of its own, decodes them with
 //   the register-table PRMT lookups (anyprec_codes.cuh) into fp16, and stores the CTA's 128 x 64 weight tile of each

@@ -507,7 +507,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
       run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits, slot_n);
     }
     // Decode: RoPE and the KV store inside the attention kernel (one kernel fewer per layer; H200, Llama-2-7B 3-bit:
-    // docs/PERF.md session 20); prefill: their own kernel.
+    // docs/perf-history.md, session 20); prefill: their own kernel.
     const bool fold = attention_folds_rope(rows, hd, n == 1);
     const RopeIn rope{qin, q_ld, kin, vin, kv_ld, rope_cos_.get(), rope_sin_.get(), cache.k.get(), cache.v.get()};
     if (!fold) {
@@ -527,7 +527,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     const int64_t hid = c_.hidden_dim;
     if (L.gate_up.n > 0 && slot_s != nullptr && L.gate_up.packed && L.gate_up.bias.size() == 0 &&
         packed_swiglu_fuses(*L.gate_up.packed, bits, rows)) {
-      // SwiGLU in the GEMV's epilogue, its row maxima into slot S (H200, Llama-2-7B: docs/PERF.md session 20).
+      // SwiGLU in the GEMV's epilogue, its row maxima into slot S (H200, Llama-2-7B: docs/perf-history.md, session 20).
       packed_matmul_swiglu(*L.gate_up.packed, bits, xn_.get(), rows, g_.get(), *gemm_, slot_n, reinterpret_cast<unsigned*>(slot_s));
     } else if (L.gate_up.n > 0) {
       run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits, slot_n);

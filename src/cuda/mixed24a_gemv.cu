@@ -205,7 +205,7 @@ __device__ __forceinline__ void dequant_group(const Mixed24ADevice& w, int64_t r
 // row, sets the row's outliers there, and copies the row out with coalesced 16-byte stores. Two earlier forms, each
 // thread storing its group straight to global memory (the stores scattered by perm) or decoding the original groups
 // in order (the reads scattered), left dequantize + cuBLAS at batch 64 on 28672x8192 at 4.8x / 3.6x cuBLAS fp16
-// alone (H200, docs/PERF.md, session 27).
+// alone; this form 3.1x (H200, docs/PERF.md, "What changed in session 27").
 __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ out) {
   extern __shared__ uint4 srow[];   // [k / 8]: one row in fp16
   const int64_t U = w.k / 64;

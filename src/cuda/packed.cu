@@ -447,7 +447,7 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
   dense_f16_matmul(wh, w.n(), w.k(), x, m, y, ctx);
 }
 
-// Crossovers from `lowbit bench --kernels` on the H100 (docs/PERF.md, session 6). Any-precision, x pre-split: the
+// Crossovers from `lowbit bench --kernels` on the H100 (docs/perf-history.md, session 6). Any-precision, x pre-split: the
 // shared-memory tensor-core kernel beats the CUDA-core one from batch 3 on at <= 5 bits (batch 4: 22.1 vs 28.3 us at
 // 4096x4096, 105 vs 147 at 28672x8192), from batch 5 at >= 6 bits (8-bit batch 4: CUDA cores win 3 of 6 shapes);
 // without the pre-split, from batch 6. At 2..3 bits the register-table kernel wins at every batch 1..8 on every

@@ -147,7 +147,7 @@ constexpr bool anyprec_i8_fits(int64_t n, int64_t k, int m) {
 // environment (read once); set_int8_tables() overrides it (benchmarks time both in one run; a captured decode graph is
 // keyed on it). Its centroids are the fp16 LUT's rounded to int8 under a row scale, in two pieces at 4 bits
 // (int8_tables.h): one piece measured +0.09% perplexity at 3 bits and +0.69% at 4 bits as a what-if on every layer of
-// SmolLM2 (docs/PERF.md, session 18), so 4 bits carries the second piece. The same switch turns Auto's 2/4/16
+// SmolLM2 (docs/perf-history.md, session 18), so 4 bits carries the second piece. The same switch turns Auto's 2/4/16
 // integer-dot kernel (GemvPath::Dp2aStream, batch 1..2: the other GEMV with int8-derived activations) on and off.
 bool int8_tables_enabled();
 void set_int8_tables(bool on);
@@ -173,11 +173,11 @@ constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this
 // Whether Auto runs the register-table kernel with x rounded to fp16 (TensorCoreRegisterLutHalfX, as the fp16 cuBLAS
 // paths round it) rather than x carried as fp16 hi + lo (fp32-accurate). Off unless LOWBIT_GEMV_HALF_X=1 in the
 // environment (read once): on the H100 the kernel alone is 2-6% faster on 7B shapes and 6-14% on 70B shapes, but
-// the Llama-2-7B / Llama-3-8B decode measured 3% slower with it (docs/PERF.md, session 9).
+// the Llama-2-7B / Llama-3-8B decode measured 3% slower with it (docs/perf-history.md, session 9).
 bool half_x_gemv_enabled();
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit);
 // Whether the runtime (packed_matmul) feeds the tensor-core GEMVs pre-split activations (the xfrag argument below):
-// faster than splitting in the loop on every shape and batch measured (docs/PERF.md, session 6).
+// faster than splitting in the loop on every shape and batch measured (docs/perf-history.md, session 6).
 constexpr bool kPreSplitInRuntime = true;
 // The any-precision CUDA-core GEMV gives each warp several rows (their activation loads shared). At batch <= 4 a
 // matrix with too few rows for that to fill the GPU (fewer than 4 x 32 x SMs rows) runs one row per warp when its
