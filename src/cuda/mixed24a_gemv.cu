@@ -171,51 +171,57 @@ void launch_outliers(const Mixed24ADevice& w, const float* x, int m, float* y, c
   launch_pdl(kPdlMixed, mixed24a_outliers_kernel, static_cast<unsigned>((w.n + 7) / 8), 256, 0, s, w, x, m, y);
 }
 
-// The 16 weights of stored group s (0..2: 2-bit, 3: 4-bit) of unit u of `row` as fp16, in column order (the codes
-// decoded as in the GEMV, by the 2^23 trick rather than integer-to-float conversions).
-__device__ __forceinline__ void dequant_group(const Mixed24ADevice& w, int64_t row, int64_t u, int s, __half2 (&v)[8]) {
+// The 64 weights of unit u of `row` as fp16: v[s] holds stored group s (0..2: 2-bit, 3: 4-bit) in column order (the
+// codes decoded as in the GEMV, by the 2^23 trick rather than integer-to-float conversions). One 16-byte load of the
+// unit's 2-bit words and 4-bit low half, one of its 4-bit high half.
+__device__ __forceinline__ void dequant_unit(const Mixed24ADevice& w, int64_t row, int64_t u, __half2 (&v)[4][8]) {
   const int64_t U = w.k / 64, unit = row * U + u, rg = row / 16;
-  const uint32_t m2 = __ldg(w.meta2 + unit), m4 = __ldg(w.meta4 + unit);
-  const uint32_t* qa = reinterpret_cast<const uint32_t*>(w.qa + unit);
-  const uint32_t sc = s == 0 ? (m2 & 15u) : s == 1 ? ((m2 >> 4) & 7u) : s == 2 ? ((m2 >> 7) & 7u) : (m4 & 15u);
-  const uint32_t z = s == 3 ? (m4 >> 4) : ((m2 >> (10 + 2 * s)) & 3u);
-  const float ss = __half2float(s < 3 ? w.ss2[rg * 3 * U + 3 * u + s] : w.ss4[rg * U + u]);
-  const float sm = __half2float(s < 3 ? w.sm2[rg * 3 * U + 3 * u + s] : w.sm4[rg * U + u]);
-  const float scale = fmaf(static_cast<float>(sc), ss, sm), zm = 8388608.0f + static_cast<float>(z);
-  if (s < 3) {
-    const uint32_t word = __ldg(qa + s);
+  const uint4 q = __ldg(w.qa + unit);
+  const uint32_t qb = __ldg(w.qb + unit), m2 = __ldg(w.meta2 + unit), m4 = __ldg(w.meta4 + unit);
+  const uint32_t words[3] = {q.x, q.y, q.z};
+#pragma unroll
+  for (int s = 0; s < 3; ++s) {
+    const uint32_t sc = s == 0 ? (m2 & 15u) : s == 1 ? ((m2 >> 4) & 7u) : ((m2 >> 7) & 7u);
+    const uint32_t z = (m2 >> (10 + 2 * s)) & 3u;
+    const float scale = fmaf(static_cast<float>(sc), __half2float(w.ss2[rg * 3 * U + 3 * u + s]), __half2float(w.sm2[rg * 3 * U + 3 * u + s]));
+    const float zm = 8388608.0f + static_cast<float>(z);
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-      v[i] = __floats2half2_rn(code_minus_zero((word >> (4 * i)) & 3u, zm) * scale,
-                               code_minus_zero((word >> (4 * i + 2)) & 3u, zm) * scale);
-  } else {
-    const uint32_t lo = __ldg(qa + 3), hi = __ldg(w.qb + unit);
+      v[s][i] = __floats2half2_rn(code_minus_zero((words[s] >> (4 * i)) & 3u, zm) * scale,
+                                  code_minus_zero((words[s] >> (4 * i + 2)) & 3u, zm) * scale);
+  }
+  const float scale = fmaf(static_cast<float>(m4 & 15u), __half2float(w.ss4[rg * U + u]), __half2float(w.sm4[rg * U + u]));
+  const float zm = 8388608.0f + static_cast<float>(m4 >> 4);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t word = i < 4 ? lo : hi;
-      const int sh = 8 * (i % 4);
-      v[i] = __floats2half2_rn(code_minus_zero((word >> sh) & 15u, zm) * scale,
-                               code_minus_zero((word >> (sh + 4)) & 15u, zm) * scale);
-    }
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t word = i < 4 ? q.w : qb;
+    const int sh = 8 * (i % 4);
+    v[3][i] = __floats2half2_rn(code_minus_zero((word >> sh) & 15u, zm) * scale, code_minus_zero((word >> (sh + 4)) & 15u, zm) * scale);
   }
 }
 
-// fp16 weights in the original column order, a block per row (grid-stride over rows): the block reads the row's units
-// in stored order (coalesced), writes each group's 16 values at its original place in a shared-memory copy of the
-// row, sets the row's outliers there, and copies the row out with coalesced 16-byte stores. Two earlier forms, each
-// thread storing its group straight to global memory (the stores scattered by perm) or decoding the original groups
-// in order (the reads scattered), left dequantize + cuBLAS at batch 64 on 28672x8192 at 4.8x / 3.6x cuBLAS fp16
-// alone; this form 3.1x (H200, docs/PERF.md, "What changed in session 27").
+// fp16 weights in the original column order, a block per row (grid-stride over rows): each thread decodes whole units
+// of the row in stored order (coalesced loads, the same code path in every lane), writing each group's 16 values at its
+// original place in a shared-memory copy of the row; the block then sets the row's outliers there and copies the row
+// out with coalesced 16-byte stores. Earlier forms, each thread storing its group straight to global memory (the
+// stores scattered by perm), decoding the original groups in order (the reads scattered), or a thread per group
+// rather than per unit (the 2-bit and 4-bit groups of a warp diverging), left dequantize + cuBLAS at batch 64 on
+// 28672x8192 at 4.8x / 3.6x / 3.1x cuBLAS fp16 alone (H200, docs/PERF.md, "What changed in session 27").
 __global__ void mixed24a_dequant_kernel(Mixed24ADevice w, __half* __restrict__ out) {
   extern __shared__ uint4 srow[];   // [k / 8]: one row in fp16
   const int64_t U = w.k / 64;
   for (int64_t row = blockIdx.x; row < w.n; row += gridDim.x) {
-    for (int64_t g = threadIdx.x; g < 4 * U; g += blockDim.x) {
-      alignas(16) __half2 v[8];
-      dequant_group(w, row, g / 4, static_cast<int>(g % 4), v);
-      uint4* d = srow + 2 * static_cast<int64_t>(__ldg(w.perm + g));
-      d[0] = reinterpret_cast<const uint4*>(v)[0];
-      d[1] = reinterpret_cast<const uint4*>(v)[1];
+    for (int64_t u = threadIdx.x; u < U; u += blockDim.x) {
+      alignas(16) __half2 v[4][8];
+      dequant_unit(w, row, u, v);
+      const uint2 p = __ldg(reinterpret_cast<const uint2*>(w.perm) + u);   // the unit's four groups' original places
+      const uint32_t places[4] = {p.x & 0xFFFFu, p.x >> 16, p.y & 0xFFFFu, p.y >> 16};
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint4* d = srow + 2 * places[s];
+        d[0] = reinterpret_cast<const uint4*>(v[s])[0];
+        d[1] = reinterpret_cast<const uint4*>(v[s])[1];
+      }
     }
     __syncthreads();
     if (w.rowptr != nullptr) {   // outliers: stored column c is original column 16 perm[c / 16] + c % 16
@@ -1012,9 +1018,10 @@ void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s) 
     opted = smem;
   }
   int per_sm = 0;
-  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mixed24a_dequant_kernel, 256, smem));
+  // 128 threads: a thread per unit of a 8192-wide row (rows of 4096 leave half of them to the copy-out alone).
+  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mixed24a_dequant_kernel, 128, smem));
   const int64_t blocks = std::min<int64_t>(w.n, static_cast<int64_t>(std::max(per_sm, 1)) * device_sm_count());
-  mixed24a_dequant_kernel<<<static_cast<unsigned>(blocks), 256, smem, s>>>(w, out);
+  mixed24a_dequant_kernel<<<static_cast<unsigned>(blocks), 128, smem, s>>>(w, out);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
