@@ -30,6 +30,13 @@ ModelConfig shape_config(const std::string& name) {
   return c;
 }
 
+// n prompt tokens of the timed runs (token i: (i * 104729 + 3) % vocab).
+std::vector<int32_t> synthetic_tokens(size_t n, int vocab) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>((i * 104729 + 3) % static_cast<size_t>(vocab));
+  return p;
+}
+
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
@@ -53,10 +60,8 @@ double time_prefill(GpuModel& m, int bits, int prefill) {
 
 double time_decode(GpuModel& m, int bits, int prompt, int decode, int batch, double* kv_bytes) {
   LOWBIT_CHECK(decode >= 3, "decode timing needs at least 3 steps");
-  const int V = m.config().vocab_size;
   GpuKVCache kv = m.new_cache(batch, prompt + decode + 1);
-  std::vector<int32_t> p(static_cast<size_t>(batch * prompt));
-  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<int32_t>((i * 104729 + 3) % static_cast<size_t>(V));
+  const std::vector<int32_t> p = synthetic_tokens(static_cast<size_t>(batch * prompt), m.config().vocab_size);
   m.forward(p.data(), batch, prompt, kv, false, bits);
   m.greedy_from_last_logits(batch);
   m.decode_step_greedy(kv, bits, true);   // runs plainly and records the graph
@@ -74,11 +79,9 @@ double time_decode(GpuModel& m, int bits, int prompt, int decode, int batch, dou
 WidthSwitchTiming time_width_switch(GpuModel& m, const std::vector<int>& widths, int prompt, int steps_per_width) {
   const int W = static_cast<int>(widths.size());
   LOWBIT_CHECK(W >= 2 && steps_per_width >= 1, "width switch timing needs two widths or more");
-  const int V = m.config().vocab_size;
   const int steps = W * steps_per_width;
   GpuKVCache kv = m.new_cache(1, prompt + W + 3 * steps + 1);
-  std::vector<int32_t> p(static_cast<size_t>(prompt));
-  for (int i = 0; i < prompt; ++i) p[static_cast<size_t>(i)] = static_cast<int32_t>((i * 104729 + 3) % V);
+  const std::vector<int32_t> p = synthetic_tokens(static_cast<size_t>(prompt), m.config().vocab_size);
   m.forward(p.data(), 1, prompt, kv, false, widths[0]);
   m.greedy_from_last_logits(1);
   m.synchronize();
@@ -226,8 +229,7 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
         // start of every stage (the events add a little time of their own).
         {
           GpuKVCache kv = m.new_cache(1, o.prompt + o.decode + 1);   // as the timed decode: the same attention splits
-          std::vector<int32_t> p(static_cast<size_t>(o.prompt));
-          for (int i = 0; i < o.prompt; ++i) p[static_cast<size_t>(i)] = (i * 104729 + 3) % c.vocab_size;
+          const std::vector<int32_t> p = synthetic_tokens(static_cast<size_t>(o.prompt), c.vocab_size);
           m.forward(p.data(), 1, o.prompt, kv, false, b);
           m.greedy_from_last_logits(1);
           m.enable_profile(true);

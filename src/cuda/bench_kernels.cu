@@ -166,11 +166,17 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                     bytes / (us * 1e-6) / bw);
       out << line << std::flush;
     };
-    // A row of the runtime's choice, also kept for the summary.
-    auto chosen_row = [&](const std::string& format, const std::string& kernel, int64_t m, double us, double b_us, uint64_t bytes) {
-      row(kernel, m, us, b_us, bytes);
+    // The runtime's choice at this shape and batch, kept for the summary under `format`.
+    auto record = [&](const std::string& format, int64_t m, double us, double b_us, uint64_t bytes) {
       summary.push_back({format, n, k, m, us, b_us, static_cast<double>(bytes) / (us * 1e-6) / bw});
     };
+    // A path's row, marked * and recorded where it is the runtime's choice.
+    auto path_row = [&](const std::string& format, const std::string& kernel, bool chosen, int64_t m, double us, double b_us,
+                        uint64_t bytes) {
+      row(kernel + (chosen ? " *" : ""), m, us, b_us, bytes);
+      if (chosen) record(format, m, us, b_us, bytes);
+    };
+    const std::string f16 = "fp16 (the runtime's linear, fp32 x and out)";
     if (o.fp16)
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int64_t m = o.batches[bi];
@@ -181,19 +187,13 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           dense_f16_matmul(wh[static_cast<size_t>(i % rot_h)].get(), n, k, xf.get(), m, yf.get(), ctx);
         });
         const bool ours = dense_gemv_preferred(n, k, m);
-        if (ours)
-          row("fp16 cuBLAS, fp32 x converted, fp32 out", m, cub, base[bi], wbytes);
-        else
-          chosen_row("fp16 (the runtime's linear, fp32 x and out)", "fp16 cuBLAS, fp32 x converted, fp32 out *", m, cub, base[bi], wbytes);
+        path_row(f16, "fp16 cuBLAS, fp32 x converted, fp32 out", !ours, m, cub, base[bi], wbytes);
         for (int r : {1, 2, 4}) {
           const double us = median_us(o.iters, [&](int i) {
             dense_f16_gemv(wh[static_cast<size_t>(i % rot_h)].get(), n, k, xf.get(), static_cast<int>(m), nullptr, yf.get(), s, r);
           });
-          const std::string name = "fp16 GEMV, " + std::to_string(r) + " rows per warp";
-          if (ours && r == dense_gemv_rows_per_warp(n, static_cast<int>(m)))
-            chosen_row("fp16 (the runtime's linear, fp32 x and out)", name + " *", m, us, base[bi], wbytes);
-          else
-            row(name, m, us, base[bi], wbytes);
+          path_row(f16, "fp16 GEMV, " + std::to_string(r) + " rows per warp", ours && r == dense_gemv_rows_per_warp(n, static_cast<int>(m)),
+                   m, us, base[bi], wbytes);
         }
       }
     wh.clear();
@@ -218,22 +218,15 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
             });
             const std::string ap = "anyprec " + std::to_string(b) + "-bit";
-            if (fused)
-              row(ap + " (dequant+cuBLAS)", m, us, base[bi], w[0].bytes_read(b));
-            else
-              chosen_row(ap, ap + " (dequant+cuBLAS) *", m, us, base[bi], w[0].bytes_read(b));
+            path_row(ap, ap + " (dequant+cuBLAS)", !fused, m, us, base[bi], w[0].bytes_read(b));
             {
               // Every fused kernel that runs at this batch and width; * on Auto's.
               const bool tiles = m <= 2 * kMaxGemvBatch;
               for (GemmKernel kind : {GemmKernel::TwoTiles, GemmKernel::Staged, GemmKernel::Wgmma, GemmKernel::WgmmaWs}) {
                 if ((kind == GemmKernel::TwoTiles && !tiles) || !anyprec_gemm_serves(b, kind)) continue;
                 const double fus = median_us(o.iters, [&](int i) { anyprec_gemm(w[static_cast<size_t>(i % rot)].anyprec(), b, xf.get(), m, yf.get(), ctx, kind); });
-                const bool star = fused && kind == anyprec_gemm_auto_kind(m);
-                const std::string name = ap + " (fused GEMM, " + gemm_kernel_name(kind) + ")";
-                if (star)
-                  chosen_row(ap, name + " *", m, fus, base[bi], w[0].bytes_read(b));
-                else
-                  row(name, m, fus, base[bi], w[0].bytes_read(b));
+                path_row(ap, ap + " (fused GEMM, " + gemm_kernel_name(kind) + ")", fused && kind == anyprec_gemm_auto_kind(m), m,
+                         fus, base[bi], w[0].bytes_read(b));
               }
             }
             continue;
@@ -262,10 +255,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                            OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);
             });
             const std::string ap = "anyprec " + std::to_string(b) + "-bit";
-            if (v.chosen(runtime))
-              chosen_row(ap, ap + v.name + " *", m, us, base[bi], w[0].bytes_read(b));
-            else
-              row(ap + v.name, m, us, base[bi], w[0].bytes_read(b));
+            path_row(ap, ap + v.name, v.chosen(runtime), m, us, base[bi], w[0].bytes_read(b));
           }
         }
       }
@@ -318,7 +308,9 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,
                             runtime, frag);
             });
-            chosen_row(m24, "2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);
+            // The runtime's path with its outliers fused (the * above marks that path's dense row): the summary's cell.
+            row("2/4/16 + outliers fused", m, f_us, base[bi], all_bytes);
+            record(m24, m, f_us, base[bi], all_bytes);
             const double c_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::SpMV,
                             runtime, frag);
@@ -332,15 +324,12 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
           });
           const bool tiles = m <= 2 * kMaxGemvBatch && mixed24a_stream_fits(n, k, kMaxGemvBatch);
-          if (tiles)
-            row("2/4/16 + outliers (dequant+cuBLAS)", m, us, base[bi], all_bytes);
-          else
-            chosen_row(m24, "2/4/16 + outliers (dequant+cuBLAS) *", m, us, base[bi], all_bytes);
+          path_row(m24, "2/4/16 + outliers (dequant+cuBLAS)", !tiles, m, us, base[bi], all_bytes);
           if (tiles) {
             const double t_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv_two_tiles(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, xfrag.get());
             });
-            chosen_row(m24, "2/4/16 + outliers (fused, two-tile GEMV) *", m, t_us, base[bi], all_bytes);
+            path_row(m24, "2/4/16 + outliers (fused, two-tile GEMV)", true, m, t_us, base[bi], all_bytes);
           }
         }
       }
