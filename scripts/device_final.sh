@@ -11,6 +11,8 @@
 #   e2e                                                  end to end: Llama-2-7B and Llama-3-8B shapes, every format
 #   e2e70b                                               end to end: Llama-2-70B shape (the any-precision parent needs
 #                                                        ~77 GB: an H200)
+#   mma                                                  the 2/4/16 int8 tensor-core GEMV: tests, memcheck, kernel
+#                                                        rows at batch 1..8, decode with it and without
 # Logs land in $OUT, one file per step, each headed by its command, device and date.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -76,5 +78,15 @@ case "${1:-}" in
     step bench-e2e-mixed24a 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b,llama3-8b,llama2-70b --weights mixed24a --decode-batches 1
     grep -hE "^\[  (PASSED|FAILED) |ERROR SUMMARY|^# exit|^llama|dequantize to fp16 alone" "$OUT"/*.txt | cut -c1-160
     ;;
-  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b | dequant" >&2; exit 2 ;;
+  mma)   # the 2/4/16 int8 tensor-core GEMV (batch 3..8): its tests, memcheck, kernel rows beside the other paths, decode A/B
+    step tests-mma 300 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Mixed24a*'
+    step memcheck-mma 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+      --gtest_filter='CudaKernels.Mixed24aIntegerDot*:CudaKernels.Mixed24aGrouped*'
+    step bench-kernels-mma 200 "$LB/pkg/lowbit" bench --kernels --formats mixed24a --batch 1,2,3,4,6,8 --iters 20
+    step bench-e2e-mma 250 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b,llama3-8b --weights mixed24a --decode-batches 1,4,8
+    step bench-e2e-mma-off 250 env LOWBIT_MIXED_MMA=0 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b,llama3-8b --weights mixed24a \
+      --decode-batches 4,8
+    grep -hE "^\[  (PASSED|FAILED) |ERROR SUMMARY|^# exit|^llama" "$OUT"/*.txt | cut -c1-160
+    ;;
+  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b | dequant | mma" >&2; exit 2 ;;
 esac

@@ -557,9 +557,11 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
     }
 }
 
-// The 2/4/16 integer-dot GEMV (GemvPath::Dp2aStream: x as one 16-bit integer per activation, v = 254 hi + lo from the
-// int8 pieces of cuda/int8_tables.h under s = max|x| / 127 per batch column; exact int32 dot products per group) on the
-// same packed bytes as:
+// The 2/4/16 GEMVs on int8-derived activations: the integer-dot GEMV (GemvPath::Dp2aStream, batch 1..2: x as one 16-bit
+// integer per activation, v = 254 hi + lo from the int8 pieces of cuda/int8_tables.h under s = max|x| / 127 per batch
+// column; exact int32 dot products per group) and the int8 tensor-core GEMV (GemvPath::Int8MmaStream, batch 1..8: the
+// same pieces as mma B operands, exact int32 sums sum q hi and sum q lo per group, v = 254 C_hi + C_lo) on the same
+// packed bytes as:
 //   - its CPU twin: the same v and s, the dense values (q - z) * scale as the format stores them, summed in fp64, and the
 //     outliers with fp32 x; budget kGemvBudget (only the kernel's fp32 scaling and accumulation order differ);
 //   - the format's own reference (fp32 x): within the named rounding budget sum_c |w_c| s / 508 (an activation is off by
@@ -567,7 +569,7 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
 // The kernel given the rows' max |x| (the producers' xmax) writes the same bits as when its activation kernel reduces
 // the rows itself. Shapes: 16x1024 (the smallest k: 16 units, 2 chunks), 17x1280 (a part tile; 20 units: a part chunk),
 // 40x11008 (Llama-2-7B's down rows: 172 units, a part chunk), 33x2304, 3x28672, 9001x1280 (more tiles than one wave of
-// persistent CTAs); batch 1 and 2; with and without outliers, fused and as the CSR pass.
+// persistent CTAs); batch 1..8 (the integer-dot GEMV at 1 and 2); with and without outliers, fused and as the CSR pass.
 TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
   const Shape shapes[] = {{16, 1024}, {17, 1280}, {40, 11008}, {33, 2304}, {3, 28672}, {9001, 1280}};
@@ -580,10 +582,13 @@ TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
       const cuda::DevicePackedWeight dw(pw);
       std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
       q.dequantize(wd.data());
-      for (int m : {1, 2}) {
-        ASSERT_TRUE(cuda::mixed24a_dp_fits(sh.n, sh.k, m));
-        ASSERT_EQ(cuda::mixed24a_auto_path(sh.n, sh.k, m, true), cuda::GemvPath::Dp2aStream);
-        ASSERT_LE(cuda::mixed24a_dp_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
+      for (int m = 1; m <= 8; ++m) {
+        ASSERT_TRUE(cuda::mixed24a_mma_fits(sh.n, sh.k, m));
+        ASSERT_EQ(cuda::mixed24a_dp_fits(sh.n, sh.k, m), m <= 2);
+        ASSERT_EQ(cuda::mixed24a_auto_path(sh.n, sh.k, m, true),
+                  m <= 2 ? cuda::GemvPath::Dp2aStream : m <= cuda::kMixedMmaMaxBatch ? cuda::GemvPath::Int8MmaStream : cuda::GemvPath::TensorCoreStream);
+        if (m <= 2) ASSERT_LE(cuda::mixed24a_dp_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
+        ASSERT_LE(cuda::mixed24a_mma_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
         const std::vector<float> x = random_x(m, sh.k, seed++);
         std::vector<float> ref(static_cast<size_t>(m * sh.n)), want(ref.size()), xmax(static_cast<size_t>(m));
         std::vector<double> bound(ref.size());
@@ -624,16 +629,18 @@ TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
         const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
         cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(sh.k));
         cuda::DeviceBuffer<float> xmax_d(xmax);
+        for (cuda::GemvPath path : {cuda::GemvPath::Dp2aStream, cuda::GemvPath::Int8MmaStream})
         for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
           if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+          if (path == cuda::GemvPath::Dp2aStream && m > 2) continue;
           std::vector<float> first;
           for (bool given : {false, true}) {
             LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
             const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
-              cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, cuda::GemvPath::Dp2aStream, xfrag.get(),
-                                  given ? xmax_d.get() : nullptr);
+              cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, path, xfrag.get(), given ? xmax_d.get() : nullptr);
             });
-            const std::string what = "mixed24a integer-dot " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" +
+            const std::string what = std::string(path == cuda::GemvPath::Dp2aStream ? "mixed24a integer-dot " : "mixed24a int8 mma ") +
+                                     std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" +
                                      std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : "") +
                                      (given ? " xmax given" : "");
             expect_close(got, want, scale, kGemvBudget, what + " vs twin");
@@ -644,17 +651,24 @@ TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
         }
       }
     }
-  // Where it does not serve: batch 3, k not a multiple of 256 or below 1024; Auto then keeps the other kernels.
+  // Where they do not serve: the integer-dot GEMV above batch 2; both where k is not a multiple of 256 or below 1024, or
+  // without the scratch; Auto then keeps the other kernels.
   EXPECT_NE(cuda::mixed24a_auto_path(4096, 4096, 3, true), cuda::GemvPath::Dp2aStream);
+  for (int m = 3; m <= 8; ++m)
+    EXPECT_EQ(cuda::mixed24a_auto_path(4096, 4096, m, true), m <= cuda::kMixedMmaMaxBatch ? cuda::GemvPath::Int8MmaStream : cuda::GemvPath::TensorCoreStream);
+  for (int64_t k : {640, 768})
+    for (int m : {1, 4, 8}) EXPECT_NE(cuda::mixed24a_auto_path(64, k, m, true), cuda::GemvPath::Int8MmaStream);
+  EXPECT_NE(cuda::mixed24a_auto_path(4096, 4096, 4, false), cuda::GemvPath::Int8MmaStream);
   EXPECT_NE(cuda::mixed24a_auto_path(64, 640, 1, true), cuda::GemvPath::Dp2aStream);
   EXPECT_NE(cuda::mixed24a_auto_path(64, 768, 1, true), cuda::GemvPath::Dp2aStream);
   EXPECT_NE(cuda::mixed24a_auto_path(4096, 4096, 1, false), cuda::GemvPath::Dp2aStream);
 }
 
-// The integer-dot GEMV over a group of matrices that read the same x (mixed24a_gemv_group: q / k / v, gate / up; one
-// activation kernel, one launch) writes each part's outputs bit for bit as the part's own call: parts of 64, 17 (a part
-// tile) and 40 rows, k 2304 and 11008 (part chunks), outliers in some parts, batch 1 and 2, outliers fused and as the CSR
-// pass. It refuses parts of different k, more than three parts and batches it does not serve.
+// The integer-dot GEMV (batch 1..2) and the int8 tensor-core GEMV (3..8) over a group of matrices that read the same x
+// (mixed24a_gemv_group: q / k / v, gate / up; one activation kernel, one launch) write each part's outputs bit for bit as
+// the part's own call: parts of 64, 17 (a part tile) and 40 rows, k 2304 and 11008 (part chunks), outliers in some
+// parts, batch 1, 2, 3, 5 and 8, outliers fused and as the CSR pass. It refuses parts of different k, more than three
+// parts and batches it does not serve.
 TEST(CudaKernels, Mixed24aGroupedGemvEqualsItsParts) {
   SKIP_WITHOUT_GPU();
   uint32_t seed = 950;
@@ -663,16 +677,17 @@ TEST(CudaKernels, Mixed24aGroupedGemvEqualsItsParts) {
     const int64_t ns[3] = {64, 17, 40};
     std::vector<cuda::DevicePackedWeight> dw;
     for (int p = 0; p < 3; ++p) dw.emplace_back(pack_mixed24a(test::random_mixed24a(ns[p], k, p != 1, seed++), storage));
-    for (int m : {1, 2}) {
+    for (int m : {1, 2, 3, 5, 8}) {
       const std::vector<float> x = random_x(m, k, seed++);
       cuda::DeviceBuffer<float> xd(x);
       cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(k));
-      ASSERT_LE(cuda::mixed24a_dp_x_bytes(k, m, 3), xfrag.bytes());
+      const cuda::GemvPath path = m <= 2 ? cuda::GemvPath::Dp2aStream : cuda::GemvPath::Int8MmaStream;
+      ASSERT_LE(m <= 2 ? cuda::mixed24a_dp_x_bytes(k, m, 3) : cuda::mixed24a_mma_x_bytes(k, m, 3), xfrag.bytes());
       for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
         std::vector<std::vector<float>> want;
         for (int p = 0; p < 3; ++p)
           want.push_back(run_poisoned(x, m * ns[p], [&](const float* xx, float* yd) {
-            cuda::mixed24a_gemv(dw[static_cast<size_t>(p)].mixed24a(), xx, m, yd, nullptr, mode, cuda::GemvPath::Dp2aStream, xfrag.get());
+            cuda::mixed24a_gemv(dw[static_cast<size_t>(p)].mixed24a(), xx, m, yd, nullptr, mode, path, xfrag.get());
           }));
         cuda::DeviceBuffer<float> y0(static_cast<size_t>(m * ns[0])), y1(static_cast<size_t>(m * ns[1])), y2(static_cast<size_t>(m * ns[2]));
         for (auto* b : {&y0, &y1, &y2}) LOWBIT_CUDA_CHECK(cudaMemset(b->get(), 0xFF, b->bytes()));
@@ -697,7 +712,7 @@ TEST(CudaKernels, Mixed24aGroupedGemvEqualsItsParts) {
   EXPECT_THROW(cuda::mixed24a_gemv_group(mixed_k, 2, x.get(), 1, ys, nullptr, cuda::OutlierMode::Fused, xfrag.get()), Error);
   const cuda::Mixed24ADevice four[4] = {a.mixed24a(), a.mixed24a(), a.mixed24a(), a.mixed24a()};
   EXPECT_THROW(cuda::mixed24a_gemv_group(four, 4, x.get(), 1, ys, nullptr, cuda::OutlierMode::Fused, xfrag.get()), Error);
-  EXPECT_THROW(cuda::mixed24a_gemv_group(four, 2, x.get(), 3, ys, nullptr, cuda::OutlierMode::Fused, xfrag.get()), Error);
+  EXPECT_THROW(cuda::mixed24a_gemv_group(four, 2, x.get(), 9, ys, nullptr, cuda::OutlierMode::Fused, xfrag.get()), Error);
   EXPECT_THROW(cuda::mixed24a_gemv_group(four, 2, x.get(), 1, ys, nullptr, cuda::OutlierMode::Fused, nullptr), Error);
 }
 
@@ -1304,7 +1319,15 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
        "no xfrag");
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Dp2aStream,
                                 mfrag.get()); },
-       "the integer-dot kernel is a 2/4/16 path");
+       "the integer-dot and int8 tensor-core 2/4/16 kernels are 2/4/16 paths");
+  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Int8MmaStream,
+                                mfrag.get()); },
+       "the integer-dot and int8 tensor-core 2/4/16 kernels are 2/4/16 paths");
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+                                 cuda::GemvPath::Int8MmaStream, mfrag.get()); },
+       "the int8 tensor-core kernel needs an xfrag scratch and k a multiple of 256");
+  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Int8MmaStream); },
+       "no xfrag");
   says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
   const UniformQuantized u = test::random_quantized(4, 64, 4, 32, false, false, 1);
   says([&] { cuda::DevicePackedWeight bad(pack_uniform(u, storage)); }, "has no GPU kernel yet");

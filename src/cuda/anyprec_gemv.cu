@@ -1121,7 +1121,8 @@ void gemv_bits(const AnyPrecDevice& w, const float* x, int m, float* y, cudaStre
     LOWBIT_CHECK(path != GemvPath::ScalarSharedX, "anyprec GEMV: shared-memory x staging is a 2/4/16 path");
     LOWBIT_CHECK(path != GemvPath::TensorCoreStream, "anyprec GEMV: the streamed tensor-core kernel is a 2/4/16 path "
                  "(any-precision: TensorCoreRegisterLutStream)");
-    LOWBIT_CHECK(path != GemvPath::Dp2aStream, "anyprec GEMV: the integer-dot kernel is a 2/4/16 path (any-precision: TensorCoreInt8LutStream)");
+    LOWBIT_CHECK(path != GemvPath::Dp2aStream && path != GemvPath::Int8MmaStream, "anyprec GEMV: the integer-dot and int8 ",
+                 "tensor-core 2/4/16 kernels are 2/4/16 paths (any-precision: TensorCoreInt8LutStream)");
     if (is_register_table(path))
       LOWBIT_CHECK(B <= 4 && xfrag != nullptr, "anyprec GEMV: register tables serve 2..4 bits with pre-split activations (asked: ",
                    B, " bits", xfrag == nullptr ? ", no xfrag scratch" : "", ")");

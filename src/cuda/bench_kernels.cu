@@ -289,11 +289,13 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                                              {GemvPath::TensorCore, true, " (tensor cores, x pre-split)"},
                                              {GemvPath::ScalarSharedX, false, " (CUDA cores, x staged in shared memory)"},
                                              {GemvPath::TensorCoreStream, true, " (tensor cores, streamed)"},
-                                             {GemvPath::Dp2aStream, true, " (integer dot products, streamed)"}};
+                                             {GemvPath::Dp2aStream, true, " (integer dot products, streamed)"},
+                                             {GemvPath::Int8MmaStream, true, " (int8 tensor cores, streamed)"}};
           for (const Variant& v : variants) {
             if (v.path == GemvPath::ScalarSharedX && 4 * m * k > kMixed24aSharedXMaxBytes) continue;   // x must fit
             if (v.path == GemvPath::TensorCoreStream && !mixed24a_stream_fits(n, k, static_cast<int>(m))) continue;
             if (v.path == GemvPath::Dp2aStream && !mixed24a_dp_fits(n, k, static_cast<int>(m))) continue;
+            if (v.path == GemvPath::Int8MmaStream && !mixed24a_mma_fits(n, k, static_cast<int>(m))) continue;
             const double p_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(dense[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s,
                             OutlierMode::Fused, v.path, v.presplit ? xfrag.get() : nullptr);
@@ -302,7 +304,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           }
           if (full[0].rowptr != nullptr) {
             void* frag = kPreSplitInRuntime && (runtime == GemvPath::TensorCore || runtime == GemvPath::TensorCoreStream ||
-                                                runtime == GemvPath::Dp2aStream)
+                                                runtime == GemvPath::Dp2aStream || runtime == GemvPath::Int8MmaStream)
                              ? xfrag.get() : nullptr;
             const double f_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,

@@ -15,6 +15,7 @@
 // fused, each warp adds val * x[orig(c)] over its rows' CSR entries; or a CSR SpMV kernel runs after the GEMV.
 #include <algorithm>
 #include <cstdlib>
+#include <type_traits>
 
 #include "cuda/int8_tables.h"
 #include "cuda/launch.cuh"
@@ -879,9 +880,7 @@ void launch_dp(const DpParts& P, const float* x, int m, cudaStream_t s, bool fus
   launch_dp_kernel<M, kDpStages, kDpWarps>(P, x, m, s, fused, xq);
 }
 
-// The integer-dot GEMV over parts sharing x (each checked by the caller: mixed24a_dp_fits, the same k).
-void run_dp(const Mixed24ADevice* ws, int parts, const float* x, int m, float* const* ys, cudaStream_t s, bool fused, void* xq,
-            const float* xmax) {
+DpParts dp_parts(const Mixed24ADevice* ws, int parts, float* const* ys) {
   DpParts P{};
   P.parts = parts;
   for (int p = 0; p < parts; ++p) {
@@ -890,9 +889,305 @@ void run_dp(const Mixed24ADevice* ws, int parts, const float* x, int m, float* c
     P.tile_start[p + 1] = P.tile_start[p] + (ws[p].n + 15) / 16;
   }
   for (int p = parts; p < kDpMaxParts; ++p) P.tile_start[p + 1] = P.tile_start[p];
+  return P;
+}
+
+// The integer-dot GEMV over parts sharing x (each checked by the caller: mixed24a_dp_fits, the same k).
+void run_dp(const Mixed24ADevice* ws, int parts, const float* x, int m, float* const* ys, cudaStream_t s, bool fused, void* xq,
+            const float* xmax) {
+  const DpParts P = dp_parts(ws, parts, ys);
   auto* q = static_cast<uint8_t*>(xq);
   if (m == 1) launch_dp<1>(P, x, m, s, fused, q, xmax);
   else launch_dp<2>(P, x, m, s, fused, q, xmax);
+  for (int p = 0; p < parts; ++p)
+    if (!fused && ws[p].rowptr != nullptr) launch_outliers(ws[p], x, m, ys[p], s);
+}
+
+
+// ---------------------------------------------------------------------------------------------------------------
+// The int8 tensor-core 2/4/16 GEMV (GemvPath::Int8MmaStream; Auto's kernel at batch 3..8; k a multiple of 256 and
+// >= 1024; over 1..3 matrices sharing x, as the integer-dot GEMV).
+//
+// Why: at batch 4..8 the streamed fp16 tensor-core kernel above ran at 0.15-0.19 of the copy bandwidth on the 70B
+// shapes, slower than cuBLAS fp16 (H200, docs/PERF.md): per lane and group it spends ~45 instructions (A = q - z in
+// fp16, the group scales, two mma, four FFMA) at 141-173 registers (two or three CTAs per SM); and the integer-dot
+// kernel's cost grows by 11 instructions per 16 weights and batch column. Here the codes are the A operand of
+// mma.sync m16n8k16 s8 as stored (one shift and one AND per register, the k order of the integer-dot kernel: 2-bit
+// byte b of lane t = code 4b + t; 4-bit code 8 (t / 2) + 2b + t % 2), and the activations the B operand as the int8
+// pieces of int8_tables.h (x ~ s (hi + lo / 254), s = max|x| / 127 per batch column): B column 2c + p is piece p of batch
+// column 4j + c (slot j: batch 5..8 take a second mma with the same A), so C holds each (row, batch column)'s exact
+// int32 sums sum q hi and sum q lo of the group. The zero point leaves as in the integer-dot kernel, v = 254 C_hi + C_lo
+// - z V with V = sum (254 hi + lo) of the group, and the group's scale (sc * ss + sm) multiplies v once in fp32. The
+// mma fragment puts each (row, group) in four lanes, so the scales and zero points of a work item's 16 rows x 16 groups
+// are decoded first, each by one lane, into a per-warp shared table (float scale, int z) the mma loop reads back.
+//
+// Memory side as the streamed kernels: persistent CTAs of 4 warps, each warp streaming its work items (tile, chunk of 4
+// units) through a private 2-stage cp.async ring. A stage holds the chunk's code words of the tile's 16 rows
+// (MixedStage's layout), its second-order scales, the B words of the chunk (per unit [lane][group][slot]) and V of every
+// batch column; the tile's end hands the warps' fragments to store_tc_fragments (their sums, the fused outliers, the store).
+constexpr int kMmaWarps = 4;
+constexpr int kMmaStages = 2;
+constexpr int kMmaUnits = 4;               // units (64 columns) per work item: 16 groups
+constexpr int kMmaScrRow = 17 * 8;         // a scratch row: 16 groups' (scale, z) and 8 bytes of padding (8 rows read at once
+                                           // by lanes g = 0..7 fall in different banks)
+constexpr int kMmaXHeaderBytes = 256;      // the x scratch: float scale[kMaxGemvBatch], padded; then B words, then V
+
+__host__ __device__ constexpr int mma_batch_form(int m) { return m <= 4 ? 4 : 8; }
+
+template <int M>
+struct MmaStage {
+  static constexpr int kSlots = M / 4;
+  static constexpr int kQa = 0;                    // [unit][16 rows] uint4
+  static constexpr int kQb = kQa + 16 * 16 * kMmaUnits;   // [16 rows][unit] u32
+  static constexpr int kM2 = kQb + 16 * 4 * kMmaUnits;    // [16 rows][unit] u16
+  static constexpr int kM4 = kM2 + 16 * 2 * kMmaUnits;    // [16 rows][unit] u8
+  static constexpr int kSs2 = kM4 + 16 * kMmaUnits;       // [3 units' groups] half
+  static constexpr int kSm2 = kSs2 + 6 * kMmaUnits;
+  static constexpr int kSs4 = kSm2 + 6 * kMmaUnits;       // [unit] half
+  static constexpr int kSm4 = kSs4 + 2 * kMmaUnits;
+  static constexpr int kX = kSm4 + 2 * kMmaUnits;         // [unit][lane][group][slot] u32
+  static constexpr int kV = kX + 512 * kMmaUnits * kSlots;   // [batch column][16 groups] int32
+  static constexpr int kBytes = kV + 64 * M;
+  static constexpr int kScrBytes = 16 * kMmaScrRow;
+  static constexpr int kWarpBytes = kMmaStages * kBytes + kScrBytes;
+  static_assert(kX % 16 == 0 && kV % 16 == 0 && kBytes % 16 == 0, "16-byte copies");
+};
+
+// The u32 index of the B word of (part, unit u, lane, group gs of the unit, slot j).
+__host__ __device__ constexpr int64_t mma_x_word(int64_t part, int64_t U, int64_t u, int lane, int gs, int j, int slots) {
+  return (((part * U + u) * 32 + lane) * 4 + gs) * slots + j;
+}
+
+// One thread per (part, batch column col < M, group G): the group's 16 activations (original columns 16 perm[G] .. of
+// the part's permutation) as int8 pieces in the B words of lanes 4 (2 (col % 4) + p) + t, slot col / 4, and their sum V;
+// columns >= m are zero. The column's scale as mixed24a_dp_x_kernel's (xmax or the row's own reduction).
+__global__ void __launch_bounds__(kDpXThreads) mixed24a_mma_x_kernel(const __grid_constant__ DpParts P, const float* __restrict__ x,
+                                                                    int m, int M, bool vec, uint8_t* __restrict__ xq,
+                                                                    const float* __restrict__ xmax) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int col = static_cast<int>(blockIdx.y), part = static_cast<int>(blockIdx.z);
+  const Mixed24ADevice& w = P.w[part];
+  const int64_t k = w.k, U = k / 64, Gn = 4 * U;
+  const int64_t G = static_cast<int64_t>(blockIdx.x) * kDpXThreads + threadIdx.x;
+  const bool live = col < m && G < Gn;
+  const float* xr = x + static_cast<int64_t>(col) * k;
+  float xv[16];
+  {
+    const int64_t base = live ? 16 * static_cast<int64_t>(__ldg(w.perm + G)) : 0;
+#pragma unroll
+    for (int i = 0; i < 16; i += 4) {
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (live) v = vec ? __ldg(reinterpret_cast<const float4*>(xr + base + i))
+                        : make_float4(__ldg(xr + base + i), __ldg(xr + base + i + 1), __ldg(xr + base + i + 2), __ldg(xr + base + i + 3));
+      xv[i] = v.x; xv[i + 1] = v.y; xv[i + 2] = v.z; xv[i + 3] = v.w;
+    }
+  }
+  const float s = xmax != nullptr ? (col < m ? xmax[col] / kI8Max : 0.0f) : block_row_absmax<kDpXThreads>(xr, k, vec, col < m) / kI8Max;
+  if (blockIdx.x == 0 && part == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
+  if (G >= Gn) return;
+  uint32_t hi[16], lo[16];
+  int sum = 0;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    int8_t h, l;
+    i8_x_pieces(xv[i], s, h, l);
+    hi[i] = static_cast<uint8_t>(h);
+    lo[i] = static_cast<uint8_t>(l);
+    sum += static_cast<int>(kI8LoSteps) * h + l;
+  }
+  const int slots = M / 4, j = col / 4, c = col % 4, gs = static_cast<int>(G % 4);
+  const int64_t u = G / 4;
+  uint32_t* words = reinterpret_cast<uint32_t*>(xq + kMmaXHeaderBytes);
+  auto put = [&](auto four) {
+#pragma unroll
+    for (int t = 0; t < 4; ++t) {
+      uint32_t wh = 0, wl = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const int code = decltype(four)::value ? 8 * (t / 2) + 2 * b + t % 2 : 4 * b + t;
+        wh |= hi[code] << (8 * b);
+        wl |= lo[code] << (8 * b);
+      }
+      words[mma_x_word(part, U, u, 4 * (2 * c) + t, gs, j, slots)] = wh;
+      words[mma_x_word(part, U, u, 4 * (2 * c + 1) + t, gs, j, slots)] = wl;
+    }
+  };
+  if (gs == 3) put(std::true_type{});
+  else put(std::false_type{});
+  int32_t* V = reinterpret_cast<int32_t*>(xq + kMmaXHeaderBytes + static_cast<size_t>(P.parts) * U * 512 * slots);
+  V[(static_cast<int64_t>(part) * M + col) * Gn + G] = sum;
+}
+
+template <int M, int kWarps, bool kFusedOutliers>
+__global__ void __launch_bounds__(kWarps * 32, 4) mixed24a_gemv_mma_kernel(const __grid_constant__ DpParts P,
+                                                                             const float* __restrict__ x, int m_total,
+                                                                             const uint8_t* __restrict__ xq) {
+  static_assert(M == 4 || M == 8, "batch forms 4 and 8");
+  using S = MmaStage<M>;
+  constexpr int kSlots = S::kSlots;
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  const int64_t k = P.w[0].k, U = k / 64, C = U / kMmaUnits, tiles = P.tile_start[P.parts];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  const uint32_t wbase = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem)) + warp * S::kWarpBytes;
+  StreamRing<kMmaStages, kWarps> ring(wbase, S::kBytes, tiles, C, warp);
+  const uint32_t scr = wbase + kMmaStages * S::kBytes;
+  const uint4* xwords = reinterpret_cast<const uint4*>(xq + kMmaXHeaderBytes);
+  const uint4* xsums = reinterpret_cast<const uint4*>(xq + kMmaXHeaderBytes + static_cast<size_t>(P.parts) * U * 512 * kSlots);
+  // Element offsets in 32 bits (mixed24a_mma_fits: n * k / 64 < 2^31).
+  const int32_t U32 = static_cast<int32_t>(U), Gn32 = 4 * U32;
+  auto issue_weights = [&] {
+    const uint32_t st = ring.issue_stage();
+    const int part = P.part_of(ring.it_tile);
+    const Mixed24ADevice& w = P.w[part];
+    const int32_t n32 = static_cast<int32_t>(w.n), lt = static_cast<int32_t>(ring.it_tile - P.tile_start[part]);
+    const int32_t u0 = ring.it_item * kMmaUnits;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {   // qa: 64 (unit, row) words of 16 bytes
+      const int idx = lane + 32 * c, uu = idx / 16, r = idx % 16;
+      const int32_t row = min(lt * 16 + r, n32 - 1);
+      cp_async(st + S::kQa + 16 * idx, w.qa + static_cast<uint32_t>(row * U32 + u0 + uu), 16);
+    }
+    const int r = lane % 16;
+    const uint32_t e = static_cast<uint32_t>(min(lt * 16 + r, n32 - 1) * U32 + u0);
+    if (lane < 16) {
+      cp_async(st + S::kQb + 16 * r, w.qb + e, 16);
+      cp_async(st + S::kM4 + 4 * r, w.meta4 + e, 4);
+    } else {
+      cp_async(st + S::kM2 + 8 * r, w.meta2 + e, 8);
+      const uint32_t e2 = static_cast<uint32_t>(lt * 3 * U32 + 3 * u0), e4 = static_cast<uint32_t>(lt * U32 + u0);
+      if (r < 3) cp_async(st + S::kSs2 + 8 * r, w.ss2 + e2 + 4 * r, 8);
+      else if (r < 6) cp_async(st + S::kSm2 + 8 * (r - 3), w.sm2 + e2 + 4 * (r - 3), 8);
+      else if (r == 6) cp_async(st + S::kSs4, w.ss4 + e4, 8);
+      else if (r == 7) cp_async(st + S::kSm4, w.sm4 + e4, 8);
+    }
+  };
+  auto issue_x = [&] {   // the chunk's B words (2 KB per slot) and V of every batch column (64 bytes each)
+    const uint32_t st = ring.issue_stage();
+    const int part = P.part_of(ring.it_tile);
+    const int32_t u0 = ring.it_item * kMmaUnits;
+    const uint4* src = xwords + static_cast<uint32_t>((part * U32 + u0) * 32 * kSlots);
+#pragma unroll
+    for (int c = 0; c < 4 * kSlots; ++c) cp_async(st + S::kX + 16 * (lane + 32 * c), src + (lane + 32 * c), 16);
+    if (lane < 4 * M)
+      cp_async(st + S::kV + 16 * lane, xsums + static_cast<uint32_t>(((part * M + lane / 4) * Gn32 + 4 * u0) / 4 + lane % 4), 16);
+  };
+  ring.prologue(issue_weights, issue_x);   // xq and y belong to the kernels before
+  float sx[kSlots];   // the scales of the lane's batch columns t + 4 j
+#pragma unroll
+  for (int j = 0; j < kSlots; ++j) sx[j] = __ldg(reinterpret_cast<const float*>(xq) + t + 4 * j) * (1.0f / kI8LoSteps);
+  // The scale pass's lane: group gq of the item (unit gq / 4, group gq % 4), rows 8 h .. 8 h + 7; its meta word, field
+  // positions and second-order scale offsets (as the integer-dot kernel's).
+  const int gq = lane % 16, h = lane / 16, uq = gq / 4, sq = gq % 4;
+  const bool two = sq < 3;
+  const uint32_t mbase = two ? S::kM2 + 4 * (uq / 2) : S::kM4, mstride = two ? 8 : 4, msh = two ? 16 * (uq % 2) : 8 * uq;
+  const uint32_t sc_sh = msh + (sq == 1 ? 4 : sq == 2 ? 7 : 0), sc_mask = sq == 0 || sq == 3 ? 15u : 7u;
+  const uint32_t z_sh = msh + (two ? 10 + 2 * sq : 4), z_mask = two ? 3u : 15u;
+  const uint32_t off_ss = two ? S::kSs2 + 2 * (3 * uq + sq) : S::kSs4 + 2 * uq, off_sm = two ? S::kSm2 + 2 * (3 * uq + sq) : S::kSm4 + 2 * uq;
+  const uint32_t sh2 = 2 * t, sh4 = 4 * (t % 2);
+  int buf = 0;
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int part = P.part_of(tile);
+    const Mixed24ADevice& w = P.w[part];
+    const int64_t row0 = (tile - P.tile_start[part]) * 16;
+    const int32_t obound = kFusedOutliers && warp < 4 && w.rowptr != nullptr ? outlier_row_bound<4>(w.rowptr, row0 + 4 * warp, w.n, lane) : -1;
+    float acc[kSlots][2];
+#pragma unroll
+    for (int j = 0; j < kSlots; ++j) acc[j][0] = acc[j][1] = 0.0f;
+    for (int64_t ci = warp; ci < C; ci += kWarps) {
+      const uint32_t st = ring.next(issue_weights, issue_x);   // its first __syncwarp: every lane is done with the scratch too
+      {
+        const float ss = lds_half(st + off_ss), sm = lds_half(st + off_sm);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int r = 8 * h + i;
+          const uint32_t mt = lds_u32(st + mbase + r * mstride);
+          const float scale = fmaf(static_cast<float>((mt >> sc_sh) & sc_mask), ss, sm);
+          const uint32_t z = (mt >> z_sh) & z_mask;
+          asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(scr + r * kMmaScrRow + 8 * gq), "r"(__float_as_uint(scale)), "r"(z) : "memory");
+        }
+      }
+      __syncwarp();
+#pragma unroll
+      for (int uu = 0; uu < kMmaUnits; ++uu) {
+        uint32_t qa0[4], qa1[4], xb[4 * kSlots], vv[kSlots][4];
+        lds_u32x4(st + S::kQa + 16 * (uu * 16 + g), qa0);
+        lds_u32x4(st + S::kQa + 16 * (uu * 16 + g + 8), qa1);
+        const uint32_t qb0 = lds_u32(st + S::kQb + 4 * (g * kMmaUnits + uu)), qb1 = lds_u32(st + S::kQb + 4 * ((g + 8) * kMmaUnits + uu));
+#pragma unroll
+        for (int j = 0; j < kSlots; ++j) {
+          lds_u32x4(st + S::kX + 16 * ((uu * 32 + lane) * kSlots + j), reinterpret_cast<uint32_t(&)[4]>(xb[4 * j]));
+          lds_u32x4(st + S::kV + 64 * (t + 4 * j) + 16 * uu, vv[j]);
+        }
+        const uint32_t w40 = t < 2 ? qa0[3] : qb0, w41 = t < 2 ? qa1[3] : qb1;
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          uint32_t a[2];
+          if (s < 3) {
+            a[0] = (qa0[s] >> sh2) & 0x03030303u;
+            a[1] = (qa1[s] >> sh2) & 0x03030303u;
+          } else {
+            a[0] = (w40 >> sh4) & 0x0F0F0F0Fu;
+            a[1] = (w41 >> sh4) & 0x0F0F0F0Fu;
+          }
+          uint32_t sz0[2], sz1[2];   // (scale, z) of rows g, g + 8
+          lds_u32x2(scr + g * kMmaScrRow + 8 * (4 * uu + s), sz0);
+          lds_u32x2(scr + (g + 8) * kMmaScrRow + 8 * (4 * uu + s), sz1);
+#pragma unroll
+          for (int j = 0; j < kSlots; ++j) {
+            int cc[4];
+            mma_s8_16816_zero(cc, a, xb[s * kSlots + j]);   // the lane's B words are [group][slot]
+            const int nv = static_cast<int>(vv[j][s]);
+            const int v0 = cc[0] * static_cast<int>(kI8LoSteps) + cc[1] - static_cast<int>(sz0[1]) * nv;
+            const int v1 = cc[2] * static_cast<int>(kI8LoSteps) + cc[3] - static_cast<int>(sz1[1]) * nv;
+            acc[j][0] = fmaf(__uint_as_float(sz0[0]), static_cast<float>(v0), acc[j][0]);
+            acc[j][1] = fmaf(__uint_as_float(sz1[0]), static_cast<float>(v1), acc[j][1]);
+          }
+        }
+      }
+    }
+    if (tile + gridDim.x >= tiles) pdl_launch_dependents();   // the CTA's last tile
+    // Lane (g, t) holds rows g / g + 8 of batch columns t + 4 j; store_tc_fragments takes columns 2t / 2t + 1 of slot t / 2.
+    float frag[4];
+    {
+      const int t0 = 4 * g + (2 * t) % 4, t1 = 4 * g + (2 * t + 1) % 4, jj = t / 2;
+      float v[kSlots][4];
+#pragma unroll
+      for (int j = 0; j < kSlots; ++j) {
+        const float a0 = acc[j][0] * sx[j], a1 = acc[j][1] * sx[j];
+        v[j][0] = __shfl_sync(0xffffffffu, a0, t0);
+        v[j][1] = __shfl_sync(0xffffffffu, a0, t1);
+        v[j][2] = __shfl_sync(0xffffffffu, a1, t0);
+        v[j][3] = __shfl_sync(0xffffffffu, a1, t1);
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) frag[i] = kSlots == 2 ? (jj ? v[kSlots - 1][i] : v[0][i]) : (jj ? 0.0f : v[0][i]);
+    }
+    store_tc_fragments<kWarps, kFusedOutliers, 4, M>(frag, warp, lane, row0, w.n, m_total, w.rowptr, OutlierX{x, k, 1}, P.y[part],
+                                                    MixedOutlierEntry{w}, buf, obound);
+    buf ^= 1;
+  }
+  cp_async_wait<0>();   // no copy outlives the CTA
+}
+
+template <int M>
+void launch_mma(const DpParts& P, const float* x, int m, cudaStream_t s, bool fused, uint8_t* xq, const float* xmax) {
+  const dim3 xgrid(static_cast<unsigned>((P.w[0].k / 16 + kDpXThreads - 1) / kDpXThreads), static_cast<unsigned>(M),
+                   static_cast<unsigned>(P.parts));
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  launch_pdl(kPdlXfrag, mixed24a_mma_x_kernel, xgrid, kDpXThreads, 0, s, P, x, m, M, vec, xq, xmax);
+  const size_t smem = static_cast<size_t>(kMmaWarps) * MmaStage<M>::kWarpBytes;
+  auto kern = fused ? mixed24a_gemv_mma_kernel<M, kMmaWarps, true> : mixed24a_gemv_mma_kernel<M, kMmaWarps, false>;
+  launch_pdl(kPdlMixed, kern, persistent_grid(kern, kMmaWarps * 32, smem, P.tile_start[P.parts]), kMmaWarps * 32, smem, s, P, x, m, xq);
+}
+
+// The int8 tensor-core GEMV over parts sharing x (each checked by the caller: mixed24a_mma_fits, the same k).
+void run_mma(const Mixed24ADevice* ws, int parts, const float* x, int m, float* const* ys, cudaStream_t s, bool fused, void* xq,
+             const float* xmax) {
+  const DpParts P = dp_parts(ws, parts, ys);
+  auto* q = static_cast<uint8_t*>(xq);
+  if (m <= 4) launch_mma<4>(P, x, m, s, fused, q, xmax);
+  else launch_mma<8>(P, x, m, s, fused, q, xmax);
   for (int p = 0; p < parts; ++p)
     if (!fused && ws[p].rowptr != nullptr) launch_outliers(ws[p], x, m, ys[p], s);
 }
@@ -911,14 +1206,23 @@ size_t mixed24a_dp_x_bytes(int64_t k, int m, int parts) {
   return kDpXHeaderBytes + static_cast<size_t>(parts) * static_cast<size_t>(m) * static_cast<size_t>(dp_groups(k)) * 36;
 }
 
+size_t mixed24a_mma_x_bytes(int64_t k, int m, int parts) {
+  const int M = mma_batch_form(m);
+  return kMmaXHeaderBytes + static_cast<size_t>(parts) * static_cast<size_t>(k / 16) * (128 * (M / 4) + 4 * M);
+}
+
 void mixed24a_gemv_group(const Mixed24ADevice* ws, int parts, const float* x, int m, float* const* ys, cudaStream_t s,
                          OutlierMode mode, void* xfrag, const float* xmax) {
   LOWBIT_CHECK(parts >= 1 && parts <= kDpMaxParts && xfrag != nullptr, "mixed24a grouped GEMV: 1..", kDpMaxParts,
                " matrices and an xfrag scratch (asked: ", parts, xfrag == nullptr ? ", no xfrag" : "", ")");
+  // The integer-dot GEMV at batch 1..2, the int8 tensor-core GEMV at 3..8 (Auto's choice for a single matrix).
+  const bool dp = m <= 2;
   for (int p = 0; p < parts; ++p)
-    LOWBIT_CHECK(ws[p].k == ws[0].k && mixed24a_dp_fits(ws[p].n, ws[p].k, m), "mixed24a grouped GEMV: every matrix needs the ",
-                 "same k, a multiple of 256 and >= 1024, batch 1..2 (asked: part ", p, " ", ws[p].n, "x", ws[p].k, ", batch ", m, ")");
-  run_dp(ws, parts, x, m, ys, s, mode == OutlierMode::Fused, xfrag, xmax);
+    LOWBIT_CHECK(ws[p].k == ws[0].k && (dp ? mixed24a_dp_fits(ws[p].n, ws[p].k, m) : mixed24a_mma_fits(ws[p].n, ws[p].k, m)),
+                 "mixed24a grouped GEMV: every matrix needs the same k, a multiple of 256 and >= 1024, batch 1..", kMaxGemvBatch,
+                 " (asked: part ", p, " ", ws[p].n, "x", ws[p].k, ", batch ", m, ")");
+  if (dp) run_dp(ws, parts, x, m, ys, s, mode == OutlierMode::Fused, xfrag, xmax);
+  else run_mma(ws, parts, x, m, ys, s, mode == OutlierMode::Fused, xfrag, xmax);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -947,9 +1251,12 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
   if (path == GemvPath::Dp2aStream)
     LOWBIT_CHECK(xfrag != nullptr && mixed24a_dp_fits(w.n, w.k, m), "mixed24a GEMV: the integer-dot kernel needs an xfrag scratch, ",
                  "batch 1..2 and k a multiple of 256, >= 1024 (asked: ", w.n, "x", w.k, ", batch ", m, xfrag == nullptr ? ", no xfrag" : "", ")");
+  if (path == GemvPath::Int8MmaStream)
+    LOWBIT_CHECK(xfrag != nullptr && mixed24a_mma_fits(w.n, w.k, m), "mixed24a GEMV: the int8 tensor-core kernel needs an xfrag ",
+                 "scratch and k a multiple of 256, >= 1024 (asked: ", w.n, "x", w.k, xfrag == nullptr ? ", no xfrag" : "", ")");
   if (path == GemvPath::Auto) path = mixed24a_auto_path(w.n, w.k, m, xfrag != nullptr);
-  if (path == GemvPath::Dp2aStream) {
-    run_dp(&w, 1, x, m, &y, s, fused, xfrag, xmax);
+  if (path == GemvPath::Dp2aStream || path == GemvPath::Int8MmaStream) {
+    (path == GemvPath::Dp2aStream ? run_dp : run_mma)(&w, 1, x, m, &y, s, fused, xfrag, xmax);
     LOWBIT_CUDA_CHECK(cudaGetLastError());
     return;
   }

@@ -35,6 +35,15 @@ __device__ __forceinline__ void mma_s8_16832(int (&c)[4], const uint32_t (&a)[4]
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// mma.sync m16n8k16 with int8 A and B, C = 0 + A B in int32 (the 2/4/16 int8 tensor-core GEMV, one 16-column group
+// per mma): a0 = (row g, k 4t..4t+3), a1 = (row g+8, k 4t..); b = (k 4t..4t+3; col g); C as m16n8k16's.
+__device__ __forceinline__ void mma_s8_16816_zero(int (&c)[4], const uint32_t (&a)[2], uint32_t b) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};\n"
+      : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0));
+}
+
 // (hi, lo) fp16 pairs of two activations: hi = fp16(v), lo = fp16(v - hi), so hi + lo carries ~22 bits of v.
 __device__ __forceinline__ void split_pair(float v0, float v1, uint32_t& hi, uint32_t& lo) {
   const __half2 h = __floats2half2_rn(v0, v1);

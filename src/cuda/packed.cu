@@ -373,8 +373,10 @@ int served_width(const DevicePackedWeight& w, int bits) {   // anyprec: 0 = the 
 
 bool packed_runs_int8_gemv(const DevicePackedWeight& w, int bits, int64_t m) {
   if (m < 1 || m > kMaxGemvBatch) return false;
-  if (w.format() != "anyprec")
-    return mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime) == GemvPath::Dp2aStream;
+  if (w.format() != "anyprec") {
+    const GemvPath p = mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime);
+    return p == GemvPath::Dp2aStream || p == GemvPath::Int8MmaStream;
+  }
   return anyprec_auto_path(w.n(), w.k(), static_cast<int>(m), served_width(w, bits), kPreSplitInRuntime) ==
          GemvPath::TensorCoreInt8LutStream;
 }
@@ -396,8 +398,7 @@ void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x,
 bool packed_group_runs(const std::vector<const DevicePackedWeight*>& ws, int64_t m) {
   if (!group_gemv_enabled() || ws.size() < 2 || ws.size() > 3 || m < 1 || m > kMaxGemvBatch) return false;
   for (const DevicePackedWeight* w : ws)
-    if (w == nullptr || w->format() != "mixed24a" || w->k() != ws[0]->k() ||
-        mixed24a_auto_path(w->n(), w->k(), static_cast<int>(m), kPreSplitInRuntime) != GemvPath::Dp2aStream)
+    if (w == nullptr || w->format() != "mixed24a" || w->k() != ws[0]->k() || !packed_runs_int8_gemv(*w, 0, m))
       return false;
   return true;
 }
@@ -430,7 +431,8 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
         anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
       const GemvPath path = mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime);
-      void* xfrag = kPreSplitInRuntime && (path == GemvPath::TensorCore || path == GemvPath::TensorCoreStream || path == GemvPath::Dp2aStream)
+      void* xfrag = kPreSplitInRuntime && (path == GemvPath::TensorCore || path == GemvPath::TensorCoreStream || path == GemvPath::Dp2aStream ||
+                                           path == GemvPath::Int8MmaStream)
                         ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
       mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag, x_max);
     }
@@ -542,6 +544,11 @@ bool anyprec_gemm_preferred(int64_t n, int64_t k, int64_t m, int bits) {
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
   if (!presplit) return m >= 5 ? GemvPath::TensorCore : GemvPath::Scalar;
   if (int8_tables_enabled() && mixed24a_dp_fits(n, k, m)) return GemvPath::Dp2aStream;
+  // The int8 tensor-core kernel at batch 3..4: there it took 0.64-0.74 of the streamed fp16 tensor-core kernel's time on
+  // the 70B shapes; at 5..8 it was 0.93x-1.10x of it (8192x28672 slower, H200, docs/PERF.md). LOWBIT_MIXED_MMA=0 in the
+  // environment (read once) keeps batch 3..4 on the fp16 one too (the benchmarks' A/B of the two).
+  static const bool mma_on = env_switch("LOWBIT_MIXED_MMA", true);
+  if (mma_on && int8_tables_enabled() && m >= 3 && m <= kMixedMmaMaxBatch && mixed24a_mma_fits(n, k, m)) return GemvPath::Int8MmaStream;
   if (m >= 3 && mixed24a_stream_fits(n, k, m)) return GemvPath::TensorCoreStream;
   return m >= 4 && n * k > 4096LL * 4096 ? GemvPath::TensorCore : GemvPath::Scalar;
 }

@@ -122,7 +122,7 @@ enum class OutlierMode { Fused, SpMV };   // sparse outliers inside the GEMV, or
 //                          on the H100 for the shape, width and batch (docs/PERF.md).
 enum class GemvPath { Auto, Scalar, TensorCore, ScalarPairs, TensorCoreRegisterLut, ScalarSharedX, TensorCoreRegisterLutHalfX,
                       TensorCoreRegisterLutStream, TensorCoreRegisterLutStreamHalfX, TensorCoreStream, TensorCoreInt8LutStream,
-                      TensorCoreSharedLutStream, Dp2aStream };
+                      TensorCoreSharedLutStream, Dp2aStream, Int8MmaStream };
 constexpr int64_t kMixed24aSharedXMaxBytes = 200 * 1024;   // and at most the GPU's opt-in shared memory per block
 // The register-table kernels (any-precision 2..4 bits, x pre-split), and every tensor-core path.
 constexpr bool is_register_table(GemvPath p) {
@@ -166,6 +166,12 @@ constexpr bool mixed24a_stream_fits(int64_t n, int64_t k, int m) { return n >= 1
 // batch 1..2, n * k / 64 < 2^31 (its element offsets are 32-bit).
 constexpr bool mixed24a_dp_fits(int64_t n, int64_t k, int m) {
   return n >= 1 && k % 256 == 0 && k >= 1024 && m >= 1 && m <= 2 && n * (k / 64) < (int64_t{1} << 31);
+}
+// Whether the int8 tensor-core 2/4/16 kernel (GemvPath::Int8MmaStream) serves this shape and batch: k % 256 == 0,
+// k >= 1024, batch 1..8, n * k / 64 < 2^31. Auto runs it at batch 3..kMixedMmaMaxBatch (the integer-dot kernel at 1..2).
+constexpr int kMixedMmaMaxBatch = 4;
+constexpr bool mixed24a_mma_fits(int64_t n, int64_t k, int m) {
+  return n >= 1 && k % 256 == 0 && k >= 1024 && m >= 1 && m <= 8 && n * (k / 64) < (int64_t{1} << 31);
 }
 // presplit: whether the caller gives the xfrag scratch (the tensor-core paths then read pre-split activations).
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit);
@@ -217,9 +223,14 @@ void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cud
                    const float* xmax = nullptr);
 size_t mixed24a_xfrag_bytes(int64_t k);
 size_t mixed24a_dp_x_bytes(int64_t k, int m, int parts = 1);
-// The integer-dot 2/4/16 GEMV (GemvPath::Dp2aStream) over 1..3 matrices that read the same x (q / k / v, gate / up):
-// one activation kernel and one GEMV launch, ys[p] [m, n_p] the outputs. Each matrix: the same k, mixed24a_dp_fits.
-// xfrag: mixed24a_xfrag_bytes(k) bytes (mixed24a_dp_x_bytes(k, m, 3) of it); xmax as mixed24a_gemv's.
+// GemvPath::Int8MmaStream's part of the xfrag scratch (the activations' int8 pieces in its B-fragment order and each
+// group's sum): at most mixed24a_xfrag_bytes(k) for 1..3 parts.
+size_t mixed24a_mma_x_bytes(int64_t k, int m, int parts = 1);
+// The integer-dot 2/4/16 GEMV (GemvPath::Dp2aStream, batch 1..2) or the int8 tensor-core one (GemvPath::Int8MmaStream,
+// batch 3..8; the runtime groups at 3..kMixedMmaMaxBatch, where Auto runs it) over 1..3 matrices that read the same x (q / k / v, gate / up): one activation kernel and one GEMV launch,
+// ys[p] [m, n_p] the outputs. Each matrix: the same k, mixed24a_dp_fits / mixed24a_mma_fits. xfrag:
+// mixed24a_xfrag_bytes(k) bytes (mixed24a_dp_x_bytes(k, m, 3) / mixed24a_mma_x_bytes(k, m, 3) of it); xmax as
+// mixed24a_gemv's.
 void mixed24a_gemv_group(const Mixed24ADevice* ws, int parts, const float* x, int m, float* const* ys, cudaStream_t s,
                          OutlierMode mode, void* xfrag, const float* xmax = nullptr);
 // The whole matrix [n, k] in fp16, original column order, outliers included (the large-batch path's first step).
