@@ -928,8 +928,10 @@ void run_dp(const Mixed24ADevice* ws, int parts, const float* x, int m, float* c
 constexpr int kMmaWarps = 4;
 constexpr int kMmaStages = 2;
 constexpr int kMmaUnits = 4;               // units (64 columns) per work item: 16 groups
-constexpr int kMmaScrRow = 17 * 8;         // a scratch row: 16 groups' (scale, z) and 8 bytes of padding (8 rows read at once
-                                           // by lanes g = 0..7 fall in different banks)
+// The per-warp scratch of the decoded (scale, z) pairs: [group][row % 8][row / 8] float scale, int z, so that lane (g, t)
+// reads rows g and g + 8 of a group in one 16-byte load (the 8 lanes' loads one 128-byte wavefront); a group takes 144
+// bytes (128 and 16 of padding, so that the scale pass's stores of 16 groups spread over the banks).
+constexpr int kMmaScrGroup = 144;
 constexpr int kMmaXHeaderBytes = 256;      // the x scratch: float scale[kMaxGemvBatch], padded; then B words, then V
 
 __host__ __device__ constexpr int mma_batch_form(int m) { return m <= 4 ? 4 : 8; }
@@ -948,7 +950,7 @@ struct MmaStage {
   static constexpr int kX = kSm4 + 2 * kMmaUnits;         // [unit][lane][group][slot] u32
   static constexpr int kV = kX + 512 * kMmaUnits * kSlots;   // [batch column][16 groups] int32
   static constexpr int kBytes = kV + 64 * M;
-  static constexpr int kScrBytes = 16 * kMmaScrRow;
+  static constexpr int kScrBytes = 16 * kMmaScrGroup;
   static constexpr int kWarpBytes = kMmaStages * kBytes + kScrBytes;
   static_assert(kX % 16 == 0 && kV % 16 == 0 && kBytes % 16 == 0, "16-byte copies");
 };
@@ -1104,7 +1106,8 @@ __global__ void __launch_bounds__(kWarps * 32, 4) mixed24a_gemv_mma_kernel(const
           const uint32_t mt = lds_u32(st + mbase + r * mstride);
           const float scale = fmaf(static_cast<float>((mt >> sc_sh) & sc_mask), ss, sm);
           const uint32_t z = (mt >> z_sh) & z_mask;
-          asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(scr + r * kMmaScrRow + 8 * gq), "r"(__float_as_uint(scale)), "r"(z) : "memory");
+          asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(scr + gq * kMmaScrGroup + 16 * i + 8 * h), "r"(__float_as_uint(scale)), "r"(z)
+                       : "memory");
         }
       }
       __syncwarp();
@@ -1130,18 +1133,17 @@ __global__ void __launch_bounds__(kWarps * 32, 4) mixed24a_gemv_mma_kernel(const
             a[0] = (w40 >> sh4) & 0x0F0F0F0Fu;
             a[1] = (w41 >> sh4) & 0x0F0F0F0Fu;
           }
-          uint32_t sz0[2], sz1[2];   // (scale, z) of rows g, g + 8
-          lds_u32x2(scr + g * kMmaScrRow + 8 * (4 * uu + s), sz0);
-          lds_u32x2(scr + (g + 8) * kMmaScrRow + 8 * (4 * uu + s), sz1);
+          uint32_t sz[4];   // (scale, z) of rows g, g + 8
+          lds_u32x4(scr + (4 * uu + s) * kMmaScrGroup + 16 * g, sz);
 #pragma unroll
           for (int j = 0; j < kSlots; ++j) {
             int cc[4];
             mma_s8_16816_zero(cc, a, xb[s * kSlots + j]);   // the lane's B words are [group][slot]
             const int nv = static_cast<int>(vv[j][s]);
-            const int v0 = cc[0] * static_cast<int>(kI8LoSteps) + cc[1] - static_cast<int>(sz0[1]) * nv;
-            const int v1 = cc[2] * static_cast<int>(kI8LoSteps) + cc[3] - static_cast<int>(sz1[1]) * nv;
-            acc[j][0] = fmaf(__uint_as_float(sz0[0]), static_cast<float>(v0), acc[j][0]);
-            acc[j][1] = fmaf(__uint_as_float(sz1[0]), static_cast<float>(v1), acc[j][1]);
+            const int v0 = cc[0] * static_cast<int>(kI8LoSteps) + cc[1] - static_cast<int>(sz[1]) * nv;
+            const int v1 = cc[2] * static_cast<int>(kI8LoSteps) + cc[3] - static_cast<int>(sz[3]) * nv;
+            acc[j][0] = fmaf(__uint_as_float(sz[0]), static_cast<float>(v0), acc[j][0]);
+            acc[j][1] = fmaf(__uint_as_float(sz[2]), static_cast<float>(v1), acc[j][1]);
           }
         }
       }
