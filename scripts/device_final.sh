@@ -11,6 +11,8 @@
 #   e2e                                                  end to end: Llama-2-7B and Llama-3-8B shapes, every format
 #   e2e70b                                               end to end: Llama-2-70B shape (the any-precision parent needs
 #                                                        ~77 GB: an H200)
+#   sweep1, sweep2                                       memcheck of the two GEMV sweeps (one test per shape), in two
+#                                                        calls
 #   mma                                                  the 2/4/16 int8 tensor-core GEMV: tests, memcheck, kernel
 #                                                        rows at batch 1..8, decode with it and without
 # Logs land in $OUT, one file per step, each headed by its command, device and date.
@@ -58,7 +60,7 @@ case "${1:-}" in
   smollm2)
     step tests-smollm2 240 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.SmolLM2*'
     step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
-      --gtest_filter='CudaKernels.*:-CudaKernels.AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape:CudaKernels.AnyPrecInt8GemvMatchesCpuTwin'
+      --gtest_filter='CudaKernels.*'
     step memcheck-model 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
       --gtest_filter='CudaModel.WidthSwitch*:CudaModel.GraphDecode*:CudaModel.DecodeAndBatch*'
     step racecheck 250 compute-sanitizer --tool racecheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
@@ -88,5 +90,12 @@ case "${1:-}" in
       --decode-batches 4,8
     grep -hE "^\[  (PASSED|FAILED) |ERROR SUMMARY|^# exit|^llama" "$OUT"/*.txt | cut -c1-160
     ;;
-  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b | dequant | mma" >&2; exit 2 ;;
+  sweep*)   # compute-sanitizer memcheck of the GEMV sweeps, one shape per test (sweep1: the any-precision sweep's shapes
+            # 0-6, sweep2: its shapes 7-9 and the int8 sweep's five; the smollm2 part memchecks every CudaKernels.* test)
+    if [ "$1" = sweep1 ]; then ids="0 1 2 3 4 5 6"; filter=""; else ids="7 8 9"; filter="CudaKernels/AnyPrecInt8GemvSweep.*"; fi
+    for i in $ids; do filter="${filter:+$filter:}CudaKernels/AnyPrecGemvSweep.*/$i"; done
+    step "memcheck-$1" 560 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" --gtest_filter="$filter"
+    grep -hE "^\[       OK|^\[  (PASSED|FAILED) |ERROR SUMMARY|^# exit" "$OUT"/memcheck-$1.txt
+    ;;
+  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b | dequant | mma | sweep1 | sweep2" >&2; exit 2 ;;
 esac

@@ -117,73 +117,77 @@ struct Shape {
   int64_t n, k;
 };
 
-TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
+// One test per shape (CudaKernels/AnyPrecGemvSweep.MatchesCpuTwinEveryWidthAndBatch/i), so that a sanitizer run can take
+// the shapes a few at a time.
+// k: one word, not a multiple of 32 / 256 / 1024, a short last tile, a 28672-wide input; n: 1 and 28672.
+// k = 4200: 132 words, a multiple of 4 (the register-table kernel's 16-byte loads) ending in a part group of 16;
+// n = 8192: 512 blocks of 16 rows, the register-table kernel's compact form on a 132-SM GPU.
+// The streamed kernel (k a multiple of 128, >= 2048): 64x4096; 17x8320 (65 words, 17 groups: the CTA's warps
+// take 5 / 4 / 4 / 4 groups, two tiles, the second of one row); 9001x2432 (563 tiles, more than one wave of
+// persistent CTAs on an H100 or H200: CTAs loop over several tiles; a part last group and a part last tile).
+constexpr Shape kAnyPrecSweepShapes[] = {{1, 32},     {5, 1100},   {33, 2348}, {64, 4096},  {37, 4200},
+                                         {3, 28672 + 37}, {28672, 96}, {8192, 256}, {17, 8320}, {9001, 2432}};
+class AnyPrecGemvSweep : public ::testing::TestWithParam<int> {};
+TEST_P(AnyPrecGemvSweep, MatchesCpuTwinEveryWidthAndBatch) {
   SKIP_WITHOUT_GPU();
-  // k: one word, not a multiple of 32 / 256 / 1024, a short last tile, a 28672-wide input; n: 1 and 28672.
-  // k = 4200: 132 words, a multiple of 4 (the register-table kernel's 16-byte loads) ending in a part group of 16;
-  // n = 8192: 512 blocks of 16 rows, the register-table kernel's compact form on a 132-SM GPU.
-  // The streamed kernel (k a multiple of 128, >= 2048): 64x4096; 17x8320 (65 words, 17 groups: the CTA's warps
-  // take 5 / 4 / 4 / 4 groups, two tiles, the second of one row); 9001x2432 (563 tiles, more than one wave of
-  // persistent CTAs on an H100 or H200: CTAs loop over several tiles; a part last group and a part last tile).
-  const Shape shapes[] = {{1, 32},    {5, 1100},  {33, 2348},  {64, 4096},  {37, 4200},       {3, 28672 + 37},
-                          {28672, 96}, {8192, 256}, {17, 8320}, {9001, 2432}};
-  uint32_t seed = 1;
-  for (const Shape& sh : shapes)
-    for (bool outliers : {false, true}) {
-      std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-      const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, outliers, seed++);
-      const PackedWeight pw = pack_anyprec(q, storage);
-      validate_packed(pw, "t");
-      const auto cpu = make_packed_linear(pw, nullptr, "t");
-      const cuda::DevicePackedWeight dw(pw);   // one upload serves every width below: no reload between widths
-      for (int bits = 2; bits <= 8; ++bits) {
-        std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
-        q.dequantize(bits, wd.data());
-        for (int m : {1, 2, 3, 4, 5, 6, 7, 8}) {
-          if (sh.n * sh.k > 1000000 && m != 1 && m != 2 && m != 8) continue;   // the wide shapes: the ends of the batch range
-          const std::vector<float> x = random_x(m, sh.k, seed++);
-          std::vector<float> want(static_cast<size_t>(m * sh.n));
-          cpu->forward_ref(x.data(), m, want.data(), bits);
-          const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
-          // The CUDA-core path, the tensor-core path splitting x in its loop, and the tensor-core path reading
-          // x pre-split into fragment order (scratch poisoned first: every fragment it reads must be written).
-          cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
-          // And, at 3 and 4 bits and batch <= 4, the CUDA-core kernel with merged pair lookups; at 2..4 bits the tensor-core
-          // kernel with register tables (pre-split x in its own slab order).
-          for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
-                   {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
-                   {cuda::GemvPath::ScalarPairs, false}, {cuda::GemvPath::TensorCoreRegisterLut, true},
-                   {cuda::GemvPath::TensorCoreRegisterLutHalfX, true}, {cuda::GemvPath::TensorCoreRegisterLutStream, true},
-                   {cuda::GemvPath::TensorCoreRegisterLutStreamHalfX, true}, {cuda::GemvPath::TensorCoreSharedLutStream, true}})
-            for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
-              if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
-              if (path == cuda::GemvPath::ScalarPairs && ((bits != 3 && bits != 4) || m > 4)) continue;
-              if (cuda::is_register_table(path) && bits > 4) continue;
-              if (cuda::is_streamed(path) && !cuda::anyprec_stream_fits(sh.n, sh.k, m)) continue;
-              if (path == cuda::GemvPath::TensorCoreSharedLutStream && (bits < 5 || !cuda::anyprec_lut_stream_fits(sh.n, sh.k, m))) continue;
-              if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
-              const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
-                cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
-              });
-              const std::string kind = path == cuda::GemvPath::Scalar        ? "scalar "
-                                       : path == cuda::GemvPath::ScalarPairs ? "scalar pairs "
-                                       : path == cuda::GemvPath::TensorCoreRegisterLut ? "tensor-core register tables "
-                                       : path == cuda::GemvPath::TensorCoreRegisterLutHalfX ? "tensor-core register tables fp16 x "
-                                       : path == cuda::GemvPath::TensorCoreRegisterLutStream ? "tensor-core register tables streamed "
-                                       : path == cuda::GemvPath::TensorCoreRegisterLutStreamHalfX ? "tensor-core register tables streamed fp16 x "
-                                       : path == cuda::GemvPath::TensorCoreSharedLutStream ? "tensor-core shared tables streamed "
-                                       : presplit                            ? "tensor-core pre-split "
-                                                                             : "tensor-core ";
-              expect_close(got, want, scale, path == cuda::GemvPath::TensorCoreRegisterLutHalfX || path == cuda::GemvPath::TensorCoreRegisterLutStreamHalfX
-                                     ? kHalfXBudget : kGemvBudget,
-                           "anyprec " + kind +
-                               std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
-                               std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
-            }
-        }
+  const Shape sh = kAnyPrecSweepShapes[GetParam()];
+  uint32_t seed = 1 + 1000 * static_cast<uint32_t>(GetParam());
+  for (bool outliers : {false, true}) {
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, outliers, seed++);
+    const PackedWeight pw = pack_anyprec(q, storage);
+    validate_packed(pw, "t");
+    const auto cpu = make_packed_linear(pw, nullptr, "t");
+    const cuda::DevicePackedWeight dw(pw);   // one upload serves every width below: no reload between widths
+    for (int bits = 2; bits <= 8; ++bits) {
+      std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
+      q.dequantize(bits, wd.data());
+      for (int m : {1, 2, 3, 4, 5, 6, 7, 8}) {
+        if (sh.n * sh.k > 1000000 && m != 1 && m != 2 && m != 8) continue;   // the wide shapes: the ends of the batch range
+        const std::vector<float> x = random_x(m, sh.k, seed++);
+        std::vector<float> want(static_cast<size_t>(m * sh.n));
+        cpu->forward_ref(x.data(), m, want.data(), bits);
+        const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
+        // The CUDA-core path, the tensor-core path splitting x in its loop, and the tensor-core path reading
+        // x pre-split into fragment order (scratch poisoned first: every fragment it reads must be written).
+        cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
+        // And, at 3 and 4 bits and batch <= 4, the CUDA-core kernel with merged pair lookups; at 2..4 bits the tensor-core
+        // kernel with register tables (pre-split x in its own slab order).
+        for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
+                 {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
+                 {cuda::GemvPath::ScalarPairs, false}, {cuda::GemvPath::TensorCoreRegisterLut, true},
+                 {cuda::GemvPath::TensorCoreRegisterLutHalfX, true}, {cuda::GemvPath::TensorCoreRegisterLutStream, true},
+                 {cuda::GemvPath::TensorCoreRegisterLutStreamHalfX, true}, {cuda::GemvPath::TensorCoreSharedLutStream, true}})
+          for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+            if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+            if (path == cuda::GemvPath::ScalarPairs && ((bits != 3 && bits != 4) || m > 4)) continue;
+            if (cuda::is_register_table(path) && bits > 4) continue;
+            if (cuda::is_streamed(path) && !cuda::anyprec_stream_fits(sh.n, sh.k, m)) continue;
+            if (path == cuda::GemvPath::TensorCoreSharedLutStream && (bits < 5 || !cuda::anyprec_lut_stream_fits(sh.n, sh.k, m))) continue;
+            if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
+            const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+              cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
+            });
+            const std::string kind = path == cuda::GemvPath::Scalar        ? "scalar "
+                                     : path == cuda::GemvPath::ScalarPairs ? "scalar pairs "
+                                     : path == cuda::GemvPath::TensorCoreRegisterLut ? "tensor-core register tables "
+                                     : path == cuda::GemvPath::TensorCoreRegisterLutHalfX ? "tensor-core register tables fp16 x "
+                                     : path == cuda::GemvPath::TensorCoreRegisterLutStream ? "tensor-core register tables streamed "
+                                     : path == cuda::GemvPath::TensorCoreRegisterLutStreamHalfX ? "tensor-core register tables streamed fp16 x "
+                                     : path == cuda::GemvPath::TensorCoreSharedLutStream ? "tensor-core shared tables streamed "
+                                     : presplit                            ? "tensor-core pre-split "
+                                                                           : "tensor-core ";
+            expect_close(got, want, scale, path == cuda::GemvPath::TensorCoreRegisterLutHalfX || path == cuda::GemvPath::TensorCoreRegisterLutStreamHalfX
+                                   ? kHalfXBudget : kGemvBudget,
+                         "anyprec " + kind +
+                             std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
+                             std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
+          }
       }
     }
+  }
 }
+INSTANTIATE_TEST_SUITE_P(CudaKernels, AnyPrecGemvSweep, ::testing::Range(0, static_cast<int>(std::size(kAnyPrecSweepShapes))));
 
 // The int8 GEMV (TensorCoreInt8LutStream: int8 centroids under a row scale, x as two int8 pieces under a column scale,
 // int8 mma with int32 sums) against two references on the same packed bytes:
@@ -197,113 +201,116 @@ TEST(CudaKernels, AnyPrecGemvMatchesCpuTwinEveryWidthBatchAndShape) {
 // 17x8320 (65 words: a part last group; 17 rows: a part tile), 9001x2432 (four warps per CTA, more tiles than one wave
 // of persistent CTAs), 40x28672, 33x2048 (four groups: four warps); every width 2..4, batches 1..8 (the stage forms
 // M = 1, 2, 4, 8), with and without ~1.5% outliers; the SpMV mode runs fused too.
-TEST(CudaKernels, AnyPrecInt8GemvMatchesCpuTwin) {
+// One test per shape, as AnyPrecGemvSweep.
+constexpr Shape kInt8SweepShapes[] = {{64, 4096}, {17, 8320}, {9001, 2432}, {40, 28672}, {33, 2048}};
+class AnyPrecInt8GemvSweep : public ::testing::TestWithParam<int> {};
+TEST_P(AnyPrecInt8GemvSweep, MatchesCpuTwin) {
   SKIP_WITHOUT_GPU();
-  const Shape shapes[] = {{64, 4096}, {17, 8320}, {9001, 2432}, {40, 28672}, {33, 2048}};
-  uint32_t seed = 500;
-  for (const Shape& sh : shapes)
-    for (bool outliers : {false, true}) {
-      std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-      const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, outliers, seed++);
-      const PackedWeight pw = pack_anyprec(q, storage);
-      const auto cpu = make_packed_linear(pw, nullptr, "t");
-      const cuda::DevicePackedWeight dw(pw);
-      const int64_t n16 = (sh.n + 15) / 16 * 16;
-      for (int bits = 2; bits <= 4; ++bits) {
-        const int E = 1 << bits;
-        // Host tables and their device twins.
-        // 4 bits: two pieces per centroid (i8_table_row2), tl the second.
-        std::vector<int8_t> tq(static_cast<size_t>(n16 * E), 0), tl(tq.size(), 0);
-        std::vector<float> sig(static_cast<size_t>(n16), 0.0f);
-        for (int64_t r = 0; r < sh.n; ++r) {
-          std::vector<float> c(static_cast<size_t>(E));
-          for (int e = 0; e < E; ++e) c[static_cast<size_t>(e)] = f16_to_f32(q.luts.at(bits)[static_cast<size_t>(r * E + e)]);
-          sig[static_cast<size_t>(r)] = bits == 4 ? cuda::i8_table_row2(c.data(), E, tq.data() + r * E, tl.data() + r * E)
-                                                  : cuda::i8_table_row(c.data(), E, tq.data() + r * E);
+  const Shape sh = kInt8SweepShapes[GetParam()];
+  uint32_t seed = 500 + 1000 * static_cast<uint32_t>(GetParam());
+  for (bool outliers : {false, true}) {
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, outliers, seed++);
+    const PackedWeight pw = pack_anyprec(q, storage);
+    const auto cpu = make_packed_linear(pw, nullptr, "t");
+    const cuda::DevicePackedWeight dw(pw);
+    const int64_t n16 = (sh.n + 15) / 16 * 16;
+    for (int bits = 2; bits <= 4; ++bits) {
+      const int E = 1 << bits;
+      // Host tables and their device twins.
+      // 4 bits: two pieces per centroid (i8_table_row2), tl the second.
+      std::vector<int8_t> tq(static_cast<size_t>(n16 * E), 0), tl(tq.size(), 0);
+      std::vector<float> sig(static_cast<size_t>(n16), 0.0f);
+      for (int64_t r = 0; r < sh.n; ++r) {
+        std::vector<float> c(static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e) c[static_cast<size_t>(e)] = f16_to_f32(q.luts.at(bits)[static_cast<size_t>(r * E + e)]);
+        sig[static_cast<size_t>(r)] = bits == 4 ? cuda::i8_table_row2(c.data(), E, tq.data() + r * E, tl.data() + r * E)
+                                                : cuda::i8_table_row(c.data(), E, tq.data() + r * E);
+      }
+      std::vector<int8_t> dq(tq.size());
+      std::vector<float> dsig(sig.size());
+      LOWBIT_CUDA_CHECK(cudaMemcpy(dq.data(), dw.anyprec().lut8[bits], dq.size(), cudaMemcpyDeviceToHost));
+      LOWBIT_CUDA_CHECK(cudaMemcpy(dsig.data(), dw.anyprec().lut8_scale[bits], dsig.size() * 4, cudaMemcpyDeviceToHost));
+      // 4 bits: stored in i8_split16's form (the twin below computes with the plain values tq / tl).
+      auto split = [&](const std::vector<int8_t>& t) {
+        if (bits != 4) return t;
+        std::vector<int8_t> sp(t.size());
+        for (size_t r = 0; r < t.size(); r += 16) cuda::i8_split16(t.data() + r, sp.data() + r);
+        return sp;
+      };
+      ASSERT_EQ(dq, split(tq)) << "int8 tables, " << bits << " bits";
+      if (bits == 4) {
+        LOWBIT_CUDA_CHECK(cudaMemcpy(dq.data(), dw.anyprec().lut8_lo4, dq.size(), cudaMemcpyDeviceToHost));
+        ASSERT_EQ(dq, split(tl)) << "int8 tables' second pieces, 4 bits";
+      }
+      const double centroid_step = bits == 4 ? 1.0 / 508 : 0.5;   // the centroid rounding bound, in units of sigma
+      ASSERT_EQ(0, std::memcmp(dsig.data(), sig.data(), sig.size() * 4)) << "int8 table scales, " << bits << " bits";
+      // The int8 view of the dense weights (outliers keep their fp16 values) and of the int8 centroids alone.
+      std::vector<float> w8(static_cast<size_t>(sh.n * sh.k)), wd(w8.size());
+      q.dequantize(bits, wd.data());
+      for (int64_t r = 0; r < sh.n; ++r)
+        for (int64_t c = 0; c < sh.k; ++c) {
+          const int code = q.codes[static_cast<size_t>(r * sh.k + c)] >> (q.planes - bits);
+          const size_t t = static_cast<size_t>(r * E + code);
+          w8[static_cast<size_t>(r * sh.k + c)] =
+              static_cast<float>(sig[static_cast<size_t>(r)] * (tq[t] + (bits == 4 ? tl[t] / static_cast<double>(cuda::kI8LoSteps) : 0.0)));
         }
-        std::vector<int8_t> dq(tq.size());
-        std::vector<float> dsig(sig.size());
-        LOWBIT_CUDA_CHECK(cudaMemcpy(dq.data(), dw.anyprec().lut8[bits], dq.size(), cudaMemcpyDeviceToHost));
-        LOWBIT_CUDA_CHECK(cudaMemcpy(dsig.data(), dw.anyprec().lut8_scale[bits], dsig.size() * 4, cudaMemcpyDeviceToHost));
-        // 4 bits: stored in i8_split16's form (the twin below computes with the plain values tq / tl).
-        auto split = [&](const std::vector<int8_t>& t) {
-          if (bits != 4) return t;
-          std::vector<int8_t> sp(t.size());
-          for (size_t r = 0; r < t.size(); r += 16) cuda::i8_split16(t.data() + r, sp.data() + r);
-          return sp;
-        };
-        ASSERT_EQ(dq, split(tq)) << "int8 tables, " << bits << " bits";
-        if (bits == 4) {
-          LOWBIT_CUDA_CHECK(cudaMemcpy(dq.data(), dw.anyprec().lut8_lo4, dq.size(), cudaMemcpyDeviceToHost));
-          ASSERT_EQ(dq, split(tl)) << "int8 tables' second pieces, 4 bits";
-        }
-        const double centroid_step = bits == 4 ? 1.0 / 508 : 0.5;   // the centroid rounding bound, in units of sigma
-        ASSERT_EQ(0, std::memcmp(dsig.data(), sig.data(), sig.size() * 4)) << "int8 table scales, " << bits << " bits";
-        // The int8 view of the dense weights (outliers keep their fp16 values) and of the int8 centroids alone.
-        std::vector<float> w8(static_cast<size_t>(sh.n * sh.k)), wd(w8.size());
-        q.dequantize(bits, wd.data());
-        for (int64_t r = 0; r < sh.n; ++r)
+      for (int m : {1, 2, 3, 5, 8}) {
+        if (sh.n * sh.k > 1000000 && m != 1 && m != 8) continue;   // the large shapes: the ends of the batch range
+        const std::vector<float> x = random_x(m, sh.k, seed++);
+        std::vector<float> want(static_cast<size_t>(m * sh.n)), ref(want.size());
+        std::vector<double> bound(want.size());
+        cpu->forward_ref(x.data(), m, ref.data(), bits);
+        for (int mm = 0; mm < m; ++mm) {
+          const float* xr = x.data() + mm * sh.k;
+          float mx = 0.0f;
+          for (int64_t c = 0; c < sh.k; ++c) mx = cuda::i8_absmax_step(mx, xr[c]);
+          const float s = mx / cuda::kI8Max;
+          std::vector<double> xq(static_cast<size_t>(sh.k));
           for (int64_t c = 0; c < sh.k; ++c) {
-            const int code = q.codes[static_cast<size_t>(r * sh.k + c)] >> (q.planes - bits);
-            const size_t t = static_cast<size_t>(r * E + code);
-            w8[static_cast<size_t>(r * sh.k + c)] =
-                static_cast<float>(sig[static_cast<size_t>(r)] * (tq[t] + (bits == 4 ? tl[t] / static_cast<double>(cuda::kI8LoSteps) : 0.0)));
+            int8_t hi, lo;
+            cuda::i8_x_pieces(xr[c], s, hi, lo);
+            xq[static_cast<size_t>(c)] = static_cast<double>(s) * (hi + lo / static_cast<double>(cuda::kI8LoSteps));
           }
-        for (int m : {1, 2, 3, 5, 8}) {
-          if (sh.n * sh.k > 1000000 && m != 1 && m != 8) continue;   // the large shapes: the ends of the batch range
-          const std::vector<float> x = random_x(m, sh.k, seed++);
-          std::vector<float> want(static_cast<size_t>(m * sh.n)), ref(want.size());
-          std::vector<double> bound(want.size());
-          cpu->forward_ref(x.data(), m, ref.data(), bits);
-          for (int mm = 0; mm < m; ++mm) {
-            const float* xr = x.data() + mm * sh.k;
-            float mx = 0.0f;
-            for (int64_t c = 0; c < sh.k; ++c) mx = cuda::i8_absmax_step(mx, xr[c]);
-            const float s = mx / cuda::kI8Max;
-            std::vector<double> xq(static_cast<size_t>(sh.k));
+          for (int64_t r = 0; r < sh.n; ++r) {
+            double acc = 0, b = 0;
             for (int64_t c = 0; c < sh.k; ++c) {
-              int8_t hi, lo;
-              cuda::i8_x_pieces(xr[c], s, hi, lo);
-              xq[static_cast<size_t>(c)] = static_cast<double>(s) * (hi + lo / static_cast<double>(cuda::kI8LoSteps));
+              const size_t i = static_cast<size_t>(r * sh.k + c);
+              acc += static_cast<double>(w8[i]) * xq[static_cast<size_t>(c)];
+              b += std::fabs(static_cast<double>(xr[c])) * sig[static_cast<size_t>(r)] * (centroid_step + 1e-5) +
+                   std::fabs(static_cast<double>(w8[i])) * s / 508.0;
             }
-            for (int64_t r = 0; r < sh.n; ++r) {
-              double acc = 0, b = 0;
-              for (int64_t c = 0; c < sh.k; ++c) {
+            if (outliers)
+              for (int32_t e = q.outlier_rowptr[static_cast<size_t>(r)]; e < q.outlier_rowptr[static_cast<size_t>(r) + 1]; ++e) {
+                const int64_t c = q.outlier_col[static_cast<size_t>(e)];
                 const size_t i = static_cast<size_t>(r * sh.k + c);
-                acc += static_cast<double>(w8[i]) * xq[static_cast<size_t>(c)];
-                b += std::fabs(static_cast<double>(xr[c])) * sig[static_cast<size_t>(r)] * (centroid_step + 1e-5) +
-                     std::fabs(static_cast<double>(w8[i])) * s / 508.0;
+                // The twin: the dense sum used the int8 centroid with the pieces; the correction swaps it for the fp16
+                // value with fp32 x (as the kernel's epilogue).
+                acc += static_cast<double>(f16_to_f32(q.outlier_val[static_cast<size_t>(e)]) - w8[i]) * xr[c];
               }
-              if (outliers)
-                for (int32_t e = q.outlier_rowptr[static_cast<size_t>(r)]; e < q.outlier_rowptr[static_cast<size_t>(r) + 1]; ++e) {
-                  const int64_t c = q.outlier_col[static_cast<size_t>(e)];
-                  const size_t i = static_cast<size_t>(r * sh.k + c);
-                  // The twin: the dense sum used the int8 centroid with the pieces; the correction swaps it for the fp16
-                  // value with fp32 x (as the kernel's epilogue).
-                  acc += static_cast<double>(f16_to_f32(q.outlier_val[static_cast<size_t>(e)]) - w8[i]) * xr[c];
-                }
-              want[static_cast<size_t>(mm * sh.n + r)] = static_cast<float>(acc);
-              bound[static_cast<size_t>(mm * sh.n + r)] = b;
-            }
+            want[static_cast<size_t>(mm * sh.n + r)] = static_cast<float>(acc);
+            bound[static_cast<size_t>(mm * sh.n + r)] = b;
           }
-          const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
-          cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
-          ASSERT_GE(xfrag.bytes(), cuda::anyprec_i8_x_bytes(sh.k, m));
-          for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
-            if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
-            LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
-            const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
-              cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, cuda::GemvPath::TensorCoreInt8LutStream, xfrag.get());
-            });
-            const std::string what = "anyprec int8 " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" +
-                                     std::to_string(bits) + " m" + std::to_string(m) + (outliers ? " outliers" : "");
-            expect_close(got, want, scale, kGemvBudget, what + " vs twin");
-            expect_within_rounding(got, ref, bound, scale, what, "fp16-LUT reference");
-          }
+        }
+        const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
+        cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
+        ASSERT_GE(xfrag.bytes(), cuda::anyprec_i8_x_bytes(sh.k, m));
+        for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
+          if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
+          LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
+          const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+            cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, cuda::GemvPath::TensorCoreInt8LutStream, xfrag.get());
+          });
+          const std::string what = "anyprec int8 " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" +
+                                   std::to_string(bits) + " m" + std::to_string(m) + (outliers ? " outliers" : "");
+          expect_close(got, want, scale, kGemvBudget, what + " vs twin");
+          expect_within_rounding(got, ref, bound, scale, what, "fp16-LUT reference");
         }
       }
     }
+  }
 }
+INSTANTIATE_TEST_SUITE_P(CudaKernels, AnyPrecInt8GemvSweep, ::testing::Range(0, static_cast<int>(std::size(kInt8SweepShapes))));
 
 // The rows' max |x| that the kernels producing x hand the int8 GEMV (packed_matmul's x_max): RMSNorm's and SwiGLU's
 // (atomic, into a slot the RMSNorm zeroes) are exactly the max of what they wrote, their outputs unchanged; the GEMV
