@@ -142,7 +142,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
       << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time; 'no PDL': the same decode\n"
          "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh);\n"
          "'int8 tables toggled': at 2..4 bits and batch <= 8, the same decode timed in the same run with the int8 GEMV\n"
-         "(GemvPath::TensorCoreInt8LutStream; 2/4/16 at batch 1..2: the integer-dot GEMV, GemvPath::Dp2aStream) switched\n"
+         "(GemvPath::TensorCoreInt8LutStream; 2/4/16 at batch 1..2 the integer-dot GEMV, GemvPath::Dp2aStream, at 3..4 the int8\n"
+         "tensor-core GEMV, GemvPath::Int8MmaStream) switched\n"
          "the other way (off when the run has it on, the default; on under LOWBIT_INT8_TABLES=0); 'x max by own kernel': the same decode timed in the same run with the int8 GEMVs'\n"
          "activation kernels reducing each row's max |x| themselves instead of taking it from the RMSNorm / attention /\n"
          "SwiGLU kernels that produce x (LOWBIT_PRODUCER_XMAX=0); 'RoPE kernel kept': the same decode timed in the same run\n"
@@ -152,8 +153,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
          "merged by the combine kernel rather than inside attention's thread-block clusters (LOWBIT_CLUSTER_COMBINE=0); 'dequant+cuBLAS': packed weights above batch 8,\n"
          "the same decode timed in the same run with the fused GEMM off (LOWBIT_FUSED_GEMM=0: every linear dequantized\n"
          "to fp16, then cuBLAS); for fp16 weights where our dense GEMV runs (batch 1..2), the same decode with cuBLAS in place of our dense GEMV\n"
-         "(LOWBIT_DENSE_GEMV=0); 'ungrouped 2/4/16 GEMVs': 2/4/16 at batch 1..2, the same decode timed in the same run with\n"
-         "q / k / v and gate / up as separate integer-dot GEMV launches instead of one each (LOWBIT_GROUP_GEMV=0)\n";
+         "(LOWBIT_DENSE_GEMV=0); 'ungrouped 2/4/16 GEMVs': 2/4/16 at batch 1..4, the same decode timed in the same run with\n"
+         "q / k / v and gate / up as separate GEMV launches instead of one each (LOWBIT_GROUP_GEMV=0)\n";
   const bool pdl = pdl_enabled();
   out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
          " | decode tok/s, no PDL | decode tok/s, int8 tables toggled | decode tok/s, x max by own kernel | decode tok/s, RoPE kernel kept | decode tok/s, SwiGLU kernel kept | decode tok/s, combine kernel kept | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV | decode tok/s, ungrouped 2/4/16 GEMVs\n";
@@ -196,8 +197,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             set(was);
             return line;
           };
-          // (2/4/16: the integer-dot GEMV, batch 1..2, under the same switch)
-          const bool i8 = ((kind == "anyprec" && b <= 4) || (kind == "mixed24a" && batch <= 2)) && batch <= kMaxGemvBatch;
+          // (2/4/16: the integer-dot GEMV at batch 1..2 and the int8 tensor-core GEMV at 3..kMixedMmaMaxBatch, under the same switch)
+          const bool i8 = ((kind == "anyprec" && b <= 4) || (kind == "mixed24a" && batch <= kMixedMmaMaxBatch)) && batch <= kMaxGemvBatch;
           // the GEMVs with the int8 tables toggled
           const std::string int8_toggled = flipped(i8, int8_tables_enabled, set_int8_tables, !int8_tables_enabled());
           // the int8 GEMVs' activation kernels reducing max |x| themselves
@@ -213,8 +214,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
               flipped(cluster_combine_enabled() && attention_combines_in_cluster(m.decode_splits(batch, o.prompt + o.decode + 1)),
                       cluster_combine_enabled, set_cluster_combine, false);
           // above batch 8 the large-batch path the fused GEMM replaced; fp16 at batch 1..2 cuBLAS in place of our GEMV
-          // 2/4/16 at batch 1..2: q / k / v and gate / up as separate launches (as before session 24)
-          const std::string ungrouped = flipped(kind == "mixed24a" && batch <= 2 && group_gemv_enabled() && int8_tables_enabled(),
+          // 2/4/16 at batch 1..4: q / k / v and gate / up as separate launches (as before session 24)
+          const std::string ungrouped = flipped(kind == "mixed24a" && batch <= kMixedMmaMaxBatch && group_gemv_enabled() && int8_tables_enabled(),
                                                 group_gemv_enabled, set_group_gemv, false);
           std::string dequant = flipped(kind != "fp16" && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
           if (kind == "fp16")
