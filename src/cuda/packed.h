@@ -216,8 +216,9 @@ size_t anyprec_i8_x_bytes(int64_t k, int m);
 // the shape rules). Its sums are integers reduced as integers, so both forms give the same bits.
 int anyprec_i8_cta_warps(const AnyPrecDevice& w, int bits, int m, bool fused, bool swiglu);
 // xfrag: as for anyprec_gemv, mixed24a_xfrag_bytes(k) bytes (the activations gathered through the permutation;
-// GemvPath::Dp2aStream: their 16-bit integer values, mixed24a_dp_x_bytes(k, m) <= mixed24a_xfrag_bytes(k) of it).
-// xmax: as for anyprec_gemv_i8 (read by GemvPath::Dp2aStream only).
+// GemvPath::Dp2aStream: their 16-bit integer values, mixed24a_dp_x_bytes(k, m) <= mixed24a_xfrag_bytes(k) of it;
+// GemvPath::Int8MmaStream: their int8 pieces and group sums, mixed24a_mma_x_bytes(k, m)).
+// xmax: as for anyprec_gemv_i8 (read by GemvPath::Dp2aStream and GemvPath::Int8MmaStream only).
 void mixed24a_gemv(const Mixed24ADevice& w, const float* x, int m, float* y, cudaStream_t s,
                    OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr,
                    const float* xmax = nullptr);
