@@ -905,8 +905,8 @@ void run_dp(const Mixed24ADevice* ws, int parts, const float* x, int m, float* c
 
 
 // ---------------------------------------------------------------------------------------------------------------
-// The int8 tensor-core 2/4/16 GEMV (GemvPath::Int8MmaStream; Auto's kernel at batch 3..8; k a multiple of 256 and
-// >= 1024; over 1..3 matrices sharing x, as the integer-dot GEMV).
+// The int8 tensor-core 2/4/16 GEMV (GemvPath::Int8MmaStream; batch 1..8, Auto's kernel at 3..kMixedMmaMaxBatch; k a
+// multiple of 256 and >= 1024; over 1..3 matrices sharing x, as the integer-dot GEMV).
 //
 // Why: at batch 4..8 the streamed fp16 tensor-core kernel above ran at 0.15-0.19 of the copy bandwidth on the 70B
 // shapes, slower than cuBLAS fp16 (H200, docs/PERF.md): per lane and group it spends ~45 instructions (A = q - z in
@@ -925,6 +925,11 @@ void run_dp(const Mixed24ADevice* ws, int parts, const float* x, int m, float* c
 // units) through a private 2-stage cp.async ring. A stage holds the chunk's code words of the tile's 16 rows
 // (MixedStage's layout), its second-order scales, the B words of the chunk (per unit [lane][group][slot]) and V of every
 // batch column; the tile's end hands the warps' fragments to store_tc_fragments (their sums, the fused outliers, the store).
+//
+// Measured (H200, docs/PERF.md, session 28): at batch 3..4 0.64-0.74x the streamed fp16 kernel's time on the 70B shapes
+// (1.31-1.44x cuBLAS fp16 dense), slower on 4096x4096; at batch 5..8 no faster than it. ncu (28672x8192, batch 4 / 8):
+// the L1 / shared-memory pipe 79-81% busy, issue slots 50%, 595 instructions per work item (of which ~250 the ring's
+// bookkeeping and the scale pass).
 constexpr int kMmaWarps = 4;
 constexpr int kMmaStages = 2;
 constexpr int kMmaUnits = 4;               // units (64 columns) per work item: 16 groups
