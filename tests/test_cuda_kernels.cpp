@@ -723,6 +723,24 @@ TEST(CudaKernels, Mixed24aGroupedGemvEqualsItsParts) {
   EXPECT_THROW(cuda::mixed24a_gemv_group(four, 2, x.get(), 1, ys, nullptr, cuda::OutlierMode::Fused, nullptr), Error);
 }
 
+// The 2/4/16 GEMVs on int8-derived activations write them into the caller's xfrag scratch (mixed24a_xfrag_bytes(k)
+// bytes, what packed_matmul and packed_matmul_group hand them): for every k they serve (multiples of 256 from 1024 to
+// 131,072), every batch and 1..3 parts, the integer-dot kernel's values (batch 1..2) and the int8 tensor-core kernel's
+// pieces and group sums (batch 1..8) fit. Host arithmetic only: runs without a GPU.
+TEST(CudaScratch, Mixed24aActivationScratchFitsXfrag) {
+  for (int64_t k = 1024; k <= 131072; k += 256)
+    for (int parts = 1; parts <= 3; ++parts)
+      for (int m = 1; m <= cuda::kMaxGemvBatch; ++m) {
+        ASSERT_TRUE(cuda::mixed24a_mma_fits(4096, k, m));
+        ASSERT_LE(cuda::mixed24a_mma_x_bytes(k, m, parts), cuda::mixed24a_xfrag_bytes(k)) << "k " << k << " m " << m << " parts " << parts;
+        if (m <= 2) ASSERT_LE(cuda::mixed24a_dp_x_bytes(k, m, parts), cuda::mixed24a_xfrag_bytes(k)) << "k " << k << " m " << m;
+      }
+  // The batch forms: 1..4 share the 4-column form, 5..8 the 8-column one.
+  EXPECT_EQ(cuda::mixed24a_mma_x_bytes(4096, 1), cuda::mixed24a_mma_x_bytes(4096, 4));
+  EXPECT_EQ(cuda::mixed24a_mma_x_bytes(4096, 5), cuda::mixed24a_mma_x_bytes(4096, 8));
+  EXPECT_LT(cuda::mixed24a_mma_x_bytes(4096, 4), cuda::mixed24a_mma_x_bytes(4096, 5));
+}
+
 // argmax_rows, split over blocks (vocabularies of 16K and up, with scratch) and in one block per row, against the host:
 // the largest value's index, the lowest on ties, NaN never chosen, 0 for a row of -inf; vocabularies from 100 to
 // Qwen2's 151,936, 1..8 rows, the maximum planted in the first, a middle and the last slice.
