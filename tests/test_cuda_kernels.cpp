@@ -594,7 +594,9 @@ TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
         ASSERT_EQ(cuda::mixed24a_dp_fits(sh.n, sh.k, m), m <= 2);
         ASSERT_EQ(cuda::mixed24a_auto_path(sh.n, sh.k, m, true),
                   m <= 2 ? cuda::GemvPath::Dp2aStream : m <= cuda::kMixedMmaMaxBatch ? cuda::GemvPath::Int8MmaStream : cuda::GemvPath::TensorCoreStream);
-        if (m <= 2) ASSERT_LE(cuda::mixed24a_dp_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
+        if (m <= 2) {
+          ASSERT_LE(cuda::mixed24a_dp_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
+        }
         ASSERT_LE(cuda::mixed24a_mma_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
         const std::vector<float> x = random_x(m, sh.k, seed++);
         std::vector<float> ref(static_cast<size_t>(m * sh.n)), want(ref.size()), xmax(static_cast<size_t>(m));
@@ -733,7 +735,9 @@ TEST(CudaScratch, Mixed24aActivationScratchFitsXfrag) {
       for (int m = 1; m <= cuda::kMaxGemvBatch; ++m) {
         ASSERT_TRUE(cuda::mixed24a_mma_fits(4096, k, m));
         ASSERT_LE(cuda::mixed24a_mma_x_bytes(k, m, parts), cuda::mixed24a_xfrag_bytes(k)) << "k " << k << " m " << m << " parts " << parts;
-        if (m <= 2) ASSERT_LE(cuda::mixed24a_dp_x_bytes(k, m, parts), cuda::mixed24a_xfrag_bytes(k)) << "k " << k << " m " << m;
+        if (m <= 2) {
+          ASSERT_LE(cuda::mixed24a_dp_x_bytes(k, m, parts), cuda::mixed24a_xfrag_bytes(k)) << "k " << k << " m " << m;
+        }
       }
   // The batch forms: 1..4 share the 4-column form, 5..8 the 8-column one.
   EXPECT_EQ(cuda::mixed24a_mma_x_bytes(4096, 1), cuda::mixed24a_mma_x_bytes(4096, 4));
@@ -1227,7 +1231,9 @@ TEST(CudaKernels, AttentionMatchesCpuTwinEveryHeadDimWindowAndSplit) {
             }
           }
           cuda::set_cluster_combine(cluster_was);
-          if (splits > 1 && splits <= 8) EXPECT_TRUE(cuda::attention_combines_in_cluster(splits) || !cluster_was);
+          if (splits > 1 && splits <= 8) {
+            EXPECT_TRUE(cuda::attention_combines_in_cluster(splits) || !cluster_was);
+          }
         }
 }
 
