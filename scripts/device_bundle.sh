@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what the lent GPU machine needs into .devbundle/ (git-ignored): a portable lowbit build (no -march=native;
 # OpenBLAS picks its kernels at run time; CUDA for sm_90 when nvcc is here) and the GPU test binary, with the shared
-# libraries the device image lacks (not cuBLAS: the device's own is used, see scripts/device_env.sh), the
+# libraries the device image lacks (not cuBLAS / cuSPARSE: the device's own are used, see scripts/device_env.sh), the
 # evaluation/calibration text, and the SmolLM2 GGUF split into parts that fit the 64 MiB transfer limit.
 # The device runs scripts/device_eval.sh stage on it. Usage: scripts/device_bundle.sh
 set -euo pipefail
@@ -17,7 +17,7 @@ for t in test_cuda_kernels test_cuda_model; do [ -f $B/$t ] && cp $B/$t .devbund
 for bin in .devbundle/pkg/lowbit .devbundle/pkg/test_cuda_*; do
   [ -f "$bin" ] || continue
   for lib in $(ldd "$bin" | awk '/=>/ {print $3}'); do
-    case "$(basename "$lib")" in libc.so*|libm.so*|libcublas*|libcudart*|libcuda.so*) ;; *) cp -L "$lib" .devbundle/pkg/lib/ ;; esac
+    case "$(basename "$lib")" in libc.so*|libm.so*|libcublas*|libcusparse*|libnvJitLink*|libcudart*|libcuda.so*) ;; *) cp -L "$lib" .devbundle/pkg/lib/ ;; esac
   done
 done
 # One xz dictionary spanning all three binaries (each ~28 MB, the same CUDA library linked into each): the copies

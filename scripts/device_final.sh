@@ -15,6 +15,8 @@
 #                                                        calls
 #   mma                                                  the 2/4/16 int8 tensor-core GEMV: tests, memcheck, kernel
 #                                                        rows at batch 1..8, decode with it and without
+#   outliers                                             the 2/4/16 GEMVs' tests and memcheck, the cuSPARSE outlier
+#                                                        baseline, kernel rows at batch 1..8
 # Logs land in $OUT, one file per step, each headed by its command, device and date.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -90,6 +92,14 @@ case "${1:-}" in
       --decode-batches 4,8
     grep -hE "^\[  (PASSED|FAILED) |ERROR SUMMARY|^# exit|^llama" "$OUT"/*.txt | cut -c1-160
     ;;
+  outliers)   # session 29: the 2/4/16 GEMVs after the activation kernels' shared helper, and cuSPARSE as the outliers'
+              # third way: their tests, memcheck, the kernel rows at batch 1..8 (fused, our CSR pass, cuSPARSE)
+    step tests-outliers 300 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Mixed24a*:CudaKernels.Cusparse*'
+    step memcheck-outliers 240 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+      --gtest_filter='CudaKernels.Mixed24aIntegerDot*:CudaKernels.Mixed24aGrouped*:CudaKernels.Cusparse*'
+    step bench-kernels-outliers 240 "$LB/pkg/lowbit" bench --kernels --formats mixed24a --batch 1,2,3,4,6,8 --iters 20
+    grep -hE "^\[  (PASSED|FAILED) |ERROR SUMMARY|^# exit|cuSPARSE" "$OUT"/*.txt | cut -c1-160
+    ;;
   sweep*)   # compute-sanitizer memcheck of the GEMV sweeps, one shape per test (sweep1: the any-precision sweep's shapes
             # 0-6, sweep2: its shapes 7-9 and the int8 sweep's five; the smollm2 part memchecks every CudaKernels.* test)
     if [ "$1" = sweep1 ]; then ids="0 1 2 3 4 5 6"; filter=""; else ids="7 8 9"; filter="CudaKernels/AnyPrecInt8GemvSweep.*"; fi
@@ -97,5 +107,5 @@ case "${1:-}" in
     step "memcheck-$1" 560 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" --gtest_filter="$filter"
     grep -hE "^\[       OK|^\[  (PASSED|FAILED) |ERROR SUMMARY|^# exit" "$OUT"/memcheck-$1.txt
     ;;
-  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b | dequant | mma | sweep1 | sweep2" >&2; exit 2 ;;
+  *) echo "usage: $0 tests | kernels | smollm2 | e2e | e2e70b | dequant | mma | outliers | sweep1 | sweep2" >&2; exit 2 ;;
 esac

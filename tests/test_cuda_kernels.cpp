@@ -15,6 +15,7 @@
 #include <random>
 
 #include "core/half.h"
+#include "cuda/cusparse_outliers.h"
 #include "cuda/gpu_ops.h"
 #include "cuda/int8_tables.h"
 #include "cuda/packed.h"
@@ -562,6 +563,41 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
           }
       }
     }
+}
+
+// The benchmarks' cuSPARSE baseline for the 2/4/16 outliers (cuda/cusparse_outliers.h): the dense GEMV on the weight
+// without its outliers, then cuSPARSE's y += A x over the CSR outliers (columns mapped through the permutation), equals
+// the format's reference within kGemvBudget at batch 1 (SpMV) and above (SpMM); a weight without outliers is refused.
+TEST(CudaKernels, CusparseOutliersMatchCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  const Shape shapes[] = {{17, 576}, {40, 1600}, {3, 28672}, {9001, 1280}};
+  uint32_t seed = 900;
+  for (const Shape& sh : shapes) {
+    std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+    const Mixed24AQuantized q = test::random_mixed24a(sh.n, sh.k, true, seed++);
+    const PackedWeight pw = pack_mixed24a(q, storage);
+    const cuda::DevicePackedWeight dw(pw);
+    ASSERT_GT(dw.mixed24a().nnz, 0) << sh.n << "x" << sh.k;
+    cuda::CusparseOutliers sparse(dw.mixed24a());
+    std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
+    q.dequantize(wd.data());
+    for (int m : {1, 3, 8}) {
+      const std::vector<float> x = random_x(m, sh.k, seed++);
+      std::vector<float> want(static_cast<size_t>(m * sh.n));
+      mixed24a_gemm_packed_ref(pw, x.data(), m, nullptr, want.data());
+      const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
+        cuda::mixed24a_gemv(dw.mixed24a_dense(), xd, m, yd, nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Scalar, nullptr);
+        sparse.add(xd, m, yd, nullptr);
+      });
+      expect_close(got, want, abs_scale(x, wd, m, sh.n, sh.k), kGemvBudget,
+                   "cuSPARSE outliers " + std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" + std::to_string(m) +
+                       (sparse.values_fp16() ? " (fp16 values)" : " (fp32 values)"));
+    }
+  }
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  const PackedWeight plain = pack_mixed24a(test::random_mixed24a(16, 1024, false, seed), storage);
+  const cuda::DevicePackedWeight dplain(plain);
+  EXPECT_THROW(cuda::CusparseOutliers{dplain.mixed24a()}, Error);
 }
 
 // The 2/4/16 GEMVs on int8-derived activations: the integer-dot GEMV (GemvPath::Dp2aStream, batch 1..2: x as one 16-bit

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
 
 #include "cuda/bench_e2e.h"
+#include "cuda/cusparse_outliers.h"
 #include "cuda/packed.h"
 
 namespace lowbit::cuda {
@@ -274,6 +276,16 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       std::snprintf(pct, sizeof pct, "%.2g%%", 100.0 * o.outlier_frac);
       const std::string m24 = std::string("2/4/16 + ") + pct + " outliers";
       DeviceBuffer<uint8_t> xfrag(mixed24a_xfrag_bytes(k));
+      // The outliers as cuSPARSE adds them (the paper's choice), beside our fused and CSR passes.
+      std::vector<std::unique_ptr<CusparseOutliers>> sparse;
+      if (full[0].rowptr != nullptr) {
+        try {
+          for (const Mixed24ADevice& f : full) sparse.push_back(std::make_unique<CusparseOutliers>(f));
+        } catch (const Error& e) {
+          out << "# cuSPARSE outlier rows skipped: " << e.what() << "\n";
+          sparse.clear();
+        }
+      }
       {
         __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
         dequant_row("2/4/16", dense_bytes, [&](int i) { mixed24a_dequant_f16(dense[static_cast<size_t>(i % rot)], wd, s); });
@@ -318,6 +330,17 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
                             runtime, frag);
             });
             row("2/4/16 + outliers CSR SpMV", m, c_us, base[bi], all_bytes);
+            if (!sparse.empty()) {
+              // The dense GEMV (the runtime's path, the weight without its outliers) then cuSPARSE's y += A x.
+              const double sp_us = median_us(o.iters, [&](int i) {
+                const size_t r = static_cast<size_t>(i % rot);
+                mixed24a_gemv(dense[r], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused, runtime, frag);
+                sparse[r]->add(xf.get(), static_cast<int>(m), yf.get(), s);
+              });
+              row(std::string("2/4/16 + outliers cuSPARSE ") + (m == 1 ? "SpMV" : "SpMM") +
+                      (sparse[0]->values_fp16() ? " (fp16 values)" : " (fp32 values)"),
+                  m, sp_us, base[bi], all_bytes);
+            }
           }
         } else {
           __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));

@@ -648,10 +648,30 @@ __host__ __device__ constexpr int dp_code_of(bool four_bit, int p, int half) {  
   return four_bit ? 8 * (j / 2) + 2 * b + j % 2 : 4 * b + j;
 }
 
-// One thread per (part, batch column, stored group G): the group's 16 activations (original columns 16 perm[G] .. of
-// the part's permutation) as 16-bit values in DP2A order, and their sum V; columns >= m and padding groups are zero.
-// Every block first takes its column's scale: from xmax (the producer's exact row max) or by reducing the row itself
-// (block_row_absmax). Scratch: the scales, then values [part][col][Gp][8] u32, then V [part][col][Gp] int32.
+// The activation kernels' common start (the integer-dot and int8 tensor-core GEMVs'): the 16 activations of stored group
+// G of batch column col (original columns 16 perm[G] .. 16 perm[G] + 15 of the part's permutation; zero where !live),
+// then the column's scale, s = max|x| / 127 from xmax (the producer's exact row max) or by reducing the row itself
+// (block_row_absmax: every thread of the block calls this), written to the scratch's header by one thread.
+__device__ __forceinline__ float mixed_group_x(const Mixed24ADevice& w, const float* __restrict__ x, int col, int m, int part, int64_t G,
+                                               bool live, bool vec, uint8_t* __restrict__ xq, const float* __restrict__ xmax,
+                                               float (&xv)[16]) {
+  const float* xr = x + static_cast<int64_t>(col) * w.k;
+  const int64_t base = live ? 16 * static_cast<int64_t>(__ldg(w.perm + G)) : 0;
+#pragma unroll
+  for (int i = 0; i < 16; i += 4) {
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (live) v = vec ? __ldg(reinterpret_cast<const float4*>(xr + base + i))
+                      : make_float4(__ldg(xr + base + i), __ldg(xr + base + i + 1), __ldg(xr + base + i + 2), __ldg(xr + base + i + 3));
+    xv[i] = v.x; xv[i + 1] = v.y; xv[i + 2] = v.z; xv[i + 3] = v.w;
+  }
+  const float s = xmax != nullptr ? (col < m ? xmax[col] / kI8Max : 0.0f) : block_row_absmax<kDpXThreads>(xr, w.k, vec, col < m) / kI8Max;
+  if (blockIdx.x == 0 && part == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
+  return s;
+}
+
+// One thread per (part, batch column, stored group G): the group's 16 activations (mixed_group_x) as 16-bit values in
+// DP2A order, and their sum V; columns >= m and padding groups are zero. Scratch: the scales, then values
+// [part][col][Gp][8] u32, then V [part][col][Gp] int32.
 __global__ void __launch_bounds__(kDpXThreads) mixed24a_dp_x_kernel(const __grid_constant__ DpParts P, const float* __restrict__ x,
                                                                    int m, int M, bool vec, uint8_t* __restrict__ xq,
                                                                    const float* __restrict__ xmax) {
@@ -661,21 +681,8 @@ __global__ void __launch_bounds__(kDpXThreads) mixed24a_dp_x_kernel(const __grid
   const Mixed24ADevice& w = P.w[part];
   const int64_t k = w.k, U = k / 64, Gp = dp_groups(k), pc = static_cast<int64_t>(part) * M + col;
   const int64_t G = static_cast<int64_t>(blockIdx.x) * kDpXThreads + threadIdx.x;
-  const bool live = col < m && G < 4 * U;
-  const float* xr = x + static_cast<int64_t>(col) * k;
   float xv[16];
-  {
-    const int64_t base = live ? 16 * static_cast<int64_t>(__ldg(w.perm + G)) : 0;
-#pragma unroll
-    for (int i = 0; i < 16; i += 4) {
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (live) v = vec ? __ldg(reinterpret_cast<const float4*>(xr + base + i))
-                        : make_float4(__ldg(xr + base + i), __ldg(xr + base + i + 1), __ldg(xr + base + i + 2), __ldg(xr + base + i + 3));
-      xv[i] = v.x; xv[i + 1] = v.y; xv[i + 2] = v.z; xv[i + 3] = v.w;
-    }
-  }
-  const float s = xmax != nullptr ? (col < m ? xmax[col] / kI8Max : 0.0f) : block_row_absmax<kDpXThreads>(xr, k, vec, col < m) / kI8Max;
-  if (blockIdx.x == 0 && part == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
+  const float s = mixed_group_x(w, x, col, m, part, G, col < m && G < 4 * U, vec, xq, xmax, xv);
   if (G >= Gp) return;
   int v[16], sum = 0;
 #pragma unroll
@@ -864,6 +871,16 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
   cp_async_wait<0>();   // no copy outlives the CTA
 }
 
+// An activation kernel (mixed24a_dp_x_kernel, mixed24a_mma_x_kernel) over `groups` stored groups, M batch columns and
+// the parts.
+template <typename Kernel>
+void launch_group_x(Kernel kern, int64_t groups, int M, const DpParts& P, const float* x, int m, cudaStream_t s, uint8_t* xq,
+                    const float* xmax) {
+  const dim3 xgrid(static_cast<unsigned>((groups + kDpXThreads - 1) / kDpXThreads), static_cast<unsigned>(M), static_cast<unsigned>(P.parts));
+  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
+  launch_pdl(kPdlXfrag, kern, xgrid, kDpXThreads, 0, s, P, x, m, M, vec, xq, xmax);
+}
+
 template <int M, int kStages, int kWarps>
 void launch_dp_kernel(const DpParts& P, const float* x, int m, cudaStream_t s, bool fused, const uint8_t* xq) {
   const size_t smem = static_cast<size_t>(kWarps) * DpStage<M, kStages>::kWarpBytes;
@@ -873,10 +890,7 @@ void launch_dp_kernel(const DpParts& P, const float* x, int m, cudaStream_t s, b
 
 template <int M>
 void launch_dp(const DpParts& P, const float* x, int m, cudaStream_t s, bool fused, uint8_t* xq, const float* xmax) {
-  const dim3 xgrid(static_cast<unsigned>((dp_groups(P.w[0].k) + kDpXThreads - 1) / kDpXThreads), static_cast<unsigned>(M),
-                   static_cast<unsigned>(P.parts));
-  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  launch_pdl(kPdlXfrag, mixed24a_dp_x_kernel, xgrid, kDpXThreads, 0, s, P, x, m, M, vec, xq, xmax);
+  launch_group_x(mixed24a_dp_x_kernel, dp_groups(P.w[0].k), M, P, x, m, s, xq, xmax);
   launch_dp_kernel<M, kDpStages, kDpWarps>(P, x, m, s, fused, xq);
 }
 
@@ -965,9 +979,8 @@ __host__ __device__ constexpr int64_t mma_x_word(int64_t part, int64_t U, int64_
   return (((part * U + u) * 32 + lane) * 4 + gs) * slots + j;
 }
 
-// One thread per (part, batch column col < M, group G): the group's 16 activations (original columns 16 perm[G] .. of
-// the part's permutation) as int8 pieces in the B words of lanes 4 (2 (col % 4) + p) + t, slot col / 4, and their sum V;
-// columns >= m are zero. The column's scale as mixed24a_dp_x_kernel's (xmax or the row's own reduction).
+// One thread per (part, batch column col < M, group G): the group's 16 activations (mixed_group_x) as int8 pieces in the
+// B words of lanes 4 (2 (col % 4) + p) + t, slot col / 4, and their sum V; columns >= m are zero.
 __global__ void __launch_bounds__(kDpXThreads) mixed24a_mma_x_kernel(const __grid_constant__ DpParts P, const float* __restrict__ x,
                                                                     int m, int M, bool vec, uint8_t* __restrict__ xq,
                                                                     const float* __restrict__ xmax) {
@@ -977,21 +990,8 @@ __global__ void __launch_bounds__(kDpXThreads) mixed24a_mma_x_kernel(const __gri
   const Mixed24ADevice& w = P.w[part];
   const int64_t k = w.k, U = k / 64, Gn = 4 * U;
   const int64_t G = static_cast<int64_t>(blockIdx.x) * kDpXThreads + threadIdx.x;
-  const bool live = col < m && G < Gn;
-  const float* xr = x + static_cast<int64_t>(col) * k;
   float xv[16];
-  {
-    const int64_t base = live ? 16 * static_cast<int64_t>(__ldg(w.perm + G)) : 0;
-#pragma unroll
-    for (int i = 0; i < 16; i += 4) {
-      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (live) v = vec ? __ldg(reinterpret_cast<const float4*>(xr + base + i))
-                        : make_float4(__ldg(xr + base + i), __ldg(xr + base + i + 1), __ldg(xr + base + i + 2), __ldg(xr + base + i + 3));
-      xv[i] = v.x; xv[i + 1] = v.y; xv[i + 2] = v.z; xv[i + 3] = v.w;
-    }
-  }
-  const float s = xmax != nullptr ? (col < m ? xmax[col] / kI8Max : 0.0f) : block_row_absmax<kDpXThreads>(xr, k, vec, col < m) / kI8Max;
-  if (blockIdx.x == 0 && part == 0 && threadIdx.x == 0) reinterpret_cast<float*>(xq)[col] = col < m ? s : 0.0f;
+  const float s = mixed_group_x(w, x, col, m, part, G, col < m && G < Gn, vec, xq, xmax, xv);
   if (G >= Gn) return;
   uint32_t hi[16], lo[16];
   int sum = 0;
@@ -1179,10 +1179,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) mixed24a_gemv_mma_kernel(const
 
 template <int M>
 void launch_mma(const DpParts& P, const float* x, int m, cudaStream_t s, bool fused, uint8_t* xq, const float* xmax) {
-  const dim3 xgrid(static_cast<unsigned>((P.w[0].k / 16 + kDpXThreads - 1) / kDpXThreads), static_cast<unsigned>(M),
-                   static_cast<unsigned>(P.parts));
-  const bool vec = reinterpret_cast<uintptr_t>(x) % 16 == 0;
-  launch_pdl(kPdlXfrag, mixed24a_mma_x_kernel, xgrid, kDpXThreads, 0, s, P, x, m, M, vec, xq, xmax);
+  launch_group_x(mixed24a_mma_x_kernel, P.w[0].k / 16, M, P, x, m, s, xq, xmax);
   const size_t smem = static_cast<size_t>(kMmaWarps) * MmaStage<M>::kWarpBytes;
   auto kern = fused ? mixed24a_gemv_mma_kernel<M, kMmaWarps, true> : mixed24a_gemv_mma_kernel<M, kMmaWarps, false>;
   launch_pdl(kPdlMixed, kern, persistent_grid(kern, kMmaWarps * 32, smem, P.tile_start[P.parts]), kMmaWarps * 32, smem, s, P, x, m, xq);
