@@ -315,9 +315,7 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             row(std::string("2/4/16 no outliers") + v.name + (v.chosen(runtime) ? " *" : ""), m, p_us, base[bi], dense_bytes);
           }
           if (full[0].rowptr != nullptr) {
-            void* frag = kPreSplitInRuntime && (runtime == GemvPath::TensorCore || runtime == GemvPath::TensorCoreStream ||
-                                                runtime == GemvPath::Dp2aStream || runtime == GemvPath::Int8MmaStream)
-                             ? xfrag.get() : nullptr;
+            void* frag = kPreSplitInRuntime && mixed24a_path_takes_xfrag(runtime) ? xfrag.get() : nullptr;
             const double f_us = median_us(o.iters, [&](int i) {
               mixed24a_gemv(full[static_cast<size_t>(i % rot)], xf.get(), static_cast<int>(m), yf.get(), s, OutlierMode::Fused,
                             runtime, frag);

@@ -40,28 +40,38 @@ struct CusparseOutliers::Impl {
 
 namespace {
 
-// The buffer size of y += A x for m columns (SpMV at 1, SpMM above); CUSPARSE_STATUS_NOT_SUPPORTED passes through.
-cusparseStatus_t buffer_size(cusparseHandle_t h, cusparseSpMatDescr_t a, int64_t n, int64_t k, int m, size_t& bytes) {
+// y [m, n] += A x [m, k] on h's stream (SpMV at m = 1, SpMM above), or, with bytes != nullptr, only the size of the
+// external buffer that takes (x and y then may be any pointers). CUSPARSE_STATUS_NOT_SUPPORTED passes through.
+cusparseStatus_t spmm(cusparseHandle_t h, cusparseSpMatDescr_t a, int64_t n, int64_t k, int m, const float* x, float* y, void* buf,
+                      size_t* bytes) {
   const float one = 1.0f;
-  float dummy = 0.0f;
+  const auto op = CUSPARSE_OPERATION_NON_TRANSPOSE;
+  void* xp = const_cast<float*>(x);
+  cusparseStatus_t st;
   if (m == 1) {
     cusparseDnVecDescr_t xv, yv;
-    check(cusparseCreateDnVec(&xv, k, &dummy, CUDA_R_32F), "cusparseCreateDnVec");
-    check(cusparseCreateDnVec(&yv, n, &dummy, CUDA_R_32F), "cusparseCreateDnVec");
-    const cusparseStatus_t st = cusparseSpMV_bufferSize(h, CUSPARSE_OPERATION_NON_TRANSPOSE, &one, a, xv, &one, yv, CUDA_R_32F,
-                                                        CUSPARSE_SPMV_ALG_DEFAULT, &bytes);
+    check(cusparseCreateDnVec(&xv, k, xp, CUDA_R_32F), "cusparseCreateDnVec");
+    check(cusparseCreateDnVec(&yv, n, y, CUDA_R_32F), "cusparseCreateDnVec");
+    st = bytes != nullptr ? cusparseSpMV_bufferSize(h, op, &one, a, xv, &one, yv, CUDA_R_32F, CUSPARSE_SPMV_ALG_DEFAULT, bytes)
+                          : cusparseSpMV(h, op, &one, a, xv, &one, yv, CUDA_R_32F, CUSPARSE_SPMV_ALG_DEFAULT, buf);
     cusparseDestroyDnVec(xv);
     cusparseDestroyDnVec(yv);
-    return st;
+  } else {
+    cusparseDnMatDescr_t xm, ym;   // x [m, k] row-major = k x m column-major; y [m, n] = n x m column-major
+    check(cusparseCreateDnMat(&xm, k, m, k, xp, CUDA_R_32F, CUSPARSE_ORDER_COL), "cusparseCreateDnMat");
+    check(cusparseCreateDnMat(&ym, n, m, n, y, CUDA_R_32F, CUSPARSE_ORDER_COL), "cusparseCreateDnMat");
+    st = bytes != nullptr ? cusparseSpMM_bufferSize(h, op, op, &one, a, xm, &one, ym, CUDA_R_32F, CUSPARSE_SPMM_ALG_DEFAULT, bytes)
+                          : cusparseSpMM(h, op, op, &one, a, xm, &one, ym, CUDA_R_32F, CUSPARSE_SPMM_ALG_DEFAULT, buf);
+    cusparseDestroyDnMat(xm);
+    cusparseDestroyDnMat(ym);
   }
-  cusparseDnMatDescr_t xm, ym;   // x [m, k] row-major = k x m column-major; y [m, n] = n x m column-major
-  check(cusparseCreateDnMat(&xm, k, m, k, &dummy, CUDA_R_32F, CUSPARSE_ORDER_COL), "cusparseCreateDnMat");
-  check(cusparseCreateDnMat(&ym, n, m, n, &dummy, CUDA_R_32F, CUSPARSE_ORDER_COL), "cusparseCreateDnMat");
-  const cusparseStatus_t st = cusparseSpMM_bufferSize(h, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE, &one, a, xm,
-                                                      &one, ym, CUDA_R_32F, CUSPARSE_SPMM_ALG_DEFAULT, &bytes);
-  cusparseDestroyDnMat(xm);
-  cusparseDestroyDnMat(ym);
   return st;
+}
+
+// The buffer size of y += A x for m columns.
+cusparseStatus_t buffer_size(cusparseHandle_t h, cusparseSpMatDescr_t a, int64_t n, int64_t k, int m, size_t& bytes) {
+  float dummy = 0.0f;
+  return spmm(h, a, n, k, m, &dummy, &dummy, nullptr, &bytes);
 }
 
 }  // namespace
@@ -107,27 +117,7 @@ void CusparseOutliers::add(const float* x, int m, float* y, cudaStream_t s) {
     check(buffer_size(d.handle, d.a, d.n, d.k, m, bytes), m == 1 ? "cusparseSpMV_bufferSize" : "cusparseSpMM_bufferSize");
     it = d.work.emplace(m, DeviceBuffer<uint8_t>(bytes)).first;
   }
-  void* buf = it->second.get();
-  const float one = 1.0f;
-  if (m == 1) {
-    cusparseDnVecDescr_t xv, yv;
-    check(cusparseCreateDnVec(&xv, d.k, const_cast<float*>(x), CUDA_R_32F), "cusparseCreateDnVec");
-    check(cusparseCreateDnVec(&yv, d.n, y, CUDA_R_32F), "cusparseCreateDnVec");
-    const cusparseStatus_t st =
-        cusparseSpMV(d.handle, CUSPARSE_OPERATION_NON_TRANSPOSE, &one, d.a, xv, &one, yv, CUDA_R_32F, CUSPARSE_SPMV_ALG_DEFAULT, buf);
-    cusparseDestroyDnVec(xv);
-    cusparseDestroyDnVec(yv);
-    check(st, "cusparseSpMV");
-    return;
-  }
-  cusparseDnMatDescr_t xm, ym;
-  check(cusparseCreateDnMat(&xm, d.k, m, d.k, const_cast<float*>(x), CUDA_R_32F, CUSPARSE_ORDER_COL), "cusparseCreateDnMat");
-  check(cusparseCreateDnMat(&ym, d.n, m, d.n, y, CUDA_R_32F, CUSPARSE_ORDER_COL), "cusparseCreateDnMat");
-  const cusparseStatus_t st = cusparseSpMM(d.handle, CUSPARSE_OPERATION_NON_TRANSPOSE, CUSPARSE_OPERATION_NON_TRANSPOSE, &one, d.a, xm, &one,
-                                           ym, CUDA_R_32F, CUSPARSE_SPMM_ALG_DEFAULT, buf);
-  cusparseDestroyDnMat(xm);
-  cusparseDestroyDnMat(ym);
-  check(st, "cusparseSpMM");
+  check(spmm(d.handle, d.a, d.n, d.k, m, x, y, it->second.get(), nullptr), m == 1 ? "cusparseSpMV" : "cusparseSpMM");
 }
 
 }  // namespace lowbit::cuda

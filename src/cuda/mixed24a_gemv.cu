@@ -35,6 +35,18 @@ __device__ __forceinline__ float code_minus_zero(uint32_t field, float zm) {
   return __int_as_float(0x4B000000u | field) - zm;
 }
 
+// Where stored group s of a unit (0..2: 2-bit, 3: 4-bit) keeps its scale index and zero point: in the unit's meta2 word
+// (s < 3: sc at bits 0..3 / 4..6 / 7..9, z at 10 + 2 s, two bits) or meta4 byte (s = 3: sc at 0..3, z at 4..7), read
+// from a word holding that field `shift` bits up (the kernels that load several units' meta in one word).
+struct MetaFields {
+  uint32_t sc_sh, sc_mask, z_sh, z_mask;
+  __host__ __device__ constexpr explicit MetaFields(int s, uint32_t shift = 0)
+      : sc_sh(shift + (s == 1 ? 4 : s == 2 ? 7 : 0)), sc_mask(s == 0 || s == 3 ? 15u : 7u),
+        z_sh(shift + (s < 3 ? 10 + 2 * s : 4)), z_mask(s < 3 ? 3u : 15u) {}
+  __device__ __forceinline__ uint32_t sc(uint32_t word) const { return (word >> sc_sh) & sc_mask; }
+  __device__ __forceinline__ uint32_t z(uint32_t word) const { return (word >> z_sh) & z_mask; }
+};
+
 // The fused outlier entries (add_outlier_partials, store_tc_fragments): entry e adds val * x[orig(c)] (the dense code under
 // an outlier is its zero point: the dense part there is exactly 0).
 struct MixedOutlierEntry {
@@ -100,10 +112,10 @@ __global__ void __launch_bounds__(kWarps * 32) mixed24a_gemv_kernel(Mixed24ADevi
       float scale[kRows], zm[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        const uint32_t sc = s == 0 ? (m2[r] & 15u) : s == 1 ? ((m2[r] >> 4) & 7u) : s == 2 ? ((m2[r] >> 7) & 7u) : (m4[r] & 15u);
-        const uint32_t z = s == 3 ? (m4[r] >> 4) : ((m2[r] >> (10 + 2 * s)) & 3u);
-        scale[r] = fmaf(static_cast<float>(sc), ss[s], sm[s]);
-        zm[r] = 8388608.0f + static_cast<float>(z);
+        const MetaFields f(s);
+        const uint32_t mw = s == 3 ? m4[r] : m2[r];
+        scale[r] = fmaf(static_cast<float>(f.sc(mw)), ss[s], sm[s]);
+        zm[r] = 8388608.0f + static_cast<float>(f.z(mw));
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -182,17 +194,17 @@ __device__ __forceinline__ void dequant_unit(const Mixed24ADevice& w, int64_t ro
   const uint32_t words[3] = {q.x, q.y, q.z};
 #pragma unroll
   for (int s = 0; s < 3; ++s) {
-    const uint32_t sc = s == 0 ? (m2 & 15u) : s == 1 ? ((m2 >> 4) & 7u) : ((m2 >> 7) & 7u);
-    const uint32_t z = (m2 >> (10 + 2 * s)) & 3u;
-    const float scale = fmaf(static_cast<float>(sc), __half2float(w.ss2[rg * 3 * U + 3 * u + s]), __half2float(w.sm2[rg * 3 * U + 3 * u + s]));
-    const float zm = 8388608.0f + static_cast<float>(z);
+    const MetaFields f(s);
+    const float scale = fmaf(static_cast<float>(f.sc(m2)), __half2float(w.ss2[rg * 3 * U + 3 * u + s]), __half2float(w.sm2[rg * 3 * U + 3 * u + s]));
+    const float zm = 8388608.0f + static_cast<float>(f.z(m2));
 #pragma unroll
     for (int i = 0; i < 8; ++i)
       v[s][i] = __floats2half2_rn(code_minus_zero((words[s] >> (4 * i)) & 3u, zm) * scale,
                                   code_minus_zero((words[s] >> (4 * i + 2)) & 3u, zm) * scale);
   }
-  const float scale = fmaf(static_cast<float>(m4 & 15u), __half2float(w.ss4[rg * U + u]), __half2float(w.sm4[rg * U + u]));
-  const float zm = 8388608.0f + static_cast<float>(m4 >> 4);
+  constexpr MetaFields f4(3);
+  const float scale = fmaf(static_cast<float>(f4.sc(m4)), __half2float(w.ss4[rg * U + u]), __half2float(w.sm4[rg * U + u]));
+  const float zm = 8388608.0f + static_cast<float>(f4.z(m4));
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const uint32_t word = i < 4 ? q.w : qb;
@@ -311,6 +323,8 @@ struct MixedUnit {
 };
 __device__ __forceinline__ void mixed_group_a(const MixedUnit& q, int s, int t, float ss, float sm, uint32_t (&a)[4],
                                               float& scale0, float& scale1) {
+  // MetaFields' layout, spelled out: its 4-bit z mask costs the streamed kernel's loop 8 more instructions here, where
+  // m40 / m41 are bytes and need none.
   const uint32_t sc0 = s == 0 ? (q.m20 & 15u) : s == 1 ? ((q.m20 >> 4) & 7u) : s == 2 ? ((q.m20 >> 7) & 7u) : (q.m40 & 15u);
   const uint32_t sc1 = s == 0 ? (q.m21 & 15u) : s == 1 ? ((q.m21 >> 4) & 7u) : s == 2 ? ((q.m21 >> 7) & 7u) : (q.m41 & 15u);
   const uint32_t z0 = s == 3 ? (q.m40 >> 4) : ((q.m20 >> (10 + 2 * s)) & 3u);
@@ -634,6 +648,20 @@ struct DpParts {
   }
 };
 
+// Tile `tile` of a grouped launch, as a persistent kernel's loop takes it: its part, the part's weight, its first row
+// there and, with fused outliers, the first dependent load of the epilogue (the CSR bounds of warps 0..3's rows, issued
+// now and used at the tile's end; -1 otherwise).
+template <bool kFusedOutliers>
+struct PartTile {
+  int part;
+  const Mixed24ADevice& w;
+  int64_t row0;
+  int32_t obound;
+  __device__ __forceinline__ PartTile(const DpParts& P, int64_t tile, int warp, int lane)
+      : part(P.part_of(tile)), w(P.w[part]), row0((tile - P.tile_start[part]) * 16),
+        obound(kFusedOutliers && warp < 4 && w.rowptr != nullptr ? outlier_row_bound<4>(w.rowptr, row0 + 4 * warp, w.n, lane) : -1) {}
+};
+
 __device__ __forceinline__ uint32_t pack_u16(int a, int b) {
   return (static_cast<uint32_t>(a) & 0xFFFFu) | (static_cast<uint32_t>(b) << 16);
 }
@@ -785,18 +813,12 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
   const bool two = s < 3;
   const uint32_t off_w0 = 16 * uu + 4 * s, off_w1 = two ? off_w0 : kDpQb + 4 * uu;
   const uint32_t off_m = two ? kDpM2 + ((2 * uu) & ~3) : kDpM4 + (uu & ~3);
-  const uint32_t msh = two ? 16 * (uu & 1) : 8 * (uu & 3);
-  const uint32_t sc_sh = msh + (s == 1 ? 4 : s == 2 ? 7 : 0), sc_mask = s == 0 || s == 3 ? 15u : 7u;
-  const uint32_t z_sh = msh + (two ? 10 + 2 * s : 4), z_mask = two ? 3u : 15u;
+  const MetaFields mf(s, two ? 16 * (uu & 1) : 8 * (uu & 3));
   const uint32_t sh1 = two ? 2 : 4, sh2 = two ? 4 : 0, sh3 = two ? 6 : 4, cmask = two ? 0x03030303u : 0x0F0F0F0Fu;
   const uint32_t off_ss = S::kSc + (two ? 2 * (3 * uu + s) : 96 + 2 * uu), off_sm = off_ss + (two ? 48 : 16);
   int buf = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int part = P.part_of(tile);
-    const Mixed24ADevice& w = P.w[part];
-    const int64_t row0 = (tile - P.tile_start[part]) * 16;
-    // The fused outliers' first dependent load (the rows' CSR bounds), issued now and used in the epilogue.
-    const int32_t obound = kFusedOutliers && warp < 4 && w.rowptr != nullptr ? outlier_row_bound<4>(w.rowptr, row0 + 4 * warp, w.n, lane) : -1;
+    const auto [part, w, row0, obound] = PartTile<kFusedOutliers>(P, tile, warp, lane);
     float acc[M][16];
 #pragma unroll
     for (int col = 0; col < M; ++col)
@@ -818,8 +840,8 @@ __global__ void __launch_bounds__(kWarps * 32, 16 / kWarps) mixed24a_gemv_dp_ker
         const uint32_t rb = st + r * kDpRowBytes;
         const uint32_t w0 = lds_u32(rb + off_w0), w1 = lds_u32(rb + off_w1), mt = lds_u32(rb + off_m);
         const uint32_t q[4] = {w0 & cmask, (w0 >> sh1) & cmask, (w1 >> sh2) & cmask, (w1 >> sh3) & cmask};
-        const float scale = fmaf(static_cast<float>((mt >> sc_sh) & sc_mask), ss, sm);
-        const int z = static_cast<int>((mt >> z_sh) & z_mask);
+        const float scale = fmaf(static_cast<float>(mf.sc(mt)), ss, sm);
+        const int z = static_cast<int>(mf.z(mt));
 #pragma unroll
         for (int col = 0; col < M; ++col) {
           int c = 0;
@@ -1087,17 +1109,13 @@ __global__ void __launch_bounds__(kWarps * 32, 4) mixed24a_gemv_mma_kernel(const
   // positions and second-order scale offsets (as the integer-dot kernel's).
   const int gq = lane % 16, h = lane / 16, uq = gq / 4, sq = gq % 4;
   const bool two = sq < 3;
-  const uint32_t mbase = two ? S::kM2 + 4 * (uq / 2) : S::kM4, mstride = two ? 8 : 4, msh = two ? 16 * (uq % 2) : 8 * uq;
-  const uint32_t sc_sh = msh + (sq == 1 ? 4 : sq == 2 ? 7 : 0), sc_mask = sq == 0 || sq == 3 ? 15u : 7u;
-  const uint32_t z_sh = msh + (two ? 10 + 2 * sq : 4), z_mask = two ? 3u : 15u;
+  const uint32_t mbase = two ? S::kM2 + 4 * (uq / 2) : S::kM4, mstride = two ? 8 : 4;
+  const MetaFields mf(sq, two ? 16 * (uq % 2) : 8 * uq);
   const uint32_t off_ss = two ? S::kSs2 + 2 * (3 * uq + sq) : S::kSs4 + 2 * uq, off_sm = two ? S::kSm2 + 2 * (3 * uq + sq) : S::kSm4 + 2 * uq;
   const uint32_t sh2 = 2 * t, sh4 = 4 * (t % 2);
   int buf = 0;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const int part = P.part_of(tile);
-    const Mixed24ADevice& w = P.w[part];
-    const int64_t row0 = (tile - P.tile_start[part]) * 16;
-    const int32_t obound = kFusedOutliers && warp < 4 && w.rowptr != nullptr ? outlier_row_bound<4>(w.rowptr, row0 + 4 * warp, w.n, lane) : -1;
+    const auto [part, w, row0, obound] = PartTile<kFusedOutliers>(P, tile, warp, lane);
     float acc[kSlots][2];
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) acc[j][0] = acc[j][1] = 0.0f;
@@ -1109,8 +1127,8 @@ __global__ void __launch_bounds__(kWarps * 32, 4) mixed24a_gemv_mma_kernel(const
         for (int i = 0; i < 8; ++i) {
           const int r = 8 * h + i;
           const uint32_t mt = lds_u32(st + mbase + r * mstride);
-          const float scale = fmaf(static_cast<float>((mt >> sc_sh) & sc_mask), ss, sm);
-          const uint32_t z = (mt >> z_sh) & z_mask;
+          const float scale = fmaf(static_cast<float>(mf.sc(mt)), ss, sm);
+          const uint32_t z = mf.z(mt);
           asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(scr + gq * kMmaScrGroup + 16 * i + 8 * h), "r"(__float_as_uint(scale)), "r"(z)
                        : "memory");
         }
@@ -1323,15 +1341,9 @@ void mixed24a_gemv_two_tiles(const Mixed24ADevice& w, const float* x, int m, flo
 void mixed24a_dequant_f16(const Mixed24ADevice& w, __half* out, cudaStream_t s) {
   const size_t smem = sizeof(__half) * static_cast<size_t>(w.k);
   LOWBIT_CHECK(smem <= 200 * 1024, "mixed24a dequantize: rows of ", w.k, " columns exceed the ", 100 * 1024, " it supports");
-  static size_t opted = 48 * 1024;   // the dynamic shared memory the kernel was allowed so far
-  if (smem > opted) {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(mixed24a_dequant_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-    opted = smem;
-  }
-  int per_sm = 0;
   // 128 threads: a thread per unit of a 8192-wide row (rows of 4096 leave half of them to the copy-out alone).
-  LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mixed24a_dequant_kernel, 128, smem));
-  const int64_t blocks = std::min<int64_t>(w.n, static_cast<int64_t>(std::max(per_sm, 1)) * device_sm_count());
+  const int per_sm = stream_blocks_per_sm(mixed24a_dequant_kernel, 128, smem);   // raises the shared-memory limit too
+  const int64_t blocks = std::min<int64_t>(w.n, static_cast<int64_t>(per_sm) * device_sm_count());
   mixed24a_dequant_kernel<<<static_cast<unsigned>(blocks), 128, smem, s>>>(w, out);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }

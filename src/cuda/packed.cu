@@ -431,9 +431,7 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
         anyprec_gemv(w.anyprec(), b, x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag);
     } else {
       const GemvPath path = mixed24a_auto_path(w.n(), w.k(), static_cast<int>(m), kPreSplitInRuntime);
-      void* xfrag = kPreSplitInRuntime && (path == GemvPath::TensorCore || path == GemvPath::TensorCoreStream || path == GemvPath::Dp2aStream ||
-                                           path == GemvPath::Int8MmaStream)
-                        ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
+      void* xfrag = kPreSplitInRuntime && mixed24a_path_takes_xfrag(path) ? ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2) : nullptr;
       mixed24a_gemv(w.mixed24a(), x, static_cast<int>(m), y, ctx.stream(), mode, path, xfrag, x_max);
     }
     return;

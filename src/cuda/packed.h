@@ -182,6 +182,11 @@ constexpr int kRegisterLutMinBatch = 1;   // the register-table kernel from this
 // the Llama-2-7B / Llama-3-8B decode measured 3% slower with it (docs/perf-history.md, session 9).
 bool half_x_gemv_enabled();
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit);
+// The 2/4/16 paths that read the xfrag scratch (the pre-split tensor-core paths, the int8-activation ones): where the
+// runtime (packed_matmul) and the benchmarks pass it.
+constexpr bool mixed24a_path_takes_xfrag(GemvPath p) {
+  return p == GemvPath::TensorCore || p == GemvPath::TensorCoreStream || p == GemvPath::Dp2aStream || p == GemvPath::Int8MmaStream;
+}
 // Whether the runtime (packed_matmul) feeds the tensor-core GEMVs pre-split activations (the xfrag argument below):
 // faster than splitting in the loop on every shape and batch measured (docs/perf-history.md, session 6).
 constexpr bool kPreSplitInRuntime = true;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "cuda/common.h"
 #include "cuda/launch.cuh"
@@ -50,24 +51,30 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
-// CTAs of a persistent kernel resident per SM (its one wave), per instantiation (cached; first raises the kernel's
-// dynamic shared-memory limit to smem when smem and its static shared memory, e.g. the tensor-core epilogue's
-// scratch, pass the default 48 KB together).
+// CTAs of a persistent kernel resident per SM (its one wave), per kernel, block size and dynamic shared memory (cached;
+// raises the kernel's dynamic shared-memory limit to smem when smem and its static shared memory, e.g. the tensor-core
+// epilogue's scratch, pass the default 48 KB together and smem is above what the kernel was allowed before: a kernel
+// launched with several sizes, such as the 2/4/16 dequantize's row of k halves, keeps the largest).
 template <typename Kernel>
 int stream_blocks_per_sm(Kernel kern, int threads, size_t smem) {
   static std::mutex mu;
-  static std::map<const void*, int> cache;
+  static std::map<std::tuple<const void*, int, size_t>, int> cache;
+  static std::map<const void*, size_t> allowed;   // the dynamic shared memory each kernel was allowed so far
   std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(reinterpret_cast<const void*>(kern));
+  const void* f = reinterpret_cast<const void*>(kern);
+  auto it = cache.find({f, threads, smem});
   if (it != cache.end()) return it->second;
   cudaFuncAttributes attr{};
   LOWBIT_CUDA_CHECK(cudaFuncGetAttributes(&attr, kern));
-  if (smem + attr.sharedSizeBytes > 48 * 1024)
+  size_t& lim = allowed[f];
+  if (smem + attr.sharedSizeBytes > 48 * 1024 && smem > lim) {
     LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    lim = smem;
+  }
   int blocks = 0;
   LOWBIT_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, threads, smem));
-  LOWBIT_CHECK(blocks >= 1, "a persistent GEMV kernel does not fit an SM");
-  cache[reinterpret_cast<const void*>(kern)] = blocks;
+  LOWBIT_CHECK(blocks >= 1, "a persistent kernel of ", threads, " threads and ", smem, " bytes of shared memory does not fit an SM");
+  cache[{f, threads, smem}] = blocks;
   return blocks;
 }
 
