@@ -9,7 +9,7 @@
 #include <set>
 
 #include "core/half.h"
-#include "cuda/int8_tables.h"   // host + device arithmetic, no CUDA needed: the GPU's int8 GEMV operands
+#include "backend_cuda/anyprec/int8_tables.h"   // host + device arithmetic, no CUDA needed: the GPU's int8 GEMV operands
 #include "formats/anyprec/layout.h"
 #include "formats/format_table.h"
 #include "io/lowbit_file.h"
@@ -375,7 +375,7 @@ TEST(AnyPrecCorrupt, ReadersRefuseBadParts) {
 }
 
 TEST(FormatTable, DeclaresAnyPrec) {
-  const PackedFormat* f = find_packed_format("anyprec");
+  const PackedFormat* f = &packed_format(FormatId::AnyPrec);
   ASSERT_NE(f, nullptr);
   std::vector<std::string> parts;
   for (const PackedPart& p : f->parts) parts.emplace_back(p.name);
@@ -471,7 +471,7 @@ TEST(AnyPrecCli, QuantizeIsDeterministicCachesSensitivityAndRefusesMisuse) {
 }  // namespace
 }  // namespace lowbit
 
-// The accumulation question of issue 7: the paper's kernel accumulates in fp16 (HFMA2); ours in fp32. Emulated on
+// Why the GEMVs accumulate in fp32: the paper's kernel accumulates in fp16 (HFMA2); ours in fp32. Emulated on
 // the CPU in the GEMV's own order (32 lanes over strided columns, then a butterfly reduction), against a double
 // reference, on Llama-shaped row lengths with fp16 centroid values and activations that carry outlier channels.
 TEST(AnyPrecAccumulation, Fp32StaysExactWhereFp16AccumulationDrifts) {
@@ -514,7 +514,7 @@ TEST(AnyPrecAccumulation, Fp32StaysExactWhereFp16AccumulationDrifts) {
 namespace lowbit {
 namespace {
 
-// The int8 forms of the GPU's int8 GEMV (cuda/int8_tables.h, shared by the kernels and their CPU twin), against their
+// The int8 forms of the GPU's int8 GEMV (int8_tables.h, shared by the kernels and their CPU twin), against their
 // named budgets on every table width the GEMV serves (2..4 bits: 4, 8, 16 centroids per row) and on activations:
 //   - a centroid becomes sigma * q with |sigma * q - c| <= sigma / 2 = max|c| / 254, |q| <= 127, the row's largest
 //     magnitude exactly +-127 (the whole int8 range used);

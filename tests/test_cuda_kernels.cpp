@@ -15,11 +15,11 @@
 #include <random>
 
 #include "core/half.h"
-#include "cuda/cusparse_outliers.h"
-#include "cuda/gpu_ops.h"
-#include "cuda/int8_tables.h"
-#include "cuda/packed.h"
-#include "cuda/sampling.h"
+#include "backend_cuda/mixed24a/cusparse_outliers.h"
+#include "backend_cuda/ops/gpu_ops.h"
+#include "backend_cuda/anyprec/int8_tables.h"
+#include "backend_cuda/dispatch/packed.h"
+#include "backend_cuda/ops/sampling.h"
 #include "formats/format_table.h"
 #include "packed_fixtures.h"
 
@@ -29,7 +29,7 @@ namespace {
 // Error budgets, relative to sum_c |x_c| |w_rc| of each output (the scale of its rounding error):
 constexpr double kGemvBudget = 1e-5;       // fp32 accumulation in another order than the fp64 reference
 constexpr double kCublasBudget = 2e-3;     // x and W rounded to fp16 (2 x 2^-11) before an fp32-accumulated GEMM
-constexpr double kHalfXBudget = 5e-4;      // x alone rounded to fp16 (2^-11 = 4.9e-4), W exact (fp16 LUT values)
+constexpr double kFp16XBudget = 5e-4;      // x alone rounded to fp16 (2^-11 = 4.9e-4), W exact (fp16 LUT values)
 
 #define SKIP_WITHOUT_GPU()                                                       \
   do {                                                                           \
@@ -152,16 +152,14 @@ TEST_P(AnyPrecGemvSweep, MatchesCpuTwinEveryWidthAndBatch) {
         // The CUDA-core path, the tensor-core path splitting x in its loop, and the tensor-core path reading
         // x pre-split into fragment order (scratch poisoned first: every fragment it reads must be written).
         cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(sh.k));
-        // And, at 3 and 4 bits and batch <= 4, the CUDA-core kernel with merged pair lookups; at 2..4 bits the tensor-core
-        // kernel with register tables (pre-split x in its own slab order).
+        // And, at 2..4 bits, the tensor-core kernel with register tables (pre-split x in its own slab order), plain
+        // and streamed; at 5..8 bits the streamed shared-table kernel.
         for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
                  {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
-                 {cuda::GemvPath::ScalarPairs, false}, {cuda::GemvPath::TensorCoreRegisterLut, true},
-                 {cuda::GemvPath::TensorCoreRegisterLutHalfX, true}, {cuda::GemvPath::TensorCoreRegisterLutStream, true},
-                 {cuda::GemvPath::TensorCoreRegisterLutStreamHalfX, true}, {cuda::GemvPath::TensorCoreSharedLutStream, true}})
+                 {cuda::GemvPath::TensorCoreRegisterLut, true}, {cuda::GemvPath::TensorCoreRegisterLutStream, true},
+                 {cuda::GemvPath::TensorCoreSharedLutStream, true}})
           for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
             if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
-            if (path == cuda::GemvPath::ScalarPairs && ((bits != 3 && bits != 4) || m > 4)) continue;
             if (cuda::is_register_table(path) && bits > 4) continue;
             if (cuda::is_streamed(path) && !cuda::anyprec_stream_fits(sh.n, sh.k, m)) continue;
             if (path == cuda::GemvPath::TensorCoreSharedLutStream && (bits < 5 || !cuda::anyprec_lut_stream_fits(sh.n, sh.k, m))) continue;
@@ -169,17 +167,13 @@ TEST_P(AnyPrecGemvSweep, MatchesCpuTwinEveryWidthAndBatch) {
             const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
               cuda::anyprec_gemv(dw.anyprec(), bits, xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
             });
-            const std::string kind = path == cuda::GemvPath::Scalar        ? "scalar "
-                                     : path == cuda::GemvPath::ScalarPairs ? "scalar pairs "
-                                     : path == cuda::GemvPath::TensorCoreRegisterLut ? "tensor-core register tables "
-                                     : path == cuda::GemvPath::TensorCoreRegisterLutHalfX ? "tensor-core register tables fp16 x "
+            const std::string kind = path == cuda::GemvPath::Scalar                      ? "scalar "
+                                     : path == cuda::GemvPath::TensorCoreRegisterLut       ? "tensor-core register tables "
                                      : path == cuda::GemvPath::TensorCoreRegisterLutStream ? "tensor-core register tables streamed "
-                                     : path == cuda::GemvPath::TensorCoreRegisterLutStreamHalfX ? "tensor-core register tables streamed fp16 x "
-                                     : path == cuda::GemvPath::TensorCoreSharedLutStream ? "tensor-core shared tables streamed "
-                                     : presplit                            ? "tensor-core pre-split "
-                                                                           : "tensor-core ";
-            expect_close(got, want, scale, path == cuda::GemvPath::TensorCoreRegisterLutHalfX || path == cuda::GemvPath::TensorCoreRegisterLutStreamHalfX
-                                   ? kHalfXBudget : kGemvBudget,
+                                     : path == cuda::GemvPath::TensorCoreSharedLutStream   ? "tensor-core shared tables streamed "
+                                     : presplit                                            ? "tensor-core pre-split "
+                                                                                           : "tensor-core ";
+            expect_close(got, want, scale, kGemvBudget,
                          "anyprec " + kind +
                              std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
                              std::to_string(m) + (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
@@ -192,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(CudaKernels, AnyPrecGemvSweep, ::testing::Range(0, stat
 
 // The int8 GEMV (TensorCoreInt8LutStream: int8 centroids under a row scale, x as two int8 pieces under a column scale,
 // int8 mma with int32 sums) against two references on the same packed bytes:
-//   - its CPU twin: the same int8 tables and pieces (cuda/int8_tables.h, the same float operations) summed in fp64, and
+//   - its CPU twin: the same int8 tables and pieces (int8_tables.h, the same float operations) summed in fp64, and
 //     the outliers corrected against the int8 centroid with the fp32 x; budget kGemvBudget (only the fp32 scaling and
 //     the sum of the warps' partials differ);
 //   - the format's own reference (fp16 centroids, fp32 x), within the named budget of the two roundings: per output
@@ -543,21 +537,19 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
         cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(sh.k));
         for (const auto& [path, presplit] : std::vector<std::pair<cuda::GemvPath, bool>>{
                  {cuda::GemvPath::Scalar, false}, {cuda::GemvPath::TensorCore, false}, {cuda::GemvPath::TensorCore, true},
-                 {cuda::GemvPath::ScalarSharedX, false}, {cuda::GemvPath::TensorCoreStream, true}})
+                 {cuda::GemvPath::TensorCoreStream, true}})
           for (cuda::OutlierMode mode : {cuda::OutlierMode::Fused, cuda::OutlierMode::SpMV}) {
             if (!outliers && mode == cuda::OutlierMode::SpMV) continue;
-            if (path == cuda::GemvPath::ScalarSharedX && 4 * m * sh.k > cuda::kMixed24aSharedXMaxBytes) continue;
             if (path == cuda::GemvPath::TensorCoreStream && !cuda::mixed24a_stream_fits(sh.n, sh.k, m)) continue;
             if (presplit) LOWBIT_CUDA_CHECK(cudaMemset(xfrag.get(), 0xFF, xfrag.bytes()));
             const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
               cuda::mixed24a_gemv(dw.mixed24a(), xd, m, yd, nullptr, mode, path, presplit ? xfrag.get() : nullptr);
             });
             expect_close(got, want, scale, kGemvBudget,
-                         "mixed24a " + std::string(path == cuda::GemvPath::Scalar          ? "scalar "
-                                                   : path == cuda::GemvPath::ScalarSharedX ? "scalar shared-x "
+                         "mixed24a " + std::string(path == cuda::GemvPath::Scalar             ? "scalar "
                                                    : path == cuda::GemvPath::TensorCoreStream ? "tensor-core streamed "
-                                                   : presplit                              ? "tensor-core pre-split "
-                                                                                           : "tensor-core ") +
+                                                   : presplit                                 ? "tensor-core pre-split "
+                                                                                              : "tensor-core ") +
                              std::to_string(sh.n) + "x" + std::to_string(sh.k) + " m" + std::to_string(m) +
                              (outliers ? (mode == cuda::OutlierMode::Fused ? " fused" : " spmv") : ""));
           }
@@ -565,7 +557,7 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
     }
 }
 
-// The benchmarks' cuSPARSE baseline for the 2/4/16 outliers (cuda/cusparse_outliers.h): the dense GEMV on the weight
+// The benchmarks' cuSPARSE baseline for the 2/4/16 outliers (cusparse_outliers.h): the dense GEMV on the weight
 // without its outliers, then cuSPARSE's y += A x over the CSR outliers (columns mapped through the permutation), equals
 // the format's reference within kGemvBudget at batch 1 (SpMV) and above (SpMM); a weight without outliers is refused.
 TEST(CudaKernels, CusparseOutliersMatchCpuTwin) {
@@ -601,7 +593,7 @@ TEST(CudaKernels, CusparseOutliersMatchCpuTwin) {
 }
 
 // The 2/4/16 GEMVs on int8-derived activations: the integer-dot GEMV (GemvPath::Dp2aStream, batch 1..2: x as one 16-bit
-// integer per activation, v = 254 hi + lo from the int8 pieces of cuda/int8_tables.h under s = max|x| / 127 per batch
+// integer per activation, v = 254 hi + lo from the int8 pieces of int8_tables.h under s = max|x| / 127 per batch
 // column; exact int32 dot products per group) and the int8 tensor-core GEMV (GemvPath::Int8MmaStream, batch 1..8: the
 // same pieces as mma B operands, exact int32 sums sum q hi and sum q lo per group, v = 254 C_hi + C_lo) on the same
 // packed bytes as:
@@ -1013,7 +1005,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
           std::vector<float> want(static_cast<size_t>(m * n));
           lin->forward_ref(xr.data(), m, want.data(), bits);
           const auto scale = abs_scale(xr, wd, m, n, k);
-          for (cuda::GemmKernel kind : {cuda::GemmKernel::Staged, cuda::GemmKernel::TwoTiles, cuda::GemmKernel::Wgmma, cuda::GemmKernel::WgmmaWs}) {
+          for (cuda::GemmKernel kind : {cuda::GemmKernel::Staged, cuda::GemmKernel::TwoTiles, cuda::GemmKernel::WgmmaWs}) {
             if ((kind == cuda::GemmKernel::TwoTiles && m > 16) || !cuda::anyprec_gemm_serves(bits, kind)) continue;
             const auto got = run_poisoned(x, m * n, [&](const float* xd, float* yd) {
               cuda::anyprec_gemm(dw.anyprec(), bits, xd, m, yd, ctx, kind);
@@ -1022,7 +1014,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
             const std::string what = std::string(cuda::gemm_kernel_name(kind)) + " GEMM " +
                                      std::to_string(n) + "x" + std::to_string(k) + " " + std::to_string(bits) + "-bit m" +
                                      std::to_string(m) + (cs.outliers ? " outliers" : "");
-            expect_close(got, want, scale, cs.outliers ? kHalfXBudget : kGemvBudget, what);
+            expect_close(got, want, scale, cs.outliers ? kFp16XBudget : kGemvBudget, what);
           }
         }
       }
@@ -1052,16 +1044,12 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
     int major = 0, minor = 0;
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
-    if (major == 9 && minor == 0) {
-      EXPECT_TRUE(cuda::anyprec_gemm_serves(3, cuda::GemmKernel::Wgmma));
-      EXPECT_TRUE(cuda::anyprec_gemm_serves(3, cuda::GemmKernel::WgmmaWs));
-    }
+    if (major == 9 && minor == 0) EXPECT_TRUE(cuda::anyprec_gemm_serves(3, cuda::GemmKernel::WgmmaWs));
     // Widths the fused GEMM does not serve are refused, not run.
     const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(16, 256, false, 5), storage));
     cuda::DeviceBuffer<float> xd(static_cast<size_t>(16 * 256)), yd(static_cast<size_t>(16 * 16));
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx, cuda::GemmKernel::Staged), Error);
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 3, xd.get(), 8, yd.get(), ctx, cuda::GemmKernel::TwoTiles), Error);
-    EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx, cuda::GemmKernel::Wgmma), Error);
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx, cuda::GemmKernel::WgmmaWs), Error);
   }
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
@@ -1101,7 +1089,7 @@ TEST(CudaKernels, Mixed24aTwoTileGemvMatchesCpuTwin) {
           cuda::mixed24a_gemv_two_tiles(dw.mixed24a(), xd, static_cast<int>(m), yd, s, xfrag.get());
           LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
         });
-        expect_close(got, want, abs_scale(xr, wd, m, n, k), cs.outliers ? kHalfXBudget : kGemvBudget,
+        expect_close(got, want, abs_scale(xr, wd, m, n, k), cs.outliers ? kFp16XBudget : kGemvBudget,
                      "mixed24a two-tile " + std::to_string(n) + "x" + std::to_string(k) + " m" + std::to_string(m) +
                          (cs.outliers ? " outliers" : ""));
       }
@@ -1330,8 +1318,6 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   };
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 5, x.get(), 1, y.get(), nullptr); }, "width 5 is not served");
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 9, y.get(), nullptr); }, "batch 9 outside 1..8");
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 5, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::ScalarPairs); },
-       "merged pair lookups serve 3 and 4 bits at batch 1..4");
   cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(64));
   AnyPrecQuantized q5 = test::random_codes(4, 64, 5, 0x20u, 4);   // serves 5 only
   const cuda::DevicePackedWeight dw5(pack_anyprec(q5, storage));
@@ -1343,19 +1329,9 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
        "no xfrag scratch");
   const PackedWeight mp = pack_mixed24a(test::random_mixed24a(16, 64, false, 5), storage);
   const cuda::DevicePackedWeight dm(mp);
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::ScalarPairs); },
-       "merged pair lookups are an any-precision path");
   says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::TensorCoreRegisterLut); },
        "register tables are an any-precision path");
-  const cuda::DevicePackedWeight wide(pack_mixed24a(test::random_mixed24a(16, 28672, false, 6), storage));
-  cuda::DeviceBuffer<float> xl(8 * 28672), yl(8 * 16);
-  says([&] { cuda::mixed24a_gemv(wide.mixed24a(), xl.get(), 8, yl.get(), nullptr, cuda::OutlierMode::Fused,
-                                 cuda::GemvPath::ScalarSharedX); },
-       "does not fit the shared-memory staging");
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
-                                cuda::GemvPath::ScalarSharedX); },
-       "shared-memory x staging is a 2/4/16 path");
   // The streamed kernels refuse shapes and formats they do not serve rather than running another path.
   says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreRegisterLutStream, xfrag.get()); },

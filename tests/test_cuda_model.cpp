@@ -13,8 +13,8 @@
 #include <functional>
 #include <utility>
 
-#include "cuda/gpu_ops.h"
-#include "cuda/gpu_runtime.h"
+#include "backend_cuda/ops/gpu_ops.h"
+#include "backend_cuda/model/gpu_runtime.h"
 #include "model/model.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
@@ -557,7 +557,7 @@ TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
   o.mixed24.outlier_fraction = 0.003;
   auto m = quantized(*base, o, 4);
   int aligned = 0;
-  for (const auto& [name, pw] : m->weights().packed) aligned += pw.format == "mixed24a";
+  for (const auto& [name, pw] : m->weights().packed) aligned += pw.format == FormatId::Mixed24A;
   EXPECT_EQ(aligned, 7 * m->config().n_layers);   // every linear in the aligned layout: the GPU kernel runs them all
   cuda::GpuModel gpu(*m);
   EXPECT_EQ(gpu.dequantized_linears(), 0);

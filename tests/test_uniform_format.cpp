@@ -120,7 +120,7 @@ TEST(UniformPack, RoundTripIsBitExact) {
               const UniformQuantized q = random_quantized(n, k, bits, g, symmetric, act_order, ++seed);
               Storage storage;
               const PackedWeight w = pack_uniform(q, storage);
-              EXPECT_EQ(w.format, "uniform");
+              EXPECT_EQ(w.format, FormatId::Uniform);
               EXPECT_EQ(w.shape, (std::vector<int64_t>{n, k}));
               EXPECT_EQ(w.parts.at("qweight").shape, (std::vector<int64_t>{n, (k * bits + 31) / 32}));
               EXPECT_EQ(w.parts.count("zeros"), symmetric ? 0u : 1u);
@@ -310,12 +310,14 @@ TEST_F(UniformCorrupt, PaddingBitsAndScales) {
 
 TEST_F(UniformCorrupt, UnknownFormatFailsLoudly) {
   PackedWeight w = good_;
-  w.format = "uniform4";
-  expect_error([&](const std::string& where) { make_packed_linear(w, nullptr, where); }, kWhere,
+  w.format = static_cast<FormatId>(kFormatCount);   // an id outside the enum: a bad cast or corrupt memory
+  EXPECT_THROW(make_packed_linear(w, nullptr, kWhere), Error);
+  EXPECT_THROW(validate_packed(w, kWhere), Error);
+  expect_error([&](const std::string& where) { packed_format_named("uniform4", where); }, kWhere,
                "unknown packed weight format 'uniform4' (known: uniform, anyprec, mixed24, mixed24a, quik)");
-  expect_error([&](const std::string& where) { validate_packed(w, where); }, kWhere, "unknown packed weight format");
+  w.format = FormatId::AnyPrec;
   expect_error([&](const std::string& where) { unpack_uniform(w, where); }, kWhere,
-               "unpack_uniform given a weight of format 'uniform4'");
+               "unpack_uniform given a weight of format 'anyprec'");
 }
 
 TEST(UniformPackErrors, RefusesWhatItCannotEncode) {
@@ -337,9 +339,10 @@ TEST(UniformPackErrors, RefusesWhatItCannotEncode) {
 
 // The table describes what the docs and the reader rely on.
 TEST(FormatTable, DeclaresUniform) {
-  const PackedFormat* f = find_packed_format("uniform");
-  ASSERT_NE(f, nullptr);
-  EXPECT_EQ(find_packed_format("nope"), nullptr);
+  const PackedFormat* f = &packed_format(FormatId::Uniform);
+  EXPECT_EQ(f->name, "uniform");
+  EXPECT_EQ(parse_format_name("uniform"), FormatId::Uniform);
+  EXPECT_EQ(parse_format_name("nope"), std::nullopt);
   std::vector<std::string> params, parts;
   for (const PackedParam& p : f->params) params.emplace_back(p.name);
   for (const PackedPart& p : f->parts) parts.emplace_back(p.name);

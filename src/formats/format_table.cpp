@@ -111,12 +111,20 @@ constexpr PackedPart kQuikParts[] = {
 };
 
 constexpr PackedFormat kPackedFormats[] = {
-    {"uniform", kUniformParams, kUniformParts, &uniform_part_shape, &uniform_check_values, &make_uniform_linear},
-    {"anyprec", kAnyPrecParams, kAnyPrecParts, &anyprec_part_shape, &anyprec_check_values, &make_anyprec_linear},
-    {"mixed24", kMixed24Params, kMixed24Parts, &mixed24_part_shape, &mixed24_check_values, &make_mixed24_linear},
-    {"mixed24a", kMixed24AParams, kMixed24AParts, &mixed24a_part_shape, &mixed24a_check_values, &make_mixed24a_linear},
-    {"quik", kQuikParams, kQuikParts, &quik_part_shape, &quik_check_values, &make_quik_linear},
+    {FormatId::Uniform, format_name(FormatId::Uniform), kUniformParams, kUniformParts, &uniform_part_shape,
+     &uniform_check_values, &make_uniform_linear, GpuSupport::Dequantized, "fp16 copy: dense GEMV / cuBLAS"},
+    {FormatId::AnyPrec, format_name(FormatId::AnyPrec), kAnyPrecParams, kAnyPrecParts, &anyprec_part_shape,
+     &anyprec_check_values, &make_anyprec_linear, GpuSupport::Packed,
+     "backend_cuda/anyprec: bitplane GEMVs (int8 / fp16 tensor cores, CUDA cores), fused GEMMs, dequantize + cuBLAS"},
+    {FormatId::Mixed24, format_name(FormatId::Mixed24), kMixed24Params, kMixed24Parts, &mixed24_part_shape,
+     &mixed24_check_values, &make_mixed24_linear, GpuSupport::Dequantized, "fp16 copy: dense GEMV / cuBLAS"},
+    {FormatId::Mixed24A, format_name(FormatId::Mixed24A), kMixed24AParams, kMixed24AParts, &mixed24a_part_shape,
+     &mixed24a_check_values, &make_mixed24a_linear, GpuSupport::Packed,
+     "backend_cuda/mixed24a: integer-dot and int8 / fp16 tensor-core GEMVs, two-tile GEMV, dequantize + cuBLAS"},
+    {FormatId::Quik, format_name(FormatId::Quik), kQuikParams, kQuikParts, &quik_part_shape, &quik_check_values,
+     &make_quik_linear, GpuSupport::None, ""},
 };
+static_assert(std::size(kPackedFormats) == kFormatCount, "one row per FormatId");
 
 // Compile-time consistency of the table: unique format names, unique part and parameter names within a format,
 // and every conditional part keyed on a parameter the format declares.
@@ -125,7 +133,8 @@ constexpr bool table_is_consistent() {
     const PackedFormat& f = kPackedFormats[i];
     // (The hooks are addresses of functions, never null; comparing them in a constant expression is not portable:
     // GCC rejects it under -fsanitize=undefined.)
-    if (f.name.empty()) return false;
+    if (f.name.empty() || static_cast<size_t>(f.id) != i || f.name != format_name(f.id)) return false;
+    if ((f.gpu == GpuSupport::None) != f.gpu_kernels.empty()) return false;
     for (size_t j = 0; j < i; ++j)
       if (kPackedFormats[j].name == f.name) return false;
     for (size_t a = 0; a < f.params.size(); ++a) {
@@ -144,7 +153,7 @@ constexpr bool table_is_consistent() {
   }
   return true;
 }
-static_assert(table_is_consistent(), "kPackedFormats: duplicate names or a part keyed on an undeclared parameter");
+static_assert(table_is_consistent(), "kPackedFormats: rows out of FormatId order, duplicate names, or a part keyed on an undeclared parameter");
 
 std::string known_formats() {
   std::string out;
@@ -189,16 +198,25 @@ uint64_t numel_of(const std::vector<int64_t>& shape) {
 
 std::span<const PackedFormat> packed_formats() { return kPackedFormats; }
 
-const PackedFormat* find_packed_format(std::string_view name) {
-  for (const PackedFormat& f : kPackedFormats)
-    if (f.name == name) return &f;
-  return nullptr;
+const char* gpu_support_name(GpuSupport g) {
+  switch (g) {
+    case GpuSupport::None: return "none (CPU only)";
+    case GpuSupport::Dequantized: return "fp16 copy";
+    case GpuSupport::Packed: return "packed kernels";
+  }
+  return "(invalid)";
 }
 
-const PackedFormat& packed_format(std::string_view name, const std::string& where) {
-  const PackedFormat* f = find_packed_format(name);
-  if (f == nullptr) fail(where, ": unknown packed weight format '", name, "' (known: ", known_formats(), ")");
-  return *f;
+const PackedFormat& packed_format(FormatId id) {
+  const auto i = static_cast<size_t>(id);
+  LOWBIT_CHECK(i < std::size(kPackedFormats), "invalid packed weight format id ", i, " (known: ", known_formats(), ")");
+  return kPackedFormats[i];
+}
+
+const PackedFormat& packed_format_named(std::string_view name, const std::string& where) {
+  const std::optional<FormatId> id = parse_format_name(name);
+  if (!id) fail(where, ": unknown packed weight format '", name, "' (known: ", known_formats(), ")");
+  return packed_format(*id);
 }
 
 bool packed_part_present(const PackedPart& part, const PackedParams& params) {
@@ -242,7 +260,7 @@ std::vector<int64_t> mixed24_part_shape(std::string_view part, int64_t n, int64_
 }
 
 void check_packed_structure(const PackedWeight& w, const std::string& where) {
-  const PackedFormat& f = packed_format(w.format, where);
+  const PackedFormat& f = packed_format(w.format);
   // Logical shape: [n, k], both positive and small enough that n*k and k*bits cannot overflow.
   constexpr int64_t kMaxDim = int64_t{1} << 31;
   LOWBIT_CHECK(w.shape.size() == 2 && w.shape[0] > 0 && w.shape[1] > 0 && w.shape[0] < kMaxDim &&
@@ -314,12 +332,12 @@ void check_outlier_csr(const PackedWeight& w, const std::string& where) {
 
 void validate_packed(const PackedWeight& w, const std::string& where) {
   check_packed_structure(w, where);
-  packed_format(w.format, where).check_values(w, where);
+  packed_format(w.format).check_values(w, where);
 }
 
 uint64_t packed_stored_bits(const PackedWeight& w, const std::string& where) {
   check_packed_structure(w, where);
-  const PackedFormat& f = packed_format(w.format, where);
+  const PackedFormat& f = packed_format(w.format);
   uint64_t bits = 0;
   for (const PackedPart& part : f.parts) {
     if (!packed_part_present(part, w.params)) continue;
@@ -329,7 +347,7 @@ uint64_t packed_stored_bits(const PackedWeight& w, const std::string& where) {
 }
 
 std::unique_ptr<LinearOp> make_packed_linear(const PackedWeight& w, const float* bias, const std::string& where) {
-  const PackedFormat& f = packed_format(w.format, where);  // fails loudly on an unknown name
+  const PackedFormat& f = packed_format(w.format);  // fails loudly on an unknown name
   validate_packed(w, where);
   return f.make_linear(w, bias, where);
 }

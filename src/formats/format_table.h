@@ -1,11 +1,14 @@
 // The one table of packed (quantized) linear-weight formats (STYLE habit 1).
 //
-// A PackedWeight (model/weight_set.h) says which format it is by name; everything else about a format — the
+// A PackedWeight (model/weight_set.h) says which format it is by FormatId (formats/format_id.h); everything else about a format — the
 // integer parameters it requires and their valid ranges, the tensors ("parts") that store it with their exact
 // dtypes and shapes, the value ranges inside those parts, and the CPU LinearOp that runs it — is found through
 // its row here. Readers (io/lowbit_file) and the model loader never look at a format's fields themselves: they
-// call validate_packed() once at the entry point and make_packed_linear() to run it, and an unknown format
-// name fails loudly (STYLE habit 6). Rows: uniform, anyprec, mixed24, mixed24a, quik.
+// call validate_packed() once at the entry point and make_packed_linear() to run it. The CUDA backend reads the row's
+// `gpu` field to decide whether a model runs there and how, and builds the format's GPU weight view with a switch
+// over FormatId (backend_cuda/dispatch/device_weight.h); kernels within a family are chosen by
+// backend_cuda/dispatch/kernel_choice.h. Rows, indexed by FormatId: uniform, anyprec, mixed24, mixed24a, quik.
+// Adding a format: docs/ARCHITECTURE.md.
 //
 // Stored bits: the exact number of bits a weight occupies in a file is the sum over its parts of
 // numel * dtype bits, with the shapes the format prescribes (padding in the last word of a packed row and shared
@@ -21,6 +24,7 @@
 
 #include "backend_cpu/linear.h"
 #include "core/dtype.h"
+#include "formats/format_id.h"
 #include "model/weight_set.h"
 
 namespace lowbit {
@@ -50,8 +54,17 @@ struct PackedPart {
 
 using PackedParams = std::map<std::string, int64_t>;
 
+// How the CUDA backend runs a format.
+enum class GpuSupport : uint8_t {
+  None,          // no GPU path: a model holding such a weight runs on the CPU
+  Dequantized,   // decoded once at load into an fp16 copy that the dense kernels run (no memory saved)
+  Packed,        // kernels over the stored bytes (no dequantized copy kept)
+};
+const char* gpu_support_name(GpuSupport g);
+
 struct PackedFormat {
-  std::string_view name;
+  FormatId id;                  // == its index in packed_formats()
+  std::string_view name;        // format_name(id): the spelling in .lowbit metadata
   std::span<const PackedParam> params;
   std::span<const PackedPart> parts;
   // Exact shape of a present part for a weight of logical shape [n, k] whose params are already range-checked.
@@ -61,14 +74,17 @@ struct PackedFormat {
   void (*check_values)(const PackedWeight& w, const std::string& where);
   // The CPU LinearOp (bias [n] or nullptr, not owned).
   std::unique_ptr<LinearOp> (*make_linear)(const PackedWeight& w, const float* bias, const std::string& where);
+  GpuSupport gpu;
+  std::string_view gpu_kernels;   // the GPU kernel family that runs it (for docs, `inspect` and messages)
 };
 
-// Every packed format, in the order they were added.
+// Every packed format, indexed by FormatId.
 std::span<const PackedFormat> packed_formats();
-// nullptr when `name` is not a packed format.
-const PackedFormat* find_packed_format(std::string_view name);
-// Fails with "<where>: unknown packed weight format '<name>' (known: uniform, ...)".
-const PackedFormat& packed_format(std::string_view name, const std::string& where);
+// The row of a format. An id outside the enum (memory corruption, a bad cast) fails loudly.
+const PackedFormat& packed_format(FormatId id);
+// The row of a format named in a file. Fails with "<where>: unknown packed weight format '<name>' (known: uniform,
+// ...)". Only the .lowbit reader parses names.
+const PackedFormat& packed_format_named(std::string_view name, const std::string& where);
 
 bool packed_part_present(const PackedPart& part, const PackedParams& params);
 

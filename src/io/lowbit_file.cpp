@@ -213,7 +213,7 @@ LowbitSummary write_lowbit(const std::string& path, const LowbitWriteSpec& spec)
     }
     ordered_json params = ordered_json::object();
     for (const auto& [key, value] : w.params) params[key] = value;
-    tensors[name] = {{"format", w.format}, {"shape", w.shape}, {"params", params}, {"parts", parts}};
+    tensors[name] = {{"format", std::string(format_name(w.format))}, {"shape", w.shape}, {"params", params}, {"parts", parts}};
   }
   // A part's stored name ("<weight>.<part>") must not collide with a dense tensor's name.
   std::set<std::string> stored_names;
@@ -301,10 +301,10 @@ WeightSet read_lowbit(const std::string& path) {
       bits.data_bytes += v.nbytes;
       continue;
     }
-    packed_format(format, where);  // unknown format names fail here, loudly
+    const FormatId id = packed_format_named(format, where).id;  // unknown format names fail here, loudly
     expect_keys(entry, {"format", "shape", "params", "parts"}, where + ": entry");
     PackedWeight w;
-    w.format = format;
+    w.format = id;
     LOWBIT_CHECK(entry["shape"].is_array(), where, ": shape must be an array");
     for (const ordered_json& d : entry["shape"]) {
       LOWBIT_CHECK(d.is_number_integer(), where, ": shape must hold integers, got ", entry["shape"].dump());

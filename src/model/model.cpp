@@ -6,25 +6,9 @@
 
 #include "core/error.h"
 #include "formats/format_table.h"
-#include "io/ggml_quants.h"
+#include "model/weight_convert.h"
 
 namespace lowbit {
-
-namespace {
-
-// Rows of q/k in interleaved-pair order (head h: row h*hd + 2i + j) back to the Hugging Face half-split order
-// (row h*hd + j*hd/2 + i). Exact: a permutation of rows.
-void unpermute_qk_rows(const float* src, float* dst, int64_t rows, int64_t cols, int head_dim) {
-  const int64_t half = head_dim / 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t h = r / head_dim, within = r % head_dim;
-    const int64_t i = within / 2, j = within % 2;
-    const int64_t hf_row = h * head_dim + j * half + i;
-    std::memcpy(dst + hf_row * cols, src + r * cols, static_cast<size_t>(cols) * sizeof(float));
-  }
-}
-
-}  // namespace
 
 std::unique_ptr<Model> Model::load(const std::string& path, const LoadOptions& opts) {
   return load(read_weights(path, opts));
@@ -36,46 +20,14 @@ std::unique_ptr<Model> Model::load(WeightSet ws) {
   const WeightSet& w = m->ws_;
   const ModelConfig& c = w.config;
   c.validate(w.path);
-  if (w.vocab) {
-    m->tokenizer_ = make_tokenizer(*w.vocab);
-    LOWBIT_CHECK(m->tokenizer_->vocab_size() <= c.vocab_size, w.path, ": tokenizer has ",
-                 m->tokenizer_->vocab_size(), " tokens but the model's vocab_size is ", c.vocab_size);
-  }
+  m->tokenizer_ = make_model_tokenizer(w);
 
-  // Fetches a tensor as fp32 with an exact shape check; converts (and un-permutes q/k) when needed.
+  // A tensor as fp32 (weight_convert.h): kept where the file holds it as aligned fp32, else converted into a buffer
+  // the model owns.
   auto get = [&](const std::string& name, std::vector<int64_t> shape, bool qk_rows = false) -> const float* {
-    auto it = w.tensors.find(name);
-    if (it == w.tensors.end()) fail(w.path, ": missing tensor ", name);
-    const TensorView& t = it->second;
-    const std::string& src_name = w.source_names.count(name) ? w.source_names.at(name) : name;
-    LOWBIT_CHECK(t.shape == shape, w.path, ": tensor ", src_name, " has shape ", shape_str(t.shape),
-                 ", expected ", shape_str(shape));
-    const int64_t numel = t.numel();
-    LOWBIT_CHECK(dtype_bytes(t.dtype, static_cast<uint64_t>(numel)) == t.nbytes, w.path, ": tensor ", src_name,
-                 " holds ", t.nbytes, " bytes, but ", shape_str(shape), " of ", dtype_info(t.dtype).name,
-                 " needs ", dtype_bytes(t.dtype, static_cast<uint64_t>(numel)));
-    const bool permute = qk_rows && w.qk_interleaved;
-    const float* out = nullptr;
-    const bool aligned = reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0;
-    if (t.dtype == DType::F32 && aligned && !permute) {
-      out = reinterpret_cast<const float*>(t.data);  // zero copy
-    } else {
-      auto buf = std::make_unique<std::vector<float>>(static_cast<size_t>(numel));
-      const int64_t cols = shape.back();
-      const int64_t rows = numel / cols;
-      const int64_t row_bytes = static_cast<int64_t>(dtype_bytes(t.dtype, static_cast<uint64_t>(cols)));
-      LOWBIT_CHECK(row_bytes > 0 && dtype_bytes(t.dtype, static_cast<uint64_t>(cols)) != UINT64_MAX, w.path,
-                   ": tensor ", src_name, " row of ", cols, " is not a whole number of ", dtype_info(t.dtype).name,
-                   " blocks");
-#pragma omp parallel for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) dequantize_row(t.dtype, t.data + r * row_bytes, buf->data() + r * cols, cols);
-      if (permute) {
-        std::vector<float> tmp(*buf);
-        unpermute_qk_rows(tmp.data(), buf->data(), rows, cols, c.head_dim);
-      }
-      out = buf->data();
-      m->owned_.push_back(std::move(buf));
-    }
+    auto buf = std::make_unique<std::vector<float>>();
+    const float* out = tensor_as_f32(w, name, shape, qk_rows, *buf);
+    if (!buf->empty()) m->owned_.push_back(std::move(buf));
     m->f32_[name] = {out, shape};
     m->order_.push_back(name);
     return out;
@@ -84,13 +36,10 @@ std::unique_ptr<Model> Model::load(WeightSet ws) {
   // A linear layer: packed (quantized) weights become their format's LinearOp, fp weights a DenseLinear.
   auto lin = [&](const std::string& name, int64_t n, int64_t k, const float* bias,
                  bool qk_rows) -> std::unique_ptr<LinearOp> {
-    auto pit = w.packed.find(name);
-    if (pit == w.packed.end()) return std::make_unique<DenseLinear>(get(name, {n, k}, qk_rows), bias, n, k);
-    LOWBIT_CHECK(pit->second.shape == (std::vector<int64_t>{n, k}), w.path, ": packed weight ", name, " has shape ",
-                 shape_str(pit->second.shape), ", expected ", shape_str({n, k}));
-    LOWBIT_CHECK(!(qk_rows && w.qk_interleaved), w.path, ": packed q/k weights must be in Hugging Face row order");
+    const PackedWeight* pw = find_packed_linear(w, name, n, k, qk_rows);
+    if (pw == nullptr) return std::make_unique<DenseLinear>(get(name, {n, k}, qk_rows), bias, n, k);
     m->packed_names_.push_back(name);
-    return make_packed_linear(pit->second, bias, w.path + ": " + name);
+    return make_packed_linear(*pw, bias, w.path + ": " + name);
   };
   const int64_t dim = c.dim, hid = c.hidden_dim, qd = c.q_dim(), kvd = c.kv_dim(), V = c.vocab_size;
   m->tok_emb_ = get("model.embed_tokens.weight", {V, dim});
@@ -116,42 +65,13 @@ std::unique_ptr<Model> Model::load(WeightSet ws) {
   const float* head = c.tie_embeddings ? m->tok_emb_ : get("lm_head.weight", {V, dim});
   m->head_ = std::make_unique<DenseLinear>(head, nullptr, V, dim);
   // Anything left over means a different architecture or a misnamed tensor: refuse rather than ignore it.
-  for (const auto& [name, t] : w.tensors) {
-    if (m->f32_.count(name)) continue;
-    if (std::find(m->packed_names_.begin(), m->packed_names_.end(), name) != m->packed_names_.end()) continue;
-    if (name == "lm_head.weight" && c.tie_embeddings) continue;
-    if (name.find("rotary_emb.inv_freq") != std::string::npos) continue;  // old HF checkpoints store it
-    fail(w.path, ": unexpected tensor ", name, " (not part of a ", c.arch, " model with this config)");
-  }
-
-  // RoPE tables, computed as Hugging Face does (fp32 inv_freq, fp32 angle), with llama3 frequency scaling.
-  const int half = c.head_dim / 2;
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int i = 0; i < half; ++i) {
-    float f = 1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.head_dim));
-    if (c.rope_scaling == RopeScaling::Llama3) {
-      const double low_wavelen = c.rope_original_max_pos / c.rope_low_freq_factor;
-      const double high_wavelen = c.rope_original_max_pos / c.rope_high_freq_factor;
-      const double wavelen = 2.0 * M_PI / f;
-      if (wavelen > low_wavelen) {
-        f = f / c.rope_factor;
-      } else if (wavelen >= high_wavelen) {
-        const double smooth = (c.rope_original_max_pos / wavelen - c.rope_low_freq_factor) /
-                              (c.rope_high_freq_factor - c.rope_low_freq_factor);
-        f = static_cast<float>((1.0 - smooth) * f / c.rope_factor + smooth * f);
-      }
-    }
-    inv_freq[static_cast<size_t>(i)] = f;
-  }
-  m->rope_cos_.resize(static_cast<size_t>(c.max_seq_len) * half);
-  m->rope_sin_.resize(static_cast<size_t>(c.max_seq_len) * half);
-  for (int p = 0; p < c.max_seq_len; ++p) {
-    for (int i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(p) * inv_freq[static_cast<size_t>(i)];
-      m->rope_cos_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      m->rope_sin_[static_cast<size_t>(p) * half + i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-    }
-  }
+  check_no_unexpected_tensors(w, [&](const std::string& name) {
+    return m->f32_.count(name) != 0 ||
+           std::find(m->packed_names_.begin(), m->packed_names_.end(), name) != m->packed_names_.end();
+  });
+  RopeTables rope = rope_tables(c);
+  m->rope_cos_ = std::move(rope.cos);
+  m->rope_sin_ = std::move(rope.sin);
   return m;
 }
 
@@ -236,24 +156,8 @@ uint64_t Model::weight_bytes_per_token(int bits) const {
   return total;
 }
 
-std::vector<int> Model::widths() const {
-  std::vector<int> out;
-  for (int b = 0; b < 32; ++b)
-    if ((widths_ >> b) & 1u) out.push_back(b);
-  return out;
-}
+std::vector<int> Model::widths() const { return widths_in(widths_); }
 
-void Model::check_bits(int bits) const {
-  if (bits == 0) return;
-  if (widths_ == 0) fail(ws_.path, ": --bits ", bits, " needs an any-precision model (this one has one precision)");
-  if (bits < 0 || bits >= 32 || ((widths_ >> bits) & 1u) == 0) {
-    std::string list;
-    for (int b : widths()) {
-      if (!list.empty()) list += ',';
-      list += std::to_string(b);
-    }
-    fail(ws_.path, ": --bits ", bits, " is not a width this model serves (", list, ")");
-  }
-}
+void Model::check_bits(int bits) const { check_served_width(ws_.path, widths_, bits); }
 
 }  // namespace lowbit

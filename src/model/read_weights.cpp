@@ -33,7 +33,7 @@ void override_quik_abits(WeightSet& ws, const std::string& abits) {
                abits, "'");
   int quik = 0;
   for (auto& [name, w] : ws.packed) {
-    if (w.format != "quik") continue;
+    if (w.format != FormatId::Quik) continue;
     ++quik;
     const bool fp8 = abits == "fp8";
     LOWBIT_CHECK(!fp8 || w.params.at("wbits") == 4, ws.path, ": ", name, " has 8-bit weights; FP8 activations need W4");

@@ -11,6 +11,7 @@
 
 #include "core/mmap_file.h"
 #include "core/tensor.h"
+#include "formats/format_id.h"
 #include "model/config.h"
 #include "tokenizer/tokenizer.h"
 
@@ -22,7 +23,7 @@ const char* model_format_name(ModelFormat f);
 // A linear weight stored in a packed (quantized) format: its format, logical shape, integer parameters, and the
 // tensors ("parts") that hold it. src/formats/ validates the parts and builds the runtime LinearOp.
 struct PackedWeight {
-  std::string format;                       // a name from the format table (src/formats/format_table.h)
+  FormatId format = FormatId::Uniform;      // its row in the format table (src/formats/format_table.h)
   std::vector<int64_t> shape;               // logical [n_out, k_in]
   std::map<std::string, int64_t> params;    // e.g. bits, group_size, symmetric, act_order
   std::map<std::string, TensorView> parts;  // e.g. qweight, scales, zeros, g_idx

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "core/knobs.h"
 #include "runtime/eval_text.h"
 
 namespace lowbit {
@@ -11,7 +12,7 @@ namespace lowbit {
 std::string default_calibration_file() {
   const char* rel = "data/c4/c4-validation.calib-docs-0-511.jsonl";
   std::vector<std::string> bases;
-  if (const char* env = std::getenv("LOWBIT_SHARED_DIR")) bases.push_back(env);
+  if (knob_is_set(Knob::SharedDir)) bases.push_back(knob_string(Knob::SharedDir));
   bases.push_back("../shared");
   bases.push_back("/work/shared");
   for (const auto& b : bases) {

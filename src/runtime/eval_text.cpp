@@ -40,7 +40,7 @@ std::string EvalText::describe() const {
   std::ostringstream os;
   switch (mode) {
     case TextMode::WikiText: os << "wikitext rows joined with \"\\n\\n\""; break;
-    case TextMode::Jsonl: os << docs.size() << " jsonl documents joined with \"\\n\\n\""; break;
+    case TextMode::Jsonl: os << documents << " jsonl documents joined with \"\\n\\n\""; break;
     case TextMode::Documents: os << docs.size() << " documents scored separately with BOS"; break;
     default: os << "plain text"; break;
   }
@@ -56,7 +56,11 @@ EvalText load_eval_text(const std::string& path, TextMode mode, const std::strin
   LOWBIT_CHECK(f.good(), path, ": cannot open");
   std::stringstream ss;
   ss << f.rdbuf();
-  const std::string raw = ss.str();
+  return split_eval_text(ss.str(), path, mode, jsonl_field, doc_separator);
+}
+
+EvalText split_eval_text(const std::string& raw, const std::string& path, TextMode mode,
+                         const std::string& jsonl_field, const std::string& doc_separator) {
   if (mode == TextMode::Auto) {
     const std::string name = std::filesystem::path(path).filename().string();
     if (!doc_separator.empty()) mode = TextMode::Documents;
@@ -106,6 +110,7 @@ EvalText load_eval_text(const std::string& path, TextMode mode, const std::strin
                      ": no string field '", jsonl_field, "'");
         if (!joined.empty()) joined += "\n\n";
         joined += j[jsonl_field].get<std::string>();
+        ++out.documents;
       }
       out.docs.push_back(std::move(joined));
       break;
@@ -125,7 +130,8 @@ EvalText load_eval_text(const std::string& path, TextMode mode, const std::strin
     }
     case TextMode::Auto: break;
   }
-  LOWBIT_CHECK(!out.docs.empty() && !out.docs[0].empty(), path, ": no text to evaluate");
+  if (mode != TextMode::Jsonl) out.documents = static_cast<int>(out.docs.size());
+  LOWBIT_CHECK(!out.docs.empty() && !out.docs[0].empty(), path.empty() ? "the text" : path, ": no text to evaluate");
   return out;
 }
 

@@ -15,7 +15,10 @@ enum class TextMode { Auto, Plain, WikiText, Jsonl, Documents };
 struct EvalText {
   TextMode mode = TextMode::Plain;   // resolved mode
   std::vector<std::string> docs;     // one entry unless mode == Documents
-  std::string describe() const;      // e.g. "wikitext rows joined with \\n\\n (1294336 chars)"
+  // Documents the source held: the JSON lines of a Jsonl file (joined into docs[0]), docs.size() for Documents,
+  // 1 otherwise.
+  int documents = 0;
+  std::string describe() const;      // e.g. "512 jsonl documents joined with \"\\n\\n\", 1048575 bytes"
 };
 
 TextMode parse_text_mode(const std::string& s);   // auto|plain|wikitext|jsonl|docs
@@ -23,5 +26,9 @@ TextMode parse_text_mode(const std::string& s);   // auto|plain|wikitext|jsonl|d
 // separator is given, else Plain.
 EvalText load_eval_text(const std::string& path, TextMode mode, const std::string& jsonl_field,
                         const std::string& doc_separator);
+// The same for text already in memory; `path` names it in messages and in Auto's choice (a name ending in .jsonl
+// picks Jsonl, ...; "" picks Plain, or Documents when a separator is given).
+EvalText split_eval_text(const std::string& raw, const std::string& path, TextMode mode, const std::string& jsonl_field,
+                         const std::string& doc_separator);
 
 }  // namespace lowbit

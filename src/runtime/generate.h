@@ -1,6 +1,6 @@
-// Text generation on the CPU: prefill the prompt in one batched forward, then decode token by token with the
-// KV cache, streaming each token's bytes to a callback. Stops at EOS (or the template's end-of-turn token),
-// at max_new_tokens, or when the context is full.
+// Text generation on any backend (runtime/backend.h): prefill the prompt in one batched forward, then decode token by
+// token with the KV cache, streaming each token's bytes to a callback. Stops at EOS (or the template's end-of-turn
+// token), at max_new_tokens, or when the context is full.
 #pragma once
 #include <functional>
 #include <string>
@@ -10,6 +10,8 @@
 #include "runtime/sampler.h"
 
 namespace lowbit {
+
+class Backend;
 
 struct GenerateOptions {
   int max_new_tokens = 128;
@@ -30,11 +32,17 @@ struct GenerateResult {
 std::vector<int32_t> stop_tokens(const ModelConfig& c, const Tokenizer& tok);
 
 // Takes the sampled token `next` into r (ids, history, text, streamed to on_text), or records r.stop_reason = "eos"
-// and returns false when it ends the generation. Shared by the CPU and GPU generation loops.
+// and returns false when it ends the generation.
 bool accept_token(int32_t next, const std::vector<int32_t>& stops, const GenerateOptions& opts, const Tokenizer& tok,
                   GenerateResult& r, std::vector<int32_t>& history,
                   const std::function<void(const std::string&)>& on_text);
 
+// The tokens come from the backend's Decoder (its fastest exact path for opts.sampling); the same seed gives the same
+// tokens on the same device. prefill_seconds: the prompt's forward (and, on the GPU, its first token); decode_seconds:
+// every later step, waited for.
+GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
+                        const std::function<void(const std::string&)>& on_text = nullptr);
+// The same on a loaded CPU model (a CpuBackend borrowing it).
 GenerateResult generate(const Model& model, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text = nullptr);
 

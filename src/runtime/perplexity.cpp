@@ -5,6 +5,8 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "runtime/backend.h"
+#include "runtime/cpu_backend.h"
 
 namespace lowbit {
 
@@ -30,57 +32,40 @@ std::vector<std::vector<int32_t>> make_windows_documents(const std::vector<std::
   return w;
 }
 
-PplResult perplexity(const Model& model, const std::vector<std::vector<int32_t>>& windows, const PplOptions& opts) {
+PplResult perplexity(Backend& backend, const std::vector<std::vector<int32_t>>& windows, const PplOptions& opts) {
   PplResult r;
   r.windows_total = static_cast<int>(windows.size());
   const int n_windows = opts.max_windows > 0 ? std::min<int>(opts.max_windows, r.windows_total) : r.windows_total;
   LOWBIT_CHECK(n_windows > 0, "perplexity: the text is shorter than one window of ", opts.ctx,
                " tokens; use a smaller --ctx");
-  const int V = model.config().vocab_size;
+  size_t longest = 0;
+  for (int w = 0; w < n_windows; ++w) longest = std::max(longest, windows[static_cast<size_t>(w)].size());
+  const std::unique_ptr<Sequence> seq = backend.new_sequence(static_cast<int>(std::max<size_t>(longest, 2)));
   double nll_sum = 0;   // double: 300k terms
   int64_t correct = 0;
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits;
   for (int w = 0; w < n_windows; ++w) {
     const auto& toks = windows[static_cast<size_t>(w)];
     const int n = static_cast<int>(toks.size());
-    KVCache cache = model.new_cache(n);
-    logits.resize(static_cast<size_t>(n) * V);
-    if (opts.reference_path) model.forward_ref(toks.data(), n, cache, logits.data(), true, opts.bits);
-    else model.forward(toks.data(), n, cache, logits.data(), true, opts.bits);
-    double window_nll = 0;
-    int64_t window_correct = 0;
-#pragma omp parallel for reduction(+ : window_nll, window_correct) schedule(static) if (static_cast<int64_t>(n) * V >= (1 << 16))
-    for (int t = 0; t < n - 1; ++t) {
-      const float* lg = logits.data() + static_cast<size_t>(t) * V;
-      float mx = lg[0];
-      int arg = 0;
-      for (int i = 1; i < V; ++i)
-        if (lg[i] > mx) { mx = lg[i]; arg = i; }
-      // float exp (vectorizes) with a double total: 49k terms <= 1 each, so float partial sums lose < 1e-6.
-      double sum = 0;
-      for (int i0 = 0; i0 < V; i0 += 1024) {
-        float part = 0;
-        const int i1 = std::min(V, i0 + 1024);
-        for (int i = i0; i < i1; ++i) part += std::exp(lg[i] - mx);
-        sum += part;
-      }
-      const int target = toks[static_cast<size_t>(t) + 1];
-      window_nll += std::log(sum) + mx - lg[target];
-      window_correct += arg == target;
-    }
-    nll_sum += window_nll;
-    correct += window_correct;
+    if (n < 2) continue;
+    const WindowScore s = backend.score_window(*seq, toks, opts.bits, opts.reference_path);
+    nll_sum += s.nll_sum;
+    correct += s.top1_hits;
     r.predicted += n - 1;
     r.evaluated += n;
     r.windows = w + 1;
     r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (opts.progress) opts.progress(w + 1, n_windows, r.predicted, r.seconds);
   }
-  r.mean_nll = nll_sum / static_cast<double>(r.predicted);
+  r.mean_nll = r.predicted > 0 ? nll_sum / static_cast<double>(r.predicted) : 0;
   r.ppl = std::exp(r.mean_nll);
-  r.top1 = static_cast<double>(correct) / static_cast<double>(r.predicted);
+  r.top1 = r.predicted > 0 ? static_cast<double>(correct) / static_cast<double>(r.predicted) : 0;
   return r;
+}
+
+PplResult perplexity(const Model& model, const std::vector<std::vector<int32_t>>& windows, const PplOptions& opts) {
+  CpuBackend backend(model);
+  return perplexity(backend, windows, opts);
 }
 
 }  // namespace lowbit

@@ -13,10 +13,12 @@
 
 namespace lowbit {
 
+class Backend;
+
 struct PplOptions {
   int ctx = 2048;
   int max_windows = 0;            // 0 = all
-  bool reference_path = false;    // use forward_ref (slow, for tests)
+  bool reference_path = false;    // use forward_ref (slow, for tests; CPU only)
   int bits = 0;                   // any-precision models: the width to evaluate (0 = the widest)
   // Called after each window: (windows done, windows total, predicted tokens so far, seconds so far).
   std::function<void(int, int, int64_t, double)> progress;
@@ -32,7 +34,11 @@ struct PplResult {
   double tokens_per_s() const { return seconds > 0 ? static_cast<double>(evaluated) / seconds : 0; }
 };
 
-// windows: token sequences to score independently (each predicts tokens 1..len-1).
+// windows: token sequences to score independently (each predicts tokens 1..len-1; windows shorter than 2 tokens
+// predict nothing and are skipped), on any backend (runtime/backend.h): one KV cache sized for the longest window,
+// reused by every window.
+PplResult perplexity(Backend& backend, const std::vector<std::vector<int32_t>>& windows, const PplOptions& opts);
+// The same on a loaded CPU model (a CpuBackend borrowing it).
 PplResult perplexity(const Model& model, const std::vector<std::vector<int32_t>>& windows, const PplOptions& opts);
 // Builds the windows for a tokenized single text (GPTQ protocol) or for separate documents.
 std::vector<std::vector<int32_t>> make_windows_contiguous(const std::vector<int32_t>& ids, int ctx);

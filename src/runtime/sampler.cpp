@@ -9,10 +9,12 @@
 namespace lowbit {
 
 void validate_sampling(const SamplingParams& p) {
-  LOWBIT_CHECK(p.temperature >= 0 && std::isfinite(p.temperature), "--temperature must be >= 0");
-  LOWBIT_CHECK(p.top_k >= 0, "--top-k must be >= 0");
-  LOWBIT_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1]");
-  LOWBIT_CHECK(p.repetition_penalty > 0 && std::isfinite(p.repetition_penalty), "--repetition-penalty must be > 0");
+  LOWBIT_CHECK(p.temperature >= 0 && std::isfinite(p.temperature), "--temperature must be >= 0 (0 = greedy), got ",
+               p.temperature);
+  LOWBIT_CHECK(p.top_k >= 0, "--top-k must be >= 0 (0 = off), got ", p.top_k);
+  LOWBIT_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1] (1 = off), got ", p.top_p);
+  LOWBIT_CHECK(p.repetition_penalty > 0 && std::isfinite(p.repetition_penalty),
+               "--repetition-penalty must be > 0 (1 = off), got ", p.repetition_penalty);
 }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate_sampling(p); }

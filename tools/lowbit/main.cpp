@@ -1,20 +1,28 @@
-#include <cblas.h>
-#include <omp.h>
+// lowbit: the command-line front end of the public API (include/lowbit/lowbit.h).
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
-#include "core/error.h"
 
 namespace lowbit::cli {
 
 void apply_threads(const Common& common) {
-  if (common.threads > 0) {
-    omp_set_num_threads(common.threads);
-    openblas_set_num_threads(common.threads);
-  }
+  if (common.threads > 0) api::set_cpu_threads(common.threads);
+}
+
+void add_device_option(CLI::App* sub, std::string& device) {
+  sub->add_option("--device", device, "auto (the GPU when one is present and runs this model), cuda or cpu")
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+}
+
+api::Device parse_device(const std::string& device) {
+  if (device == "cpu") return api::Device::Cpu;
+  if (device == "cuda") return api::Device::Cuda;
+  return api::Device::Auto;
 }
 
 void progress_line(const std::string& label, int done, int total, const std::string& extra) {
@@ -33,13 +41,65 @@ void progress_line(const std::string& label, int done, int total, const std::str
   std::fflush(stderr);
 }
 
+namespace {
+std::string number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+// The value as a finite double, or false.
+bool parse_number(const std::string& s, double* v) {
+  char* end = nullptr;
+  *v = std::strtod(s.c_str(), &end);
+  return !s.empty() && end != nullptr && *end == '\0' && std::isfinite(*v);
+}
+}  // namespace
+
+CLI::Validator at_least(double lo, const std::string& note) {
+  const std::string bound = "must be >= " + number(lo) + (note.empty() ? "" : " (" + note + ")");
+  return CLI::Validator(
+      [bound, lo](std::string& s) {
+        double v = 0;
+        return parse_number(s, &v) && v >= lo ? std::string() : bound + ", got " + s;
+      },
+      ">= " + number(lo));
+}
+
+CLI::Validator in_range(double lo, double hi, const std::string& note) {
+  const std::string bound = "must be in [" + number(lo) + ", " + number(hi) + "]" + (note.empty() ? "" : " (" + note + ")");
+  return CLI::Validator(
+      [bound, lo, hi](std::string& s) {
+        double v = 0;
+        return parse_number(s, &v) && v >= lo && v <= hi ? std::string() : bound + ", got " + s;
+      },
+      "in [" + number(lo) + ", " + number(hi) + "]");
+}
+
+CLI::Validator non_negative_integer() {
+  return CLI::Validator(
+      [](std::string& s) {
+        const bool digits = !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+        return digits ? std::string() : "must be an integer >= 0, got " + s;
+      },
+      "integer >= 0");
+}
+
+bool given(const CLI::App* sub, const char* name) { return sub->get_option(name)->count() > 0; }
+
+void refuse_unless(const CLI::App* sub, std::initializer_list<const char*> names, bool applies, const std::string& why) {
+  if (applies) return;
+  for (const char* name : names)
+    if (given(sub, name)) fail(name, " ", why);
+}
+
 }  // namespace lowbit::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"lowbit — low-bit LLM engine (any-precision, 2/4/16 mixed, QUIK) with a CPU reference backend"};
   app.require_subcommand(1);
   lowbit::cli::Common common;
-  app.add_option("-t,--threads", common.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("-t,--threads", common.threads, "CPU threads (default: all cores)")
+      ->check(lowbit::cli::at_least(0, "0 = all cores"));
   lowbit::cli::register_ppl(app, common);
   lowbit::cli::register_generate(app, common);
   lowbit::cli::register_inspect(app, common);
@@ -49,7 +109,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);   // --help
+    std::cout.flush();
+    std::fprintf(stderr, "lowbit: error: %s (--help lists the options)\n", e.what());
+    return e.get_exit_code();
   } catch (const lowbit::Error& e) {
     std::cout.flush();
     std::fprintf(stderr, "lowbit: error: %s\n", e.what());

@@ -172,7 +172,7 @@ class AnyPrecLinear final : public LinearOp {
 }  // namespace
 
 std::unique_ptr<LinearOp> make_anyprec_linear(const PackedWeight& w, const float* bias, const std::string& where) {
-  LOWBIT_CHECK(w.format == "anyprec", where, ": make_anyprec_linear given format '", w.format, "'");
+  LOWBIT_CHECK(w.format == FormatId::AnyPrec, where, ": make_anyprec_linear given format '", format_name(w.format), "'");
   return std::make_unique<AnyPrecLinear>(w, bias);
 }
 

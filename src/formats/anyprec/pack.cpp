@@ -50,7 +50,7 @@ PackedWeight pack_anyprec(const AnyPrecQuantized& q, std::vector<std::shared_ptr
   LOWBIT_CHECK(q.outlier_col.size() == q.outlier_val.size(), "pack_anyprec: outlier columns and values differ");
 
   PackedWeight w;
-  w.format = "anyprec";
+  w.format = FormatId::AnyPrec;
   w.shape = {q.n, q.k};
   const bool sparse = !q.outlier_rowptr.empty();
   w.params = {{"planes", q.planes}, {"widths", q.widths}, {"sparse", sparse ? 1 : 0}, {"nnz", sparse ? q.nnz() : 0}};

@@ -49,7 +49,7 @@ void anyprec_check_values(const PackedWeight& w, const std::string& where) {
 }
 
 AnyPrecQuantized unpack_anyprec(const PackedWeight& w, const std::string& where) {
-  LOWBIT_CHECK(w.format == "anyprec", where, ": unpack_anyprec given a weight of format '", w.format, "'");
+  LOWBIT_CHECK(w.format == FormatId::AnyPrec, where, ": unpack_anyprec given a weight of format '", format_name(w.format), "'");
   validate_packed(w, where);
   AnyPrecQuantized q;
   q.n = w.shape[0];
@@ -81,7 +81,7 @@ AnyPrecQuantized unpack_anyprec(const PackedWeight& w, const std::string& where)
 
 uint64_t anyprec_view_bits(const PackedWeight& w, int b) {
   check_packed_structure(w, "anyprec_view_bits");
-  LOWBIT_CHECK(w.format == "anyprec", "anyprec_view_bits: format ", w.format);
+  LOWBIT_CHECK(w.format == FormatId::AnyPrec, "anyprec_view_bits: format ", format_name(w.format));
   const int64_t n = w.shape[0], W = anyprec_words_per_row(w.shape[1]);
   LOWBIT_CHECK(b >= kAnyPrecMinBits && b <= w.params.at("planes") && ((w.params.at("widths") >> b) & 1),
                "anyprec_view_bits: width ", b, " is not served");

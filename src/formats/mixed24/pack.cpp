@@ -56,7 +56,7 @@ PackedWeight pack_mixed24(const Mixed24Quantized& qin, std::vector<std::shared_p
                    "pack_mixed24: code at [", r, ", ", c, "] does not fit its group");
   const bool sparse = !q.outlier_rowptr.empty();
   PackedWeight w;
-  w.format = "mixed24";
+  w.format = FormatId::Mixed24;
   w.shape = {n, k};
   w.params = {{"groups4", q.g4}, {"sparse", sparse ? 1 : 0}, {"nnz", sparse ? static_cast<int64_t>(q.outlier_col.size()) : 0}};
   const int64_t W = q.g2 + 2 * q.g4;

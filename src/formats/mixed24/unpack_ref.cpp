@@ -50,7 +50,7 @@ void mixed24_check_values(const PackedWeight& w, const std::string& where) {
 }
 
 Mixed24Quantized unpack_mixed24(const PackedWeight& w, const std::string& where) {
-  LOWBIT_CHECK(w.format == "mixed24", where, ": unpack_mixed24 given a weight of format '", w.format, "'");
+  LOWBIT_CHECK(w.format == FormatId::Mixed24, where, ": unpack_mixed24 given a weight of format '", format_name(w.format), "'");
   validate_packed(w, where);
   Mixed24Quantized q;
   q.n = w.shape[0];

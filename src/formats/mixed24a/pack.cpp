@@ -43,7 +43,7 @@ PackedWeight pack_mixed24a(const Mixed24AQuantized& q, std::vector<std::shared_p
   }
   const bool sparse = !q.outlier_rowptr.empty();
   PackedWeight w;
-  w.format = "mixed24a";
+  w.format = FormatId::Mixed24A;
   w.shape = {n, k};
   w.params = {{"sparse", sparse ? 1 : 0}, {"nnz", sparse ? static_cast<int64_t>(q.outlier_col.size()) : 0}};
   std::vector<uint32_t> qa(static_cast<size_t>(n * U * 4), 0u), qb(static_cast<size_t>(n * U), 0u);

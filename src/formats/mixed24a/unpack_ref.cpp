@@ -95,7 +95,7 @@ void mixed24a_check_values(const PackedWeight& w, const std::string& where) {
 }
 
 Mixed24AQuantized unpack_mixed24a(const PackedWeight& w, const std::string& where) {
-  LOWBIT_CHECK(w.format == "mixed24a", where, ": unpack_mixed24a given a weight of format '", w.format, "'");
+  LOWBIT_CHECK(w.format == FormatId::Mixed24A, where, ": unpack_mixed24a given a weight of format '", format_name(w.format), "'");
   validate_packed(w, where);
   Mixed24AQuantized q;
   q.n = w.shape[0];

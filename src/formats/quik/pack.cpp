@@ -90,7 +90,7 @@ PackedWeight pack_quik(const QuikQuantized& q, std::vector<std::shared_ptr<std::
                    static_cast<int64_t>(q.wreduced.size()) == n && static_cast<int64_t>(q.outlier_w.size()) == n * no,
                "pack_quik: part sizes do not match [", n, ", ", k, "] with ", no, " outliers");
   PackedWeight w;
-  w.format = "quik";
+  w.format = FormatId::Quik;
   w.shape = {n, k};
   w.params = {{"wbits", q.wbits}, {"abits", q.abits}, {"act_fp8", q.act_fp8 ? 1 : 0}, {"outliers", no}};
   auto put = [&](const std::string& name, DType dt, std::vector<int64_t> shape, std::shared_ptr<std::vector<uint8_t>> buf) {

@@ -79,7 +79,7 @@ void quik_check_values(const PackedWeight& w, const std::string& where) {
 }
 
 QuikQuantized unpack_quik(const PackedWeight& w, const std::string& where) {
-  LOWBIT_CHECK(w.format == "quik", where, ": unpack_quik given a weight of format '", w.format, "'");
+  LOWBIT_CHECK(w.format == FormatId::Quik, where, ": unpack_quik given a weight of format '", format_name(w.format), "'");
   validate_packed(w, where);
   QuikQuantized q;
   q.n = w.shape[0];

@@ -60,7 +60,7 @@ PackedWeight pack_uniform(const UniformQuantized& q, std::vector<std::shared_ptr
                  q.bits, " bits");
 
   PackedWeight w;
-  w.format = "uniform";
+  w.format = FormatId::Uniform;
   w.shape = {q.n, q.k};
   w.params = {{"bits", q.bits},
               {"group_size", q.group_size},

@@ -45,7 +45,7 @@ void uniform_check_values(const PackedWeight& w, const std::string& where) {
 }
 
 UniformQuantized unpack_uniform(const PackedWeight& w, const std::string& where) {
-  LOWBIT_CHECK(w.format == "uniform", where, ": unpack_uniform given a weight of format '", w.format, "'");
+  LOWBIT_CHECK(w.format == FormatId::Uniform, where, ": unpack_uniform given a weight of format '", format_name(w.format), "'");
   validate_packed(w, where);
 
   UniformQuantized q;

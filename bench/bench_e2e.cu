@@ -1,0 +1,272 @@
+#include "bench/bench_e2e.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "backend_cuda/model/gpu_model.h"
+#include "backend_cuda/ops/gpu_ops.h"
+#include "backend_cuda/common/launch.cuh"
+#include "backend_cuda/dispatch/packed.h"
+
+namespace lowbit::cuda {
+namespace {
+
+ModelConfig shape_config(const std::string& name) {
+  ModelConfig c;
+  c.name = name;
+  c.max_seq_len = 4096;
+  if (name == "llama2-7b") {
+    c.dim = 4096, c.hidden_dim = 11008, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 32, c.vocab_size = 32000;
+  } else if (name == "llama3-8b") {
+    c.dim = 4096, c.hidden_dim = 14336, c.n_layers = 32, c.n_heads = 32, c.n_kv_heads = 8, c.vocab_size = 128256;
+    c.rope_theta = 500000.0f;
+  } else if (name == "llama2-70b") {
+    c.dim = 8192, c.hidden_dim = 28672, c.n_layers = 80, c.n_heads = 64, c.n_kv_heads = 8, c.vocab_size = 32000;
+  } else {
+    fail("bench --e2e: unknown shape '", name, "' (llama2-7b, llama3-8b, llama2-70b)");
+  }
+  c.head_dim = c.dim / c.n_heads;
+  return c;
+}
+
+// n prompt tokens of the timed runs (token i: (i * 104729 + 3) % vocab).
+std::vector<int32_t> synthetic_tokens(size_t n, int vocab) {
+  std::vector<int32_t> p(n);
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<int32_t>((i * 104729 + 3) % static_cast<size_t>(vocab));
+  return p;
+}
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+}  // namespace
+
+double time_prefill(GpuModel& m, int bits, int prefill) {
+  const int V = m.config().vocab_size;
+  std::vector<int32_t> toks(static_cast<size_t>(prefill));
+  for (int i = 0; i < prefill; ++i) toks[static_cast<size_t>(i)] = (i * 7919 + 1) % V;
+  GpuKVCache kv = m.new_cache(1, prefill);
+  double best = 1e30;
+  for (int rep = 0; rep < 4; ++rep) {
+    kv.len[0] = 0;
+    m.synchronize();
+    const double t0 = now_s();
+    m.forward(toks.data(), 1, prefill, kv, false, bits);
+    m.synchronize();
+    if (rep > 0) best = std::min(best, now_s() - t0);   // rep 0 warms up (workspace, cuBLAS)
+  }
+  return prefill / best;
+}
+
+double time_decode(GpuModel& m, int bits, int prompt, int decode, int batch, double* kv_bytes) {
+  LOWBIT_CHECK(decode >= 3, "decode timing needs at least 3 steps");
+  GpuKVCache kv = m.new_cache(batch, prompt + decode + 1);
+  const std::vector<int32_t> p = synthetic_tokens(static_cast<size_t>(batch * prompt), m.config().vocab_size);
+  m.forward(p.data(), batch, prompt, kv, false, bits);
+  m.greedy_from_last_logits(batch);
+  m.decode_step_greedy(kv, bits, true);   // runs plainly and records the graph
+  m.decode_step_greedy(kv, bits, true);
+  m.synchronize();
+  const int steps = decode - 2;
+  const double t0 = now_s();
+  for (int i = 0; i < steps; ++i) m.decode_step_greedy(kv, bits, true);
+  m.synchronize();
+  const double tok_s = steps * batch / (now_s() - t0);
+  if (kv_bytes != nullptr) *kv_bytes = static_cast<double>(kv.bytes());
+  return tok_s;
+}
+
+WidthSwitchTiming time_width_switch(GpuModel& m, const std::vector<int>& widths, int prompt, int steps_per_width) {
+  const int W = static_cast<int>(widths.size());
+  LOWBIT_CHECK(W >= 2 && steps_per_width >= 1, "width switch timing needs two widths or more");
+  const int steps = W * steps_per_width;
+  GpuKVCache kv = m.new_cache(1, prompt + W + 3 * steps + 1);
+  const std::vector<int32_t> p = synthetic_tokens(static_cast<size_t>(prompt), m.config().vocab_size);
+  m.forward(p.data(), 1, prompt, kv, false, widths[0]);
+  m.greedy_from_last_logits(1);
+  m.synchronize();
+  WidthSwitchTiming t;
+  // First use of each width on this cache: its step runs uncaptured, then its graph is captured.
+  for (int b : widths) {
+    const double t0 = now_s();
+    m.decode_step_greedy(kv, b, true);
+    m.synchronize();
+    t.first_use_ms.push_back(1e3 * (now_s() - t0));
+  }
+  // Blocked (each width's steps in a row), alternating (the width changes every step), blocked again: the context
+  // grows by the same steps in each pass, so the mean of the blocked passes faces the alternating one's context.
+  auto pass = [&](bool alternate) {
+    m.synchronize();
+    const double t0 = now_s();
+    for (int i = 0; i < steps; ++i) m.decode_step_greedy(kv, widths[static_cast<size_t>(alternate ? i % W : i / steps_per_width)], true);
+    m.synchronize();
+    return 1e6 * (now_s() - t0) / steps;
+  };
+  const double a = pass(false);
+  const int captures = m.graph_captures();
+  t.alternating_us = pass(true);
+  t.captures_alternating = m.graph_captures() - captures;
+  t.blocked_us = 0.5 * (a + pass(false));
+  return t;
+}
+
+double device_copy_bandwidth() {
+  const size_t bytes = 1ull << 30;
+  DeviceBuffer<uint8_t> a(bytes), b(bytes);
+  LOWBIT_CUDA_CHECK(cudaMemset(a.get(), 1, bytes));
+  cudaEvent_t e0, e1;
+  LOWBIT_CUDA_CHECK(cudaEventCreate(&e0));
+  LOWBIT_CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> t;
+  for (int i = 0; i < 22; ++i) {
+    LOWBIT_CUDA_CHECK(cudaEventRecord(e0));
+    LOWBIT_CUDA_CHECK(cudaMemcpyAsync(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice));
+    LOWBIT_CUDA_CHECK(cudaEventRecord(e1));
+    LOWBIT_CUDA_CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    LOWBIT_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 2) t.push_back(ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  std::sort(t.begin(), t.end());
+  return 2.0 * static_cast<double>(bytes) / (t[t.size() / 2] * 1e-3);
+}
+
+void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
+  LOWBIT_CHECK(o.decode >= 3 && o.prompt >= 1 && o.prefill >= 1, "bench --e2e: decode >= 3, prompt and prefill >= 1");
+  char line[512];
+  out << "device: " << device_name() << "\n";
+  out << "random weights generated on the device; prefill = one forward of " << o.prefill
+      << " tokens (batch 1, median of 3); decode = " << o.decode << " greedy steps after a " << o.prompt
+      << "-token prompt, every step a CUDA-graph replay, tokens/s = steps x batch / time; 'no PDL': the same decode\n"
+         "timed in the same run with every kernel launched without programmatic dependent launch (src/cuda/launch.cuh);\n"
+         "'int8 tables toggled': at 2..4 bits and batch <= 8, the same decode timed in the same run with the int8 GEMV\n"
+         "(GemvPath::TensorCoreInt8LutStream; 2/4/16 at batch 1..2 the integer-dot GEMV, GemvPath::Dp2aStream, at 3..4 the int8\n"
+         "tensor-core GEMV, GemvPath::Int8MmaStream) switched\n"
+         "the other way (off when the run has it on, the default; on under LOWBIT_INT8_TABLES=0); 'x max by own kernel': the same decode timed in the same run with the int8 GEMVs'\n"
+         "activation kernels reducing each row's max |x| themselves instead of taking it from the RMSNorm / attention /\n"
+         "SwiGLU kernels that produce x (LOWBIT_PRODUCER_XMAX=0); 'RoPE kernel kept': the same decode timed in the same run\n"
+         "with RoPE and the KV store in their own kernel rather than inside attention (LOWBIT_FOLD_ROPE=0); 'SwiGLU kernel kept':\n"
+         "the same decode timed in the same run with SwiGLU in its own kernel rather than in the gate/up GEMV's epilogue\n"
+         "(LOWBIT_FOLD_SWIGLU=0); 'combine kernel kept': the same decode timed in the same run with attention's key splits\n"
+         "merged by the combine kernel rather than inside attention's thread-block clusters (LOWBIT_CLUSTER_COMBINE=0); 'dequant+cuBLAS': packed weights above batch 8,\n"
+         "the same decode timed in the same run with the fused GEMM off (LOWBIT_FUSED_GEMM=0: every linear dequantized\n"
+         "to fp16, then cuBLAS); for fp16 weights where our dense GEMV runs (batch 1..2), the same decode with cuBLAS in place of our dense GEMV\n"
+         "(LOWBIT_DENSE_GEMV=0); 'ungrouped 2/4/16 GEMVs': 2/4/16 at batch 1..4, the same decode timed in the same run with\n"
+         "q / k / v and gate / up as separate GEMV launches instead of one each (LOWBIT_GROUP_GEMV=0)\n";
+  const bool pdl = pdl_enabled();
+  out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
+         " | decode tok/s, no PDL | decode tok/s, int8 tables toggled | decode tok/s, x max by own kernel | decode tok/s, RoPE kernel kept | decode tok/s, SwiGLU kernel kept | decode tok/s, combine kernel kept | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV | decode tok/s, ungrouped 2/4/16 GEMVs\n";
+  for (const std::string& shape : o.shapes) {
+    const ModelConfig c = shape_config(shape);
+    for (const std::string& kind : o.kinds) {
+      const GpuModel::RandomKind rk = kind == "fp16" ? GpuModel::RandomKind::Fp16
+                                      : kind == "anyprec" ? GpuModel::RandomKind::AnyPrec
+                                      : kind == "mixed24a" ? GpuModel::RandomKind::Mixed24a
+                                      : (fail("bench --e2e: unknown weights '", kind, "'"), GpuModel::RandomKind::Fp16);
+      size_t free_b = 0, total_b = 0;
+      LOWBIT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      const double need = static_cast<double>(c.n_layers) * (4.0 * c.dim * c.dim + 3.0 * c.dim * c.hidden_dim) *
+                              (kind == "fp16" ? 2.0 : kind == "anyprec" ? 1.0 : 0.4) + 4.0 * c.vocab_size * c.dim;
+      if (need > 0.9 * static_cast<double>(free_b)) {
+        std::snprintf(line, sizeof line, "%s | %s | - | %.1f needed | skipped: %.1f GB free\n", shape.c_str(), kind.c_str(),
+                      need / 1e9, static_cast<double>(free_b) / 1e9);
+        out << line << std::flush;
+        continue;
+      }
+      GpuModel m(c, rk, 1234);
+      const std::vector<int> widths = kind == "anyprec" ? o.bits : std::vector<int>{0};
+      for (int b : widths) {
+        const double prefill_tok_s = time_prefill(m, b, o.prefill);
+        for (int batch : o.batches) {
+          double kv_bytes = 0;
+          const double decode_tok_s = time_decode(m, b, o.prompt, o.decode, batch, &kv_bytes);
+          double plain_tok_s = decode_tok_s;   // without PDL (the same when the GPU has none)
+          if (pdl) {
+            set_pdl(false);
+            plain_tok_s = time_decode(m, b, o.prompt, o.decode, batch, nullptr);
+            set_pdl(true);
+          }
+          // The same decode timed with one run-time switch set to `value` (restored after), where `when` holds; "-" elsewhere.
+          auto flipped = [&](bool when, bool (*get)(), void (*set)(bool), bool value) -> std::string {
+            if (!when) return "-";
+            const bool was = get();
+            set(value);
+            std::snprintf(line, sizeof line, "%.1f", time_decode(m, b, o.prompt, o.decode, batch, nullptr));
+            set(was);
+            return line;
+          };
+          // (2/4/16: the integer-dot GEMV at batch 1..2 and the int8 tensor-core GEMV at 3..kMixedMmaMaxBatch, under the same switch)
+          const bool i8 = ((kind == "anyprec" && b <= 4) || (kind == "mixed24a" && batch <= kMixedMmaMaxBatch)) && batch <= kMaxGemvBatch;
+          // the GEMVs with the int8 tables toggled
+          const std::string int8_toggled = flipped(i8, int8_tables_enabled, set_int8_tables, !int8_tables_enabled());
+          // the int8 GEMVs' activation kernels reducing max |x| themselves
+          const bool given_max = i8 && int8_tables_enabled() && producer_xmax_enabled();
+          const std::string own_max = flipped(given_max, producer_xmax_enabled, set_producer_xmax, false);
+          // RoPE and the KV store in their own kernel; SwiGLU in its own kernel (both as before session 20)
+          const std::string rope_kernel =
+              flipped(batch <= 8 && fold_rope_enabled() && attention_folds_rope(batch, c.head_dim, true), fold_rope_enabled, set_fold_rope, false);
+          const std::string swiglu_kernel =
+              flipped(kind == "anyprec" && given_max && b <= 3 && fold_swiglu_enabled(), fold_swiglu_enabled, set_fold_swiglu, false);
+          // the key splits merged by the combine kernel (as before session 21), where the decode's attention splits
+          const std::string combine_kernel =
+              flipped(cluster_combine_enabled() && attention_combines_in_cluster(m.decode_splits(batch, o.prompt + o.decode + 1)),
+                      cluster_combine_enabled, set_cluster_combine, false);
+          // above batch 8 the large-batch path the fused GEMM replaced; fp16 at batch 1..2 cuBLAS in place of our GEMV
+          // 2/4/16 at batch 1..4: q / k / v and gate / up as separate launches (as before session 24)
+          const std::string ungrouped = flipped(kind == "mixed24a" && batch <= kMixedMmaMaxBatch && group_gemv_enabled() && int8_tables_enabled(),
+                                                group_gemv_enabled, set_group_gemv, false);
+          std::string dequant = flipped(kind != "fp16" && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
+          if (kind == "fp16")
+            dequant = flipped(dense_gemv_preferred(c.dim, c.dim, batch) && dense_gemv_enabled(), dense_gemv_enabled, set_dense_gemv, false);
+          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %s | %s | %s | %s | %.2f | %s | %s\n", shape.c_str(),
+                        kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
+                        static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
+                        plain_tok_s, int8_toggled.c_str(), own_max.c_str(), rope_kernel.c_str(), swiglu_kernel.c_str(), combine_kernel.c_str(), kv_bytes / 1e9, dequant.c_str(), ungrouped.c_str());
+          out << line << std::flush;
+        }
+        // Where the time of a decode step goes: batch 1, 16 replays of the step's graph with an event node at the
+        // start of every stage (the events add a little time of their own).
+        {
+          GpuKVCache kv = m.new_cache(1, o.prompt + o.decode + 1);   // as the timed decode: the same attention splits
+          const std::vector<int32_t> p = synthetic_tokens(static_cast<size_t>(o.prompt), c.vocab_size);
+          m.forward(p.data(), 1, o.prompt, kv, false, b);
+          m.greedy_from_last_logits(1);
+          m.enable_profile(true);
+          m.decode_step_greedy(kv, b, true);   // runs the step, captures the profiled graph
+          for (int i = 0; i < 16; ++i) m.decode_step_greedy(kv, b, true);
+          const auto stages = m.take_profile();
+          m.enable_profile(false);
+          double total = 0;
+          for (const auto& [name, ms] : stages) total += ms;
+          out << "  decode step breakdown (batch 1, " << shape << " " << kind << (b ? " " + std::to_string(b) + "-bit" : "")
+              << ", 16 graph replays, per step):";
+          for (const auto& [name, ms] : stages) {
+            std::snprintf(line, sizeof line, " %s %.1f us (%.0f%%);", name.c_str(), 1000.0 * ms / 16, 100.0 * ms / total);
+            out << line;
+          }
+          out << "\n" << std::flush;
+        }
+      }
+      if (widths.size() >= 2) {
+        // Switching width between requests: every step at another width replays that width's cached graph.
+        const int per_width = 32;
+        const WidthSwitchTiming t = time_width_switch(m, widths, o.prompt, per_width);
+        out << "  width switch (batch 1, " << shape << " anyprec, " << per_width << " steps per width and pass): first use on a"
+            << " new cache (uncaptured step + graph capture)";
+        for (size_t i = 0; i < widths.size(); ++i) {
+          std::snprintf(line, sizeof line, " %d-bit %.2f ms;", widths[i], t.first_use_ms[i]);
+          out << line;
+        }
+        std::snprintf(line, sizeof line,
+                      " mean step %.1f us with the widths in blocks, %.1f us with the width changed every step (%+.1f us per"
+                      " switch); graph captures while alternating: %d\n",
+                      t.blocked_us, t.alternating_us, t.alternating_us - t.blocked_us, t.captures_alternating);
+        out << line << std::flush;
+      }
+    }
+  }
+}
+
+}  // namespace lowbit::cuda

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# On the lent GPU machine, after `scripts/device/eval.sh stage` (bundle from scripts/device/bundle.sh):
+#   scripts/device/cuda.sh test        the GPU tests (kernels vs CPU twins, GPU model vs CPU model); $OUT/cuda-tests.txt
+#   scripts/device/cuda.sh sanitize    the same tests under compute-sanitizer memcheck; $OUT/cuda-sanitizer.txt
+#   scripts/device/cuda.sh bench [ARGS] lowbit bench --kernels ARGS; $OUT/bench-kernels.txt
+#   scripts/device/cuda.sh e2e [ARGS]   lowbit bench --e2e ARGS; $OUT/bench-e2e.txt
+#   scripts/device/cuda.sh all          test, bench (defaults), e2e (Llama-2-7B and Llama-3-8B shapes), sanitize
+#                                       (kernel tests), in that order, each log copied to $OUT as it finishes
+set -uo pipefail
+source "$(dirname "$0")/env.sh"
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+# What the tests read: the staged subset of ../shared and the SmolLM2 GGUF (as the model cache lays it out).
+export LOWBIT_SHARED_DIR="$LB/shared"
+mkdir -p /tmp/lbcache/models && [ -f "$LB/smollm2.gguf" ] && ln -sf "$LB/smollm2.gguf" /tmp/lbcache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+export LOWBIT_CACHE=/tmp/lbcache
+export LOWBIT_SOURCE_DIR="$PWD"   # the repository copy this command runs in (tests/fixtures)
+case "${1:-}" in
+  test)
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/cuda-tests.txt"
+    for t in "$LB"/pkg/test_cuda_*; do
+      "$t" 2>&1 | tee -a "$OUT/cuda-tests.txt" | grep -E "^\[ |OK|FAILED|SKIPPED|Failure|budget|PASSED|Expected|Which|error" | head -80
+    done
+    ;;
+  sanitize)
+    : > "$OUT/cuda-sanitizer.txt"
+    for t in "$LB"/pkg/test_cuda_*; do
+      compute-sanitizer --tool memcheck --error-exitcode 9 "$t" "${@:2}" >> "$OUT/cuda-sanitizer.txt" 2>&1
+      echo "compute-sanitizer $(basename "$t") exit: $?" | tee -a "$OUT/cuda-sanitizer.txt"
+    done
+    grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/cuda-sanitizer.txt" | head
+    ;;
+  bench)
+    shift
+    "$LB/pkg/lowbit" bench --kernels "$@" 2>&1 | tee "$OUT/bench-kernels.txt"
+    ;;
+  e2e)
+    shift
+    "$LB/pkg/lowbit" bench --e2e "$@" 2>&1 | tee "$OUT/bench-e2e.txt"
+    ;;
+  all)
+    bash "$0" test
+    bash "$0" bench
+    bash "$0" e2e --model-shapes llama2-7b,llama3-8b
+    bash "$0" sanitize --gtest_filter='CudaKernels.*'
+    ;;
+  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all" >&2; exit 2 ;;
+esac

@@ -1,0 +1,17 @@
+# Sourced by the scripts/device/*.sh scripts on the lent GPU machine: where the staged bundle lives ($LB) and a
+# library path holding the bundle's shared libraries plus the machine's own cuBLAS and cuSPARSE (the CUDA build links
+# them dynamically and the CUDA runtime statically; each is found once and remembered in $LB/cublas_dir, $LB/cusparse_dir).
+LB="${LB:-/tmp/lb}"
+if [ ! -s "$LB/cublas_dir" ]; then
+  mkdir -p "$LB"
+  lib=$(find /usr/local /usr/lib /opt -name 'libcublas.so.13*' 2>/dev/null | head -1)
+  [ -z "$lib" ] && lib=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib", "x"))' 2>/dev/null)
+  [ -n "$lib" ] && dirname "$lib" > "$LB/cublas_dir"
+fi
+if [ ! -s "$LB/cusparse_dir" ]; then
+  mkdir -p "$LB"
+  lib=$(find /usr/local /usr/lib /opt -name 'libcusparse.so.12*' 2>/dev/null | head -1)
+  [ -z "$lib" ] && lib=$(python3 -c 'import nvidia.cusparse, os; print(os.path.join(os.path.dirname(nvidia.cusparse.__file__), "lib", "x"))' 2>/dev/null)
+  [ -n "$lib" ] && dirname "$lib" > "$LB/cusparse_dir"
+fi
+export LD_LIBRARY_PATH="$LB/pkg/lib:$(cat "$LB/cublas_dir" 2>/dev/null):$(cat "$LB/cusparse_dir" 2>/dev/null)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -1,0 +1,16 @@
+// Shared by the API's implementation files only (never installed): mappings between the public types and the
+// library's own.
+#pragma once
+#include <string>
+
+#include "lowbit/types.h"
+#include "model/weight_set.h"
+
+namespace lowbit::api::detail {
+
+ModelFormat public_format(lowbit::ModelFormat f);
+// The public description of a model: its config, the format and path it was read from, and for .lowbit files the
+// quantization method JSON the file stores.
+ModelInfo model_info(const ModelConfig& c, lowbit::ModelFormat format, const std::string& path);
+
+}  // namespace lowbit::api::detail

@@ -1,0 +1,167 @@
+#include "backend_cuda/model/cuda_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+
+#include "core/rss.h"
+#include "model/weight_convert.h"
+#include "runtime/sampler.h"
+
+namespace lowbit::cuda {
+
+namespace {
+
+class CudaSequence final : public Sequence {
+ public:
+  explicit CudaSequence(GpuKVCache c) : cache(std::move(c)) {}
+  int capacity() const override { return cache.capacity; }
+  int length() const override { return cache.len[0]; }
+  GpuKVCache cache;
+};
+
+class CudaDecoder final : public Decoder {
+ public:
+  CudaDecoder(GpuModel& m, GpuKVCache& cache, const SamplingParams& p, int bits)
+      : m_(m), cache_(cache), bits_(bits), sampler_(p), rng_(p.seed),
+        greedy_on_device_(p.temperature == 0.0f && p.repetition_penalty == 1.0f),
+        // The repetition penalty needs the history: that path downloads the logits and uses the CPU Sampler.
+        gpu_sampling_(!greedy_on_device_ && p.repetition_penalty == 1.0f) {
+    gp_.temperature = p.temperature;
+    gp_.top_k = p.top_k;
+    gp_.top_p = p.top_p;
+  }
+
+  void prefill(std::span<const int32_t> prompt) override {
+    LOWBIT_CHECK(cache_.len[0] == 0, "prefill: the sequence already holds ", cache_.len[0], " positions");
+    dlog_ = m_.forward(prompt.data(), 1, static_cast<int>(prompt.size()), cache_, false, bits_);
+    if (greedy_on_device_) m_.greedy_from_last_logits(1);
+    m_.synchronize();
+    device_token_known_ = false;
+  }
+
+  int32_t next(const std::vector<int32_t>& history) override {
+    if (greedy_on_device_) {
+      device_token_ = m_.get_decode_tokens(1)[0];
+      device_token_known_ = true;
+      return device_token_;
+    }
+    if (gpu_sampling_) {
+      const float u = std::min(static_cast<float>(uniform_(rng_)), 0x1.fffffep-1f);   // [0, 1) after rounding to float
+      m_.sample_from_last_logits(1, gp_, {u});
+      return m_.get_decode_tokens(1)[0];
+    }
+    logits_.resize(static_cast<size_t>(m_.config().vocab_size));
+    // The model's stream is non-blocking: the copy must be queued on it, then waited for.
+    LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits_.data(), dlog_, sizeof(float) * logits_.size(), cudaMemcpyDeviceToHost,
+                                      m_.stream()));
+    m_.synchronize();
+    return sampler_.sample(logits_.data(), m_.config().vocab_size, history);
+  }
+
+  void advance(int32_t token) override {
+    if (greedy_on_device_) {
+      // The step reads its input token on the device, where next() left it; any other token is uploaded first.
+      if (!device_token_known_ || token != device_token_) m_.set_decode_tokens({token});
+      m_.decode_step_greedy(cache_, bits_, /*use_graph=*/true);
+      device_token_known_ = false;
+    } else {
+      dlog_ = m_.forward(&token, 1, 1, cache_, false, bits_);
+    }
+  }
+
+  void wait() override { m_.synchronize(); }
+
+ private:
+  GpuModel& m_;
+  GpuKVCache& cache_;
+  const int bits_;
+  Sampler sampler_;
+  std::mt19937_64 rng_;
+  std::uniform_real_distribution<double> uniform_{0.0, 1.0};
+  GpuSamplingParams gp_;
+  const bool greedy_on_device_, gpu_sampling_;
+  const float* dlog_ = nullptr;   // the device logits of the last forward ([vocab])
+  std::vector<float> logits_;     // their host copy (repetition-penalty path)
+  int32_t device_token_ = -1;     // the token the device holds for the next step, when known
+  bool device_token_known_ = false;
+};
+
+}  // namespace
+
+GpuKVCache& kv_cache_of(Sequence& seq) {
+  auto* s = dynamic_cast<CudaSequence*>(&seq);
+  LOWBIT_CHECK(s != nullptr, "cuda backend: the sequence belongs to another backend");
+  return s->cache;
+}
+
+CudaBackend::CudaBackend(WeightSet ws, const BackendOptions& opts) : Backend(ws.path, ws.format) {
+  LOWBIT_CHECK(!opts.reference, "--device cuda: the reference forward (--reference) runs on the CPU");
+  // The CUDA context first, so that the memory it takes is part of the baseline, not of the load.
+  LOWBIT_CUDA_CHECK(cudaFree(nullptr));
+  const auto t0 = std::chrono::steady_clock::now();
+  AnonRssPeak peak;
+  ws.config.validate(ws.path);
+  owned_tok_ = make_model_tokenizer(ws);
+  owned_ = std::make_unique<GpuModel>(ws, [&peak] { peak.sample(); });
+  ws = WeightSet();   // unmaps the file: everything on the device from here on
+  model_ = owned_.get();
+  tok_ = owned_tok_.get();
+  peak.sample();
+  stats_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stats_.anon_rss_before_bytes = peak.start_bytes();
+  stats_.peak_anon_rss_bytes = peak.peak_bytes();
+  stats_.vm_hwm_bytes = peak_rss_bytes();
+  device_ = "cuda: " + device_name();
+}
+
+CudaBackend::CudaBackend(GpuModel& model, const Tokenizer* tokenizer, std::string path, ModelFormat format)
+    : Backend(std::move(path), format), model_(&model), tok_(tokenizer), device_("cuda: " + device_name()) {}
+
+CudaBackend::~CudaBackend() = default;
+
+const Tokenizer& CudaBackend::tokenizer() const {
+  LOWBIT_CHECK(tok_ != nullptr, path(), ": the model has no tokenizer (for llama2.c pass --tokenizer)");
+  return *tok_;
+}
+
+void CudaBackend::check_bits(int bits) const {
+  uint32_t mask = 0;
+  for (int b : model_->widths()) mask |= 1u << b;
+  check_served_width(path(), mask, bits);
+}
+
+std::unique_ptr<Sequence> CudaBackend::new_sequence(int capacity) {
+  return std::make_unique<CudaSequence>(model_->new_cache(1, capacity));
+}
+
+WindowScore CudaBackend::score_window(Sequence& seq, std::span<const int32_t> tokens, int bits, bool reference) {
+  LOWBIT_CHECK(!reference, "perplexity: the reference path runs on the CPU (--device cpu)");
+  WindowScore s;
+  model_->score_window(tokens.data(), static_cast<int>(tokens.size()), kv_cache_of(seq), bits, &s.nll_sum,
+                       &s.top1_hits);
+  return s;
+}
+
+std::unique_ptr<Decoder> CudaBackend::new_decoder(Sequence& seq, const SamplingParams& sampling, int bits) {
+  return std::make_unique<CudaDecoder>(*model_, kv_cache_of(seq), sampling, bits);
+}
+
+}  // namespace lowbit::cuda
+
+namespace lowbit {
+
+namespace {
+std::unique_ptr<Backend> open_cuda_backend(WeightSet ws, const BackendOptions& opts) {
+  return std::make_unique<cuda::CudaBackend>(std::move(ws), opts);
+}
+const CudaBackendHooks kCudaHooks{&cuda::device_available, &open_cuda_backend};
+}  // namespace
+
+// The CUDA build's open_backend (runtime/backend.h): the one device choice of open_backend_with, with the GPU in it.
+// Defined here rather than in runtime/backend.cpp because the runtime library is linked after this one.
+std::unique_ptr<Backend> open_backend(const std::string& path, const BackendOptions& opts) {
+  return open_backend_with(path, opts, &kCudaHooks);
+}
+
+}  // namespace lowbit

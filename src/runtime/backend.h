@@ -1,0 +1,130 @@
+// One front end over the devices a model runs on. perplexity() and generate() (and a server) are written once over
+// Backend; a backend brings the model's forward pass, its KV caches and its way of picking tokens:
+//   CpuBackend  (runtime/cpu_backend.h)               the fp32 Model of src/model, OpenBLAS + OpenMP;
+//   CudaBackend (backend_cuda/model/cuda_backend.h)   cuda::GpuModel, loaded straight from the file (no fp32 copy of
+//                                                      the model in host memory), fp16 weights or packed kernels.
+// open_backend() reads the file once and hands its WeightSet to the device chosen. perplexity(Backend&, ...) and
+// generate(Backend&, ...) are declared in runtime/perplexity.h and runtime/generate.h (included here).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weight_set.h"
+#include "runtime/generate.h"
+#include "runtime/perplexity.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lowbit {
+
+enum class Device { Auto, Cpu, Cuda };
+const char* device_option_name(Device d);   // "auto", "cpu", "cuda"
+
+struct BackendOptions {
+  Device device = Device::Auto;
+  LoadOptions load;
+  bool reference = false;   // CPU only: every forward through the scalar oracle (Model::forward_ref; tests)
+};
+
+// What loading cost: wall time and host memory. peak_anon_rss_bytes is the largest RssAnon (core/rss.h) seen
+// during the load (the CUDA backend samples it after every tensor's upload, while its conversion scratch is still
+// alive; the CPU backend once the model is loaded); anon_rss_before_bytes is RssAnon when the load began, so the
+// load's own peak is the difference. vm_hwm_bytes is VmHWM after the load, which also counts mapped file pages.
+struct LoadStats {
+  double seconds = 0;
+  uint64_t anon_rss_before_bytes = 0, peak_anon_rss_bytes = 0, vm_hwm_bytes = 0;
+};
+
+// One sequence's KV cache on the backend's device: positions [0, length()) filled, room for capacity().
+class Sequence {
+ public:
+  virtual ~Sequence();
+  virtual int capacity() const = 0;
+  virtual int length() const = 0;
+};
+
+// Negative log-likelihood summed over a window's predicted positions and how many of them the model ranked first.
+struct WindowScore {
+  double nll_sum = 0;
+  int64_t top1_hits = 0;
+};
+
+// Token by token generation on one sequence. The backend picks how for the whole generation from the sampling
+// parameters, so that each device takes its fastest exact path (the GPU: argmax on the device and CUDA-graph decode
+// steps for greedy decoding without a repetition penalty; its own sampling kernel, seeded like the CPU Sampler, for
+// temperature / top-k / top-p; the CPU Sampler on downloaded logits with a repetition penalty).
+class Decoder {
+ public:
+  virtual ~Decoder();
+  // Runs the prompt at the start of the sequence (which must be empty) and keeps its last position's logits.
+  virtual void prefill(std::span<const int32_t> prompt) = 0;
+  // The next token from the last logits. history = the prompt and every token generated so far (the repetition
+  // penalty reads it).
+  virtual int32_t next(const std::vector<int32_t>& history) = 0;
+  // Runs `token` (normally the one next() returned) at the next position, producing the logits next() reads.
+  virtual void advance(int32_t token) = 0;
+  // Waits until the device has finished the work queued so far (timings).
+  virtual void wait() = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend();
+  virtual std::string device_name() const = 0;   // "cpu" or "cuda: NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
+  virtual const ModelConfig& config() const = 0;
+  virtual bool has_tokenizer() const = 0;
+  virtual const Tokenizer& tokenizer() const = 0;   // throws lowbit::Error when the file has none
+  virtual std::vector<int> widths() const = 0;      // any-precision widths served; empty = single precision
+  virtual void check_bits(int bits) const = 0;      // one-line error unless 0 or a served width
+  virtual uint64_t weight_bytes_per_token(int bits) const = 0;   // weight bytes one decode step reads at that width
+  virtual LoadStats load_stats() const = 0;
+
+  // The file it was loaded from, as given, and its format.
+  const std::string& path() const { return path_; }
+  ModelFormat model_format() const { return format_; }
+
+  // A KV cache for one sequence of up to `capacity` positions (at most the model's max_seq_len).
+  virtual std::unique_ptr<Sequence> new_sequence(int capacity) = 0;
+  // Scores tokens as one window from a fresh context, in seq (its contents are replaced; tokens.size() <= its
+  // capacity, >= 2): every position t < n-1 predicts token t+1. reference: the scalar oracle forward (CPU only).
+  virtual WindowScore score_window(Sequence& seq, std::span<const int32_t> tokens, int bits, bool reference) = 0;
+  // A decoder that generates into seq at width `bits` (0: the widest), picking tokens as `sampling` says.
+  virtual std::unique_ptr<Decoder> new_decoder(Sequence& seq, const SamplingParams& sampling, int bits) = 0;
+
+ protected:
+  Backend(std::string path, ModelFormat format) : path_(std::move(path)), format_(format) {}
+
+ private:
+  std::string path_;
+  ModelFormat format_;
+};
+
+// Reads the model file and opens it on a device.
+// Auto: the GPU when one is present, the build has CUDA, every packed format of the model runs there
+//       (formats/format_table.h: GpuSupport other than None; QUIK does not yet) and reference is off; else the CPU.
+// Cuda: exactly the GPU, or a one-line error: built without CUDA, no device (and why), a format without a GPU path
+//       (naming the tensor), reference requested.
+// Cpu:  the CPU.
+// A missing or malformed file fails with the reader's one-line error whatever the device.
+std::unique_ptr<Backend> open_backend(const std::string& path, const BackendOptions& opts);
+
+// The CPU backend over a model file (what open_backend gives for Device::Cpu).
+std::unique_ptr<Backend> open_cpu_backend(WeightSet ws, const BackendOptions& opts);
+// The packed weight of ws that keeps it off the GPU (a format with GpuSupport::None), or "" when every one runs there.
+std::string first_cpu_only_weight(const WeightSet& ws);
+
+// How open_backend reaches the CUDA backend, which lives in a library of its own (lowbit_cuda): a build with CUDA
+// defines open_backend there and passes these; a build without passes none.
+struct CudaBackendHooks {
+  bool (*available)(std::string* why);
+  std::unique_ptr<Backend> (*open)(WeightSet ws, const BackendOptions& opts);
+};
+std::unique_ptr<Backend> open_backend_with(const std::string& path, const BackendOptions& opts,
+                                           const CudaBackendHooks* cuda);
+
+}  // namespace lowbit
