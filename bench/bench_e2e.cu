@@ -12,6 +12,14 @@
 namespace lowbit::cuda {
 namespace {
 
+// The --weights values: user input, parsed once into the random model kind.
+GpuModel::RandomKind random_kind(const std::string& name) {
+  if (name == "fp16") return GpuModel::RandomKind::Fp16;
+  if (parse_format_name(name) == FormatId::AnyPrec) return GpuModel::RandomKind::AnyPrec;
+  if (parse_format_name(name) == FormatId::Mixed24A) return GpuModel::RandomKind::Mixed24a;
+  fail("bench --e2e: unknown weights '", name, "' (fp16, anyprec, mixed24a)");
+}
+
 ModelConfig shape_config(const std::string& name) {
   ModelConfig c;
   c.name = name;
@@ -134,6 +142,7 @@ double device_copy_bandwidth() {
 }
 
 void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
+  for (const std::string& kind : o.kinds) random_kind(kind);   // refuse a bad list before any work
   LOWBIT_CHECK(o.decode >= 3 && o.prompt >= 1 && o.prefill >= 1, "bench --e2e: decode >= 3, prompt and prefill >= 1");
   char line[512];
   out << "device: " << device_name() << "\n";
@@ -161,14 +170,13 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
     for (const std::string& kind : o.kinds) {
-      const GpuModel::RandomKind rk = kind == "fp16" ? GpuModel::RandomKind::Fp16
-                                      : kind == "anyprec" ? GpuModel::RandomKind::AnyPrec
-                                      : kind == "mixed24a" ? GpuModel::RandomKind::Mixed24a
-                                      : (fail("bench --e2e: unknown weights '", kind, "'"), GpuModel::RandomKind::Fp16);
+      const GpuModel::RandomKind rk = random_kind(kind);
+      const bool fp16 = rk == GpuModel::RandomKind::Fp16, anyprec = rk == GpuModel::RandomKind::AnyPrec,
+                 mixed = rk == GpuModel::RandomKind::Mixed24a;
       size_t free_b = 0, total_b = 0;
       LOWBIT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       const double need = static_cast<double>(c.n_layers) * (4.0 * c.dim * c.dim + 3.0 * c.dim * c.hidden_dim) *
-                              (kind == "fp16" ? 2.0 : kind == "anyprec" ? 1.0 : 0.4) + 4.0 * c.vocab_size * c.dim;
+                              (fp16 ? 2.0 : anyprec ? 1.0 : 0.4) + 4.0 * c.vocab_size * c.dim;
       if (need > 0.9 * static_cast<double>(free_b)) {
         std::snprintf(line, sizeof line, "%s | %s | - | %.1f needed | skipped: %.1f GB free\n", shape.c_str(), kind.c_str(),
                       need / 1e9, static_cast<double>(free_b) / 1e9);
@@ -176,7 +184,7 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
         continue;
       }
       GpuModel m(c, rk, 1234);
-      const std::vector<int> widths = kind == "anyprec" ? o.bits : std::vector<int>{0};
+      const std::vector<int> widths = anyprec ? o.bits : std::vector<int>{0};
       for (int b : widths) {
         const double prefill_tok_s = time_prefill(m, b, o.prefill);
         for (int batch : o.batches) {
@@ -198,28 +206,28 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             return line;
           };
           // (2/4/16: the integer-dot GEMV at batch 1..2 and the int8 tensor-core GEMV at 3..kMixedMmaMaxBatch, under the same switch)
-          const bool i8 = ((kind == "anyprec" && b <= 4) || (kind == "mixed24a" && batch <= kMixedMmaMaxBatch)) && batch <= kMaxGemvBatch;
+          const bool i8 = ((anyprec && b <= 4) || (mixed && batch <= kMixedMmaMaxBatch)) && batch <= kMaxGemvBatch;
           // the GEMVs with the int8 tables toggled
           const std::string int8_toggled = flipped(i8, int8_tables_enabled, set_int8_tables, !int8_tables_enabled());
           // the int8 GEMVs' activation kernels reducing max |x| themselves
           const bool given_max = i8 && int8_tables_enabled() && producer_xmax_enabled();
           const std::string own_max = flipped(given_max, producer_xmax_enabled, set_producer_xmax, false);
-          // RoPE and the KV store in their own kernel; SwiGLU in its own kernel (both as before session 20)
+          // RoPE and the KV store in their own kernel; SwiGLU in its own kernel
           const std::string rope_kernel =
               flipped(batch <= 8 && fold_rope_enabled() && attention_folds_rope(batch, c.head_dim, true), fold_rope_enabled, set_fold_rope, false);
           const std::string swiglu_kernel =
-              flipped(kind == "anyprec" && given_max && b <= 3 && fold_swiglu_enabled(), fold_swiglu_enabled, set_fold_swiglu, false);
-          // the key splits merged by the combine kernel (as before session 21), where the decode's attention splits
+              flipped(anyprec && given_max && b <= 3 && fold_swiglu_enabled(), fold_swiglu_enabled, set_fold_swiglu, false);
+          // the key splits merged by the combine kernel, where the decode's attention splits
           const std::string combine_kernel =
               flipped(cluster_combine_enabled() && attention_combines_in_cluster(m.decode_splits(batch, o.prompt + o.decode + 1)),
                       cluster_combine_enabled, set_cluster_combine, false);
           // above batch 8 the large-batch path the fused GEMM replaced; fp16 at batch 1..2 cuBLAS in place of our GEMV
-          // 2/4/16 at batch 1..4: q / k / v and gate / up as separate launches (as before session 24)
-          const std::string ungrouped = flipped(kind == "mixed24a" && batch <= kMixedMmaMaxBatch && group_gemv_enabled() && int8_tables_enabled(),
+          // 2/4/16 at batch 1..4: q / k / v and gate / up as separate launches
+          const std::string ungrouped = flipped(mixed && batch <= kMixedMmaMaxBatch && group_gemv_enabled() && int8_tables_enabled(),
                                                 group_gemv_enabled, set_group_gemv, false);
-          std::string dequant = flipped(kind != "fp16" && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
-          if (kind == "fp16")
-            dequant = flipped(dense_gemv_preferred(c.dim, c.dim, batch) && dense_gemv_enabled(), dense_gemv_enabled, set_dense_gemv, false);
+          std::string dequant = flipped(!fp16 && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
+          if (fp16)
+            dequant = flipped(choose_kernel({std::nullopt, c.dim, c.dim, batch, 0, true}, runtime_gpu()).kernel == Kernel::DenseGemv, dense_gemv_enabled, set_dense_gemv, false);
           std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %s | %s | %s | %s | %.2f | %s | %s\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,

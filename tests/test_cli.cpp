@@ -145,3 +145,86 @@ TEST(Cli, QuantizeInspectAndMisuse) {
 
 }  // namespace
 }  // namespace lowbit
+
+namespace lowbit {
+namespace {
+
+// Misuse answered in one short line ("lowbit: error: ..."), never CLI11's hundreds-of-digit float bounds.
+void expect_one_line_error(const std::string& args, const std::string& phrase) {
+  std::string out;
+  const int rc = run_cli(args, &out);
+  EXPECT_NE(rc, 0) << args << "\n" << out;
+  EXPECT_LT(rc, 128) << "crashed: " << args << "\n" << out;
+  EXPECT_NE(out.find(phrase), std::string::npos) << args << "\n" << out;
+  EXPECT_EQ(out.rfind("lowbit: error: ", 0), 0u) << args << "\n" << out;
+  EXPECT_EQ(out.find('\n'), out.size() - 1) << "more than one line: " << args << "\n" << out;
+  EXPECT_LT(out.size(), 240u) << args << "\n" << out;
+}
+
+TEST(Cli, RangeErrorsStateTheBoundPlainly) {
+  expect_one_line_error("generate x --prompt hi --temperature -1", "--temperature must be >= 0 (0 = greedy), got -1");
+  expect_one_line_error("generate x --prompt hi --top-k -2", "--top-k must be >= 0 (0 = off), got -2");
+  expect_one_line_error("generate x --prompt hi --top-p 0", "--top-p must be in (0, 1] (1 = off), got 0");
+  expect_one_line_error("generate x --prompt hi --top-p 1.5", "--top-p must be in (0, 1] (1 = off), got 1.5");
+  expect_one_line_error("generate x --prompt hi --repetition-penalty 0", "--repetition-penalty must be > 0 (1 = off), got 0");
+  expect_one_line_error("generate x --prompt hi -n -1", "--max-tokens must be >= 0, got -1");
+  expect_one_line_error("generate x --prompt hi --seed -1", "--seed: must be an integer >= 0, got -1");
+  expect_one_line_error("generate x --prompt hi --system be-brief", "--system needs --chat");
+  expect_one_line_error("generate x --prompt hi --top-k 40", "--top-k applies to sampling (--temperature > 0)");
+  expect_one_line_error("generate x --prompt hi --seed 3", "--seed applies to sampling (--temperature > 0)");
+  expect_one_line_error("ppl x --text y --max-windows -3", "--max-windows: must be >= 0 (0 = all), got -3");
+  expect_one_line_error("ppl x --text y --ctx 1", "--ctx: must be >= 2, got 1");
+  expect_one_line_error("ppl x --text y --text-mode wikitext --doc-separator X", "--doc-separator applies to --text-mode docs only");
+  expect_one_line_error("-t -1 inspect x", "--threads: must be >= 0 (0 = all cores), got -1");
+  expect_one_line_error("quantize x -o y.lowbit --group -1", "--group: must be >= 0 (0 = per channel), got -1");
+  expect_one_line_error("quantize x -o y.lowbit --percdamp 0", "--percdamp: must be in [1e-06, 10], got 0");
+  expect_one_line_error("quantize x -o y.lowbit --method anyprec --kmeans-iters -1", "--kmeans-iters: must be >= 0, got -1");
+  expect_one_line_error("bench x --decode 2", "--decode: must be in [3, 65536], got 2");
+  expect_one_line_error("bench --shapes 64x64", "--shapes applies to --kernels only");
+  expect_one_line_error("bench --kernels --model-shapes llama2-7b", "--model-shapes applies to --e2e only");
+}
+
+// An option that does not apply to the chosen quantization method is refused, naming what does apply; no file.
+TEST(Cli, QuantizeRefusesOptionsOfOtherMethods) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  const std::string dir = test::temp_dir();
+  const std::string q = "quantize " + stories() + " -o " + dir + "/x.lowbit ";
+  test::expect_cli_refuses({
+      {q + "--method anyprec --bits 3", "--bits does not apply to --method anyprec (it applies to rtn, gptq); "
+                                        "anyprec's widths are set by --seed-bits, --parent-bits and --widths"},
+      {q + "--method anyprec --group 64", "--group does not apply to --method anyprec"},
+      {q + "--seed-bits 3", "--seed-bits does not apply to --method gptq (the default) (it applies to anyprec)"},
+      {q + "--method rtn --calib-samples 8", "--calib-samples does not apply to --method rtn"},
+      {q + "--method rtn --act-order", "--act-order does not apply to --method rtn (it applies to gptq)"},
+      {q + "--method gptq --ratio-4bit 0.5", "--ratio-4bit does not apply to --method gptq (it applies to mixed24)"},
+      {q + "--method mixed24 --bits 3", "mixed24 mixes 2 and 4 bits: --ratio-4bit sets the mix"},
+      {q + "--method mixed24 --wbits 4", "--wbits does not apply to --method mixed24 (it applies to quik)"},
+      {q + "--method quik --bits 4", "quik's weight bits are --wbits"},
+      {q + "--method quik --sensitivity hessian-diag", "--sensitivity does not apply to --method quik"},
+      {q + "--method anyprec --no-sequential", "--no-sequential does not apply to --method anyprec"},
+      {q + "--method mixed24 --layout generic --unit-order column", "--unit-order orders the aligned layout's units"},
+      {q + "--method quik --outliers 64 --outlier-frac 0.1", "--outlier-frac and --outliers both set"},
+      {q + "--method quik --outliers 1.5", "quik: --outliers is a column count, got 1.5"},
+      {"quantize " + test::fixture("tiny_llama3") + " --method rtn --tokenizer " + stories() + " -o " + dir + "/x.lowbit",
+       "--tokenizer applies to llama2.c checkpoints only"},
+  }, dir + "/x.lowbit");
+  expect_usage_error("inspect " + test::fixture("tiny_llama3") + " --tokenizer " + stories(),
+                     "--tokenizer applies to llama2.c checkpoints only");
+}
+
+// A .jsonl text is counted in documents, not as the one text they are joined into.
+TEST(Cli, PplCountsJsonlDocuments) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  const std::string c4 = test::shared_path("data/c4/c4-validation.calib-docs-0-511.jsonl");
+  LOWBIT_REQUIRE_FILE(c4, "C4 sample");
+  std::string out;
+  ASSERT_EQ(run_cli("ppl " + stories() + " --text " + c4 + " --ctx 256 --max-windows 1 --device cpu", &out), 0) << out;
+  EXPECT_NE(out.find("512 jsonl documents joined with"), std::string::npos) << out;
+  EXPECT_NE(out.find("windows: 1 of "), std::string::npos) << out;
+  EXPECT_NE(out.find("(SUBSET: --max-windows)"), std::string::npos) << out;
+  expect_usage_error("ppl " + stories() + " --text " + c4 + " --text-mode wikitext --jsonl-field body --max-windows 1",
+                     "--jsonl-field applies to .jsonl text only");
+}
+
+}  // namespace
+}  // namespace lowbit

@@ -1044,7 +1044,9 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
     int major = 0, minor = 0;
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0));
-    if (major == 9 && minor == 0) EXPECT_TRUE(cuda::anyprec_gemm_serves(3, cuda::GemmKernel::WgmmaWs));
+    if (major == 9 && minor == 0) {
+      EXPECT_TRUE(cuda::anyprec_gemm_serves(3, cuda::GemmKernel::WgmmaWs));
+    }
     // Widths the fused GEMM does not serve are refused, not run.
     const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(16, 256, false, 5), storage));
     cuda::DeviceBuffer<float> xd(static_cast<size_t>(16 * 256)), yd(static_cast<size_t>(16 * 16));

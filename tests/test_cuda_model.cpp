@@ -1,8 +1,10 @@
-// The GPU forward pass (src/cuda/gpu_model.*) against the CPU forward on the same loaded models: every tiny
+// The GPU forward pass (backend_cuda/model/gpu_model.*) against the CPU forward on the same model files: every tiny
 // architecture fixture (Llama-3 RoPE scaling, Qwen2 biases, Mistral sliding window), stories260K (fp32 and
 // any-precision at every width), SmolLM2 (fp16 and 2/4/16 mixed24a); KV-cache decode against prefill, a batch of
-// sequences against one at a time, CUDA-graph decode against plain launches. Without a GPU every test skips and
-// says why.
+// sequences against one at a time, CUDA-graph decode against plain launches. The GPU model is loaded from the file's
+// WeightSet (one tensor at a time, the CPU model's WeightSet) and checked against the one uploaded from the loaded CPU
+// model's fp32 tensors; the CUDA backend (runtime/backend.h) against the CPU backend, and what its load costs in host
+// memory. Without a GPU every test skips and says why.
 #include <gtest/gtest.h>
 
 #include "test_util.h"
@@ -13,9 +15,11 @@
 #include <functional>
 #include <utility>
 
+#include "backend_cuda/model/cuda_backend.h"
 #include "backend_cuda/ops/gpu_ops.h"
-#include "backend_cuda/model/gpu_runtime.h"
+#include "core/rss.h"
 #include "model/model.h"
+#include "runtime/backend.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
 #include "quantize/calibration.h"
@@ -97,14 +101,54 @@ std::vector<int32_t> some_ids(const Model& m, int n) {
   return ids;
 }
 
+// A CUDA backend over a GPU model the test holds, with the CPU model's tokenizer (perplexity() and generate() take a
+// Backend).
+cuda::CudaBackend backend_over(cuda::GpuModel& gpu, const Model& cpu) {
+  return cuda::CudaBackend(gpu, cpu.has_tokenizer() ? &cpu.tokenizer() : nullptr, cpu.weights().path,
+                           cpu.weights().format);
+}
+
+// The GPU model loaded from the file (one tensor at a time through model/weight_convert.h) against the one uploaded
+// from the loaded CPU model's fp32 tensors: the same fp16 weights, packed weights and fp16 copies, so the same bytes on
+// the device, the same logits (expected bit for bit; held to the same-device budget) and the same greedy tokens over
+// CUDA-graph decode steps.
+void expect_file_load_equals_cpu_upload(const Model& cpu, cuda::GpuModel& from_file, int bits, const std::string& what) {
+  cuda::GpuModel from_cpu(cpu);
+  EXPECT_EQ(from_file.weight_bytes(), from_cpu.weight_bytes()) << what;
+  EXPECT_EQ(from_file.dequantized_linears(), from_cpu.dequantized_linears()) << what;
+  EXPECT_EQ(from_file.widths(), from_cpu.widths()) << what;
+  const int V = cpu.config().vocab_size, n = std::min(48, cpu.config().max_seq_len);
+  const std::vector<int32_t> ids = some_ids(cpu, n);
+  std::vector<float> logits[2];
+  std::vector<int32_t> tokens[2];
+  cuda::GpuModel* models[2] = {&from_file, &from_cpu};
+  for (int i = 0; i < 2; ++i) {
+    cuda::GpuKVCache c = models[i]->new_cache(1, n);
+    logits[i] = download(*models[i], models[i]->forward(ids.data(), 1, n, c, true, bits), static_cast<size_t>(n) * V);
+    cuda::GpuKVCache d = models[i]->new_cache(1, n);
+    models[i]->forward(ids.data(), 1, n / 2, d, false, bits);
+    models[i]->greedy_from_last_logits(1);
+    for (int step = 0; step + n / 2 < n; ++step) {
+      tokens[i].push_back(models[i]->get_decode_tokens(1)[0]);
+      models[i]->decode_step_greedy(d, bits, true);
+    }
+  }
+  const double err = compare_logits(logits[0], logits[1], V).first;
+  EXPECT_LE(err, kSameDeviceBudget) << what;
+  EXPECT_EQ(tokens[0], tokens[1]) << what;
+  std::printf("[ %s ] GPU model from the file vs from the CPU model: %s (max |dlogit| / max|logit| = %.2e)\n",
+              what.c_str(), logits[0] == logits[1] ? "bit-identical logits" : "logits differ", err);
+}
+
 // Prefill of 40 positions, then decode steps of two sequences at once and of one (the fp16 linears on our dense GEMV,
 // dense_gemv.cu, the biases of qwen2 in its epilogue), each row against the CPU's own decode of that sequence.
 TEST(CudaModel, TinyArchitecturesMatchCpu) {
   SKIP_WITHOUT_GPU();
   for (const char* arch : {"llama3", "qwen2", "mistral", "mistral_sw"}) {
     auto cpu = Model::load(test::fixture(std::string("tiny_") + arch));
-    cuda::GpuModel gpu(*cpu);
+    cuda::GpuModel gpu(cpu->weights());
     expect_forward_matches(*cpu, gpu, some_ids(*cpu, 40), 0, std::string("tiny ") + arch);
+    expect_file_load_equals_cpu_upload(*cpu, gpu, 0, std::string("tiny ") + arch);
     const int V = cpu->config().vocab_size, P = 12, end = 30;
     std::vector<std::vector<int32_t>> seqs(2);
     for (int b = 0; b < 2; ++b)
@@ -138,7 +182,7 @@ TEST(CudaModel, DecodeAndBatchMatchPrefill) {
   const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
   auto cpu = Model::load(bin);
-  cuda::GpuModel gpu(*cpu);
+  cuda::GpuModel gpu(cpu->weights());
   const int V = cpu->config().vocab_size, n = 24;
   std::vector<int32_t> ids = some_ids(*cpu, n);
   cuda::GpuKVCache c1 = gpu.new_cache(1, n);
@@ -171,7 +215,7 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
   const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
   auto cpu = Model::load(bin);
-  cuda::GpuModel gpu(*cpu);
+  cuda::GpuModel gpu(cpu->weights());
   const int P = 300;
   std::vector<int32_t> prompt;
   for (int s = 0; s < 2; ++s)
@@ -286,7 +330,7 @@ void expect_same_decode_both_ways(const std::function<void(bool)>& set, const st
   EXPECT_GT(*std::max_element(r[1].logits.begin(), r[1].logits.end()), 0.0f) << what << ": logits all zero";
 }
 
-// Programmatic dependent launch (cuda/launch.cuh) changes when kernels start, never what they compute: decode graphs
+// Programmatic dependent launch (backend_cuda/common/launch.cuh) changes when kernels start, never what they compute: decode graphs
 // captured with every kernel class PDL-launched (not only the default ones) and without PDL give bit-identical logits
 // and tokens, for every weight kind (fp16 / cuBLAS, any-precision register-table, shared-table and CUDA-core
 // kernels, 2/4/16 with outliers), batch 1 and 3, random weights of a small shape, with attention split over several
@@ -463,7 +507,8 @@ void expect_generation_near_greedy(const Model& cpu, cuda::GpuModel& gpu, const 
   go.max_new_tokens = 24;
   go.stop_at_eos = false;
   go.bits = bits;
-  const GenerateResult r = cuda::generate_gpu(gpu, cpu.tokenizer(), prompt, go);
+  cuda::CudaBackend backend = backend_over(gpu, cpu);
+  const GenerateResult r = generate(backend, prompt, go);
   ASSERT_EQ(r.new_ids.size(), 24u) << what;
   std::vector<int32_t> seq = prompt;
   seq.insert(seq.end(), r.new_ids.begin(), r.new_ids.end());
@@ -492,21 +537,25 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
   PplOptions po;
   po.ctx = 512;
   {
-    cuda::GpuModel gpu(*base);
-    const double cpu_ppl = perplexity(*base, windows, po).ppl, gpu_ppl = cuda::perplexity_gpu(gpu, windows, po).ppl;
+    cuda::GpuModel gpu(base->weights());
+    cuda::CudaBackend backend = backend_over(gpu, *base);
+    const double cpu_ppl = perplexity(*base, windows, po).ppl, gpu_ppl = perplexity(backend, windows, po).ppl;
     std::printf("[ stories260K fp32 ] ppl cpu %.4f gpu %.4f\n", cpu_ppl, gpu_ppl);
     EXPECT_NEAR(gpu_ppl / cpu_ppl, 1.0, kPplBudget);
     expect_forward_matches(*base, gpu, windows[0], 0, "stories260K fp32");
+    expect_file_load_equals_cpu_upload(*base, gpu, 0, "stories260K fp32");
   }
   QuantizeOptions o;
   o.method = QuantMethod::AnyPrec;
   o.anyprec.outlier_fraction = 0.002;   // exercises the fused outlier correction
   auto ap = quantized(*base, o, 8);
-  cuda::GpuModel gpu(*ap);
+  cuda::GpuModel gpu(ap->weights());
+  cuda::CudaBackend backend = backend_over(gpu, *ap);
   EXPECT_EQ(gpu.widths(), ap->widths());
+  expect_file_load_equals_cpu_upload(*ap, gpu, 3, "stories260K anyprec 3-bit");
   for (int b : ap->widths()) {
     po.bits = b;
-    const double cpu_ppl = perplexity(*ap, windows, po).ppl, gpu_ppl = cuda::perplexity_gpu(gpu, windows, po).ppl;
+    const double cpu_ppl = perplexity(*ap, windows, po).ppl, gpu_ppl = perplexity(backend, windows, po).ppl;
     std::printf("[ stories260K anyprec ] width %d ppl cpu %.4f gpu %.4f\n", b, cpu_ppl, gpu_ppl);
     EXPECT_NEAR(gpu_ppl / cpu_ppl, 1.0, kPplBudget) << "width " << b;
     expect_forward_matches(*ap, gpu, windows[0], b, "stories260K anyprec " + std::to_string(b) + "-bit");
@@ -522,6 +571,9 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
                                   "stories260K anyprec " + std::to_string(b) + "-bit generation");
   }
   test::expect_error([&](const std::string&) { gpu.check_bits(2); }, "--bits 2", "not served");
+  // Through the backend, the CPU model's message.
+  test::expect_error([&](const std::string&) { backend.check_bits(2); }, ap->weights().path,
+                     "--bits 2 is not a width this model serves (3,4,5,6,7,8)");
 }
 
 // Formats without a GPU kernel yet (RTN/GPTQ integers) run as an fp16 copy of exactly what they encode.
@@ -536,8 +588,9 @@ TEST(CudaModel, GptqModelRunsThroughTheFp16Fallback) {
   o.gptq.spec.bits = 4;
   o.gptq.spec.group_size = 32;
   auto q = quantized(*base, o, 4);
-  cuda::GpuModel gpu(*q);
+  cuda::GpuModel gpu(q->weights());
   EXPECT_EQ(gpu.dequantized_linears(), 7 * q->config().n_layers);
+  expect_file_load_equals_cpu_upload(*q, gpu, 0, "stories260K GPTQ w4 g32 (fp16 fallback)");
   expect_forward_matches(*q, gpu, some_ids(*q, 64), 0, "stories260K GPTQ w4 g32 (fp16 fallback)");
 }
 
@@ -549,8 +602,9 @@ TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
   auto base = Model::load(gguf);
   const std::vector<int32_t> ids = some_ids(*base, 300);
   {
-    cuda::GpuModel gpu(*base);
+    cuda::GpuModel gpu(base->weights());
     expect_forward_matches(*base, gpu, ids, 0, "SmolLM2 fp16");
+    expect_file_load_equals_cpu_upload(*base, gpu, 0, "SmolLM2 Q4_1 GGUF as fp16");
   }
   QuantizeOptions o;
   o.method = QuantMethod::Mixed24;
@@ -559,8 +613,9 @@ TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
   int aligned = 0;
   for (const auto& [name, pw] : m->weights().packed) aligned += pw.format == FormatId::Mixed24A;
   EXPECT_EQ(aligned, 7 * m->config().n_layers);   // every linear in the aligned layout: the GPU kernel runs them all
-  cuda::GpuModel gpu(*m);
+  cuda::GpuModel gpu(m->weights());
   EXPECT_EQ(gpu.dequantized_linears(), 0);
+  expect_file_load_equals_cpu_upload(*m, gpu, 0, "SmolLM2 mixed24a");
   expect_forward_matches(*m, gpu, ids, 0, "SmolLM2 mixed24a");   // 300 tokens: dequantize + cuBLAS
   expect_decode_matches(*m, gpu, ids, 20, 40, 0, "SmolLM2 mixed24a");   // the mixed24a GEMV with fused outliers
   expect_generation_near_greedy(*m, gpu, std::vector<int32_t>(ids.begin(), ids.begin() + 16), 0, "SmolLM2 mixed24a generation");
@@ -578,13 +633,109 @@ TEST(CudaModel, SmolLM2AnyPrecMatchesCpuAtWidths3To8) {
   o.method = QuantMethod::AnyPrec;
   o.anyprec.outlier_fraction = 0.002;
   auto ap = quantized(*base, o, 4);
-  cuda::GpuModel gpu(*ap);
+  cuda::GpuModel gpu(ap->weights());
   EXPECT_EQ(gpu.dequantized_linears(), 0);
   const std::vector<int32_t> ids = some_ids(*ap, 200);
   for (const int b : {3, 4, 8}) {
     expect_forward_matches(*ap, gpu, ids, b, "SmolLM2 anyprec " + std::to_string(b) + "-bit");
     expect_decode_matches(*ap, gpu, ids, 16, 32, b, "SmolLM2 anyprec width " + std::to_string(b));
   }
+}
+
+// The CUDA backend as open_backend gives it (the GPU model loaded straight from the file) against the CPU backend on
+// stories260K: perplexity within the budget; greedy generation (argmax on the device, CUDA-graph steps) teacher-forced
+// against the CPU; temperature / top-k / top-p sampling on the GPU and the repetition-penalty path (CPU Sampler on
+// downloaded logits) reproducible from their seed; the context stop; the CPU's width error; the load's statistics.
+TEST(CudaModel, BackendFromFileMatchesCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  const std::string text = test::tinystories_sample();
+  LOWBIT_REQUIRE_FILE(text, "TinyStories sample");
+  BackendOptions on_gpu, on_cpu;
+  on_gpu.device = Device::Cuda;
+  on_cpu.device = Device::Cpu;
+  auto gpu = open_backend(bin, on_gpu);
+  auto cpu = open_backend(bin, on_cpu);
+  EXPECT_EQ(gpu->device_name().rfind("cuda: ", 0), 0u) << gpu->device_name();
+  BackendOptions automatic;
+  EXPECT_EQ(open_backend(bin, automatic)->device_name(), gpu->device_name()) << "auto takes the GPU for an fp32 model";
+  auto model = Model::load(bin);
+  const auto windows = make_windows_documents(test::tinystories_docs(*model), 512, nullptr);
+  PplOptions po;
+  po.ctx = 512;
+  const PplResult g = perplexity(*gpu, windows, po), c = perplexity(*cpu, windows, po);
+  std::printf("[ stories260K backends ] ppl cpu %.4f gpu %.4f\n", c.ppl, g.ppl);
+  EXPECT_NEAR(g.ppl / c.ppl, 1.0, kPplBudget);
+  EXPECT_EQ(g.predicted, c.predicted);
+  po.reference_path = true;
+  test::expect_error([&](const std::string&) { perplexity(*gpu, windows, po); }, "perplexity", "runs on the CPU");
+
+  const std::vector<int32_t> prompt = gpu->tokenizer().encode("Once upon a time, there was a little girl", true, false);
+  cuda::GpuModel& gm = dynamic_cast<cuda::CudaBackend&>(*gpu).model();
+  expect_generation_near_greedy(*model, gm, prompt, 0, "stories260K backend greedy generation");
+  SamplingParams sampled, penalised;
+  sampled.temperature = 0.8f;
+  sampled.top_k = 40;
+  sampled.top_p = 0.9f;
+  sampled.seed = 5;
+  penalised.temperature = 0.7f;
+  penalised.repetition_penalty = 1.3f;
+  penalised.seed = 9;
+  for (const SamplingParams& p : {sampled, penalised}) {
+    GenerateOptions go;
+    go.max_new_tokens = 32;
+    go.stop_at_eos = false;
+    go.sampling = p;
+    const GenerateResult a = generate(*gpu, prompt, go), b = generate(*gpu, prompt, go);
+    EXPECT_EQ(a.new_ids, b.new_ids) << "the same seed, the same tokens (penalty " << p.repetition_penalty << ")";
+    EXPECT_EQ(a.new_ids.size(), 32u);
+    for (int32_t t : a.new_ids) EXPECT_TRUE(t >= 0 && t < gpu->config().vocab_size) << t;
+    go.sampling.seed += 1;
+    EXPECT_NE(generate(*gpu, prompt, go).new_ids, a.new_ids) << "another seed, other tokens";
+  }
+  GenerateOptions go;
+  go.max_new_tokens = 20;
+  go.stop_at_eos = false;
+  go.ctx = static_cast<int>(prompt.size()) + 5;
+  const GenerateResult r = generate(*gpu, prompt, go);
+  EXPECT_EQ(r.stop_reason, "context");
+  EXPECT_EQ(r.new_ids.size(), 6u);
+  test::expect_error([&](const std::string&) { gpu->check_bits(3); }, bin, "--bits 3 needs an any-precision model");
+  const LoadStats st = gpu->load_stats();
+  std::printf("[ stories260K backend ] load %.3f s, anonymous RSS %.1f -> peak %.1f MB, VmHWM %.1f MB\n", st.seconds,
+              st.anon_rss_before_bytes / 1e6, st.peak_anon_rss_bytes / 1e6, st.vm_hwm_bytes / 1e6);
+  EXPECT_GE(st.peak_anon_rss_bytes, st.anon_rss_before_bytes);
+}
+
+// Loading a model file onto the GPU keeps host memory to about one tensor's fp32 copy: the anonymous RSS the load
+// adds (core/rss.h; file pages are page cache and are dropped after each upload) stays below the fp32 size of the
+// whole model, which loading through the CPU Model needed, and below the largest tensor's fp32 copy + 1 GiB. SmolLM2 by default; LOWBIT_RSS_MODEL=<path> measures any
+// model file instead (e.g. a 7B-shaped one from tools/make_random_hf_model.py), printing the figures.
+TEST(CudaModel, LoadsAModelFileWithinOneTensorOfHostMemory) {
+  SKIP_WITHOUT_GPU();
+  const char* env = std::getenv("LOWBIT_RSS_MODEL");
+  const std::string path = env != nullptr && *env != '\0' ? std::string(env) : test::smollm2_gguf();
+  LOWBIT_REQUIRE_FILE(path, "SmolLM2 GGUF (or LOWBIT_RSS_MODEL)");
+  const WeightSet ws = read_weights(path);
+  uint64_t params = 0, largest = 0;
+  for (const auto& [name, t] : ws.tensors) {
+    params += static_cast<uint64_t>(t.numel());
+    largest = std::max<uint64_t>(largest, static_cast<uint64_t>(t.numel()) * 4);
+  }
+  BackendOptions on_gpu;
+  on_gpu.device = Device::Cuda;
+  auto gpu = open_backend(path, on_gpu);
+  const LoadStats st = gpu->load_stats();
+  const uint64_t added = st.peak_anon_rss_bytes - st.anon_rss_before_bytes;
+  std::printf("[ %s ] %.2f B parameters (%.2f GB as fp32, largest tensor %.1f MB as fp32) on %s\n", path.c_str(),
+              params / 1e9, params * 4 / 1e9, largest / 1e6, gpu->device_name().c_str());
+  std::printf("[ %s ] load %.2f s; anonymous RSS %.1f MB before, peak %.1f MB (+%.1f MB); VmHWM %.1f MB\n",
+              path.c_str(), st.seconds, st.anon_rss_before_bytes / 1e6, st.peak_anon_rss_bytes / 1e6, added / 1e6,
+              st.vm_hwm_bytes / 1e6);
+  EXPECT_LT(added, params * 4) << "the load held as much host memory as an fp32 copy of the whole model";
+  // One tensor's fp32 scratch, plus what the CUDA libraries and the tokenizer take on the host.
+  EXPECT_LT(added, largest + (1ull << 30)) << "more than the largest tensor's fp32 copy + 1 GiB";
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/rss.h"
+#include "formats/format_id.h"
 #include "model/model.h"
 #include "model/weight_convert.h"
 #include "runtime/backend.h"
@@ -397,6 +398,62 @@ TEST(Backend, OpenBackendChoosesTheDeviceAndRefusesClearly) {
   EXPECT_EQ(std::string(device_option_name(Device::Cuda)), "cuda");
 }
 
+// The device choice of open_backend with a CUDA backend present, on any machine: stand-ins for the CUDA library's hooks
+// (a GPU that is there or not; its "backend" is a CPU one, counted) drive the choice the CUDA build makes.
+bool fake_gpu_present = false;
+int fake_gpu_opens = 0;
+const CudaBackendHooks kFakeCuda{
+    [](std::string* why) {
+      if (!fake_gpu_present && why != nullptr) *why = "no CUDA device present (stand-in)";
+      return fake_gpu_present;
+    },
+    [](WeightSet ws, const BackendOptions& o) {
+      ++fake_gpu_opens;
+      return open_cpu_backend(std::move(ws), o);
+    }};
+
+TEST(Backend, DeviceChoiceWithACudaBackendPresent) {
+  const std::string bin = stories_bin();
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  BackendOptions o;
+  auto opens = [&](Device d, bool reference) {
+    o.device = d;
+    o.reference = reference;
+    const int before = fake_gpu_opens;
+    open_backend_with(bin, o, &kFakeCuda);
+    return fake_gpu_opens - before;
+  };
+  fake_gpu_present = true;
+  EXPECT_EQ(opens(Device::Auto, false), 1) << "auto: the GPU when it is there";
+  EXPECT_EQ(opens(Device::Cuda, false), 1);
+  EXPECT_EQ(opens(Device::Cpu, false), 0);
+  EXPECT_EQ(opens(Device::Auto, true), 0) << "the scalar oracle runs on the CPU";
+  o.device = Device::Cuda;
+  o.reference = true;
+  test::expect_error([&](const std::string& p) { open_backend_with(p, o, &kFakeCuda); }, "--device cuda",
+                     "--reference");
+  fake_gpu_present = false;
+  EXPECT_EQ(opens(Device::Auto, false), 0) << "auto: the CPU without a GPU";
+  o.device = Device::Cuda;
+  o.reference = false;
+  test::expect_error([&](const std::string& p) { open_backend_with(p, o, &kFakeCuda); }, "--device cuda",
+                     "no CUDA device present (stand-in)");
+  // Without CUDA hooks (a build without CUDA), --device cuda says so.
+  test::expect_error([&](const std::string& p) { open_backend_with(p, o, nullptr); }, "--device cuda",
+                     "built without CUDA");
+
+  // A format without a GPU path keeps a model on the CPU (auto) or is refused by name (cuda); the predicate on a
+  // weight set holding a QUIK weight beside a uniform one.
+  WeightSet ws;
+  PackedWeight uniform, quik;
+  uniform.format = FormatId::Uniform;
+  quik.format = FormatId::Quik;
+  ws.packed["model.layers.0.mlp.up_proj.weight"] = uniform;
+  EXPECT_EQ(first_cpu_only_weight(ws), "");
+  ws.packed["model.layers.0.mlp.down_proj.weight"] = quik;
+  EXPECT_EQ(first_cpu_only_weight(ws), "model.layers.0.mlp.down_proj.weight");
+}
+
 // tensor_as_f32 (what the GPU model uploads, one tensor at a time) gives exactly the fp32 the CPU Model holds, for
 // every tensor: llama2.c (fp32, q/k rows interleaved), Hugging Face safetensors (the tiny fixtures) and SmolLM2's
 // GGUF (Q4_1 blocks, q/k interleaved); fp32 tensors needing no permutation come back in place (zero copy).
@@ -419,7 +476,9 @@ TEST(Backend, OneTensorConversionServesBothModels) {
       in_place += got != scratch.data();
     }
     std::printf("[ %s ] %zu tensors identical, %d used in place\n", path.c_str(), m->tensor_names().size(), in_place);
-    if (path == stories_bin()) EXPECT_GT(in_place, 0);
+    if (path == stories_bin()) {
+      EXPECT_GT(in_place, 0);
+    }
     test::expect_error([&](const std::string&) { tensor_as_f32(ws, "model.embed_tokens.weight", {1, 2}, false, scratch); },
                        path, "expected [1, 2]");
     test::expect_error([&](const std::string&) { tensor_as_f32(ws, "model.nothing", {1}, false, scratch); }, path,

@@ -21,6 +21,7 @@
 #include "tokenizer/pretokenize.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tokenizer_internal.h"
+#include "core/knobs.h"
 
 namespace lowbit {
 namespace {
@@ -240,7 +241,7 @@ TEST_P(OracleTest, DecodeInvertsEncode) {
 TEST_P(OracleTest, TokenizerJsonRoundTrip) {
   LOAD_OR_SKIP(tok, GetParam());
   std::string dir = test::temp_dir();
-  if (const char* keep = std::getenv("LOWBIT_TOKENIZER_JSON_OUT")) dir = std::string(keep) + "/" + GetParam();
+  if (knob_is_set(Knob::TokenizerJsonOut)) dir = knob_string(Knob::TokenizerJsonOut) + "/" + GetParam();
   write_tokenizer_json(tok->vocab(), dir);
   auto back = make_tokenizer(read_tokenizer_json(dir + "/tokenizer.json", dir + "/tokenizer_config.json"));
   EXPECT_EQ(back->kind(), tok->kind());

@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include "core/knobs.h"
 #include "model/model.h"
 #include "runtime/eval_text.h"
 
@@ -23,7 +24,7 @@ namespace lowbit::test {
 // The checkout the tests were built from, or $LOWBIT_SOURCE_DIR (test binaries run on another machine, e.g. the
 // lent GPU machine, next to a copy of the repository).
 std::string source_dir() {
-  if (const char* env = std::getenv("LOWBIT_SOURCE_DIR")) return env;
+  if (knob_is_set(Knob::SourceDir)) return knob_string(Knob::SourceDir);
   return LOWBIT_SOURCE_DIR;
 }
 std::string fixture(const std::string& name) { return source_dir() + "/tests/fixtures/" + name; }
@@ -37,7 +38,7 @@ bool file_exists(const std::string& path) {
 // $LOWBIT_SHARED_DIR or the workplace's fixed location.
 std::string shared_path(const std::string& rel) {
   std::vector<std::string> bases;
-  if (const char* env = std::getenv("LOWBIT_SHARED_DIR")) bases.push_back(env);
+  if (knob_is_set(Knob::SharedDir)) bases.push_back(knob_string(Knob::SharedDir));
   bases.push_back(source_dir() + "/../shared");
   bases.push_back("/work/shared");
   for (const std::string& base : bases) {
@@ -49,7 +50,7 @@ std::string shared_path(const std::string& rel) {
 
 std::string smollm2_gguf() {
   std::string cache;
-  if (const char* env = std::getenv("LOWBIT_CACHE")) cache = env;
+  if (knob_is_set(Knob::Cache)) cache = knob_string(Knob::Cache);
   else if (const char* home = std::getenv("HOME")) cache = std::string(home) + "/.cache/lowbit";
   std::string p = cache + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   return file_exists(p) ? p : std::string();

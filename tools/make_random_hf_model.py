@@ -101,10 +101,10 @@ def write_shard(path, tensors, rng, chunk_elems):
             while left > 0:
                 n = min(left, chunk_elems)
                 if std == 0.0:
-                    block = np.ones(n, dtype=np.float16)
+                    block = np.ones(n, dtype="<f2")
                 else:
-                    block = (rng.standard_normal(n, dtype=np.float32) * np.float32(std)).astype(np.float16)
-                f.write(block.astype("<f2").tobytes())
+                    block = (rng.standard_normal(n, dtype=np.float32) * np.float32(std)).astype("<f2")
+                block.tofile(f)
                 left -= n
     return offset
 

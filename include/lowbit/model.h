@@ -5,7 +5,8 @@
 //   auto m = lowbit::api::Model::open("smollm2.anyprec-3to8.lowbit");       // device Auto: the GPU when present
 //   for (int b : m.widths()) std::printf("%d ", b);                          // 3 4 8
 //   lowbit::api::GenerateParams g;  g.bits = 3;  g.chat = true;  g.max_tokens = 64;
-//   m.generate("Why is the sky blue?", g, [](std::string_view piece) { std::fwrite(piece.data(), 1, piece.size(), stdout); });
+//   m.generate("Why is the sky blue?", g,
+//              [](std::string_view piece) { std::fwrite(piece.data(), 1, piece.size(), stdout); });
 //   lowbit::api::PplParams p;  p.ctx = 512;  p.max_windows = 4;  p.bits = 8;
 //   double ppl = m.perplexity_file("wiki.test.raw", p).perplexity;
 //
@@ -45,6 +46,7 @@ struct ChatMessage {
 struct GenerateParams {
   int max_tokens = 128;             // new tokens at most, >= 0
   float temperature = 0.0f;         // >= 0; 0 = greedy (argmax), otherwise sample softmax(logits / temperature)
+  // top_k, top_p and seed shape sampling only (temperature > 0); greedy decoding does not read them.
   int top_k = 0;                    // >= 0; keep the k most likely tokens before sampling (0 = off)
   float top_p = 1.0f;               // in (0, 1]; keep the smallest set of tokens holding this mass (1 = off)
   float repetition_penalty = 1.0f;  // > 0; CTRL / Hugging Face convention: logits of seen tokens divided (if positive)

@@ -86,7 +86,8 @@ struct QuikOptions {
   bool act_fp8 = false;           // FP8-E4M3 activations with a per-token scale (wbits 4, abits 8)
   int64_t outlier_columns = -1;   // fp16 input columns of a dim-wide input (>= 0), or -1: outlier_frac of dim
   double outlier_frac = 0.0625;   // [0, 1]: outlier columns as a fraction of dim (the paper's 256 of 4096)
-  double outlier_threshold = 0;   // >= 0: a linear whose calibration inputs never exceed this max |x| keeps none (0 = off)
+  double outlier_threshold = 0;   // >= 0: a linear whose calibration inputs never exceed this max |x| keeps no
+                                  // outlier columns (0 = off)
   bool int8_down_proj = false;    // down_proj at W8A8
   bool clip = false;              // search each row's weight clipping on the squared error
 };

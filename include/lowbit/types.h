@@ -9,7 +9,7 @@ namespace lowbit::api {
 enum class Device {
   Auto,   // the GPU when one is present and runs this model (QUIK weights run on the CPU), else the CPU
   Cpu,    // the CPU (fp32 activations, OpenBLAS)
-  Cuda,   // the GPU; refused with an Error when there is none, lowbit was built without CUDA, or the model can't run there
+  Cuda,   // the GPU; an Error when there is none, lowbit was built without CUDA, or the model can't run there
 };
 
 // The file format a model was read from.

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "api/internal.h"
 #include "core/atomic_write.h"
 #include "core/error.h"
 #include "core/half.h"
@@ -23,6 +24,7 @@ ConvertResult convert_to_hf(const std::string& in_path, const std::string& out_d
   LoadOptions lo;
   lo.tokenizer_path = opts.tokenizer_path;
   auto model = lowbit::Model::load(in_path, lo);
+  detail::check_tokenizer_option(model->weights().format, in_path, opts.tokenizer_path);
   LOWBIT_CHECK(!model->has_packed_weights(), in_path, ": holds quantized weights; convert exports fp models only");
   const ModelConfig& c = model->config();
   fs::create_directories(out_dir, ec);

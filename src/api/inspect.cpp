@@ -18,6 +18,7 @@ FileInfo inspect(const std::string& path, const InspectOptions& opts) {
   LoadOptions lo;
   lo.tokenizer_path = opts.tokenizer_path;
   const WeightSet ws = read_weights(path, lo);
+  detail::check_tokenizer_option(ws.format, path, opts.tokenizer_path);
   FileInfo out;
   out.model = detail::model_info(ws.config, ws.format, ws.path);
   if (ws.vocab) {

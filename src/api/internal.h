@@ -12,5 +12,8 @@ ModelFormat public_format(lowbit::ModelFormat f);
 // The public description of a model: its config, the format and path it was read from, and for .lowbit files the
 // quantization method JSON the file stores.
 ModelInfo model_info(const ModelConfig& c, lowbit::ModelFormat format, const std::string& path);
+// Refuses a tokenizer file given for a model that carries its own (only llama2.c checkpoints read one), rather than
+// ignoring it.
+void check_tokenizer_option(lowbit::ModelFormat format, const std::string& path, const std::string& tokenizer_path);
 
 }  // namespace lowbit::api::detail

@@ -118,6 +118,7 @@ Model Model::open(const std::string& path, const OpenOptions& opts) {
   auto impl = std::make_unique<Impl>();
   impl->backend = open_backend(path, bo);
   const lowbit::Backend& b = *impl->backend;
+  detail::check_tokenizer_option(b.model_format(), path, opts.tokenizer_path);
   impl->info = detail::model_info(b.config(), b.model_format(), b.path());
   impl->device = dynamic_cast<const CpuBackend*>(&b) != nullptr ? Device::Cpu : Device::Cuda;
   impl->file_bytes = bytes_on_disk(path);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "api/internal.h"
 #include "core/error.h"
 #include "model/model.h"
 #include "quantize/quantize_model.h"
@@ -90,7 +91,10 @@ lowbit::QuantizeOptions to_internal(const QuantizeOptions& o) {
 
 std::string join(const std::vector<int>& v) {
   std::string s;
-  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  for (int x : v) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(x);
+  }
   return s;
 }
 
@@ -191,6 +195,7 @@ QuantizeReport quantize(const std::string& in_path, const std::string& out_path,
   LoadOptions lo;
   lo.tokenizer_path = opts.tokenizer_path;
   auto model = lowbit::Model::load(in_path, lo);
+  detail::check_tokenizer_option(model->weights().format, in_path, opts.tokenizer_path);
   if (opts.method == QuantMethod::Rtn || opts.method == QuantMethod::Gptq)
     validate_uniform_spec(q.gptq.spec, model->config().dim);
   const lowbit::QuantizeReport r =

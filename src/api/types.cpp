@@ -106,5 +106,10 @@ ModelInfo model_info(const ModelConfig& c, lowbit::ModelFormat format, const std
   return m;
 }
 
+void check_tokenizer_option(lowbit::ModelFormat format, const std::string& path, const std::string& tokenizer_path) {
+  LOWBIT_CHECK(tokenizer_path.empty() || format == lowbit::ModelFormat::Llama2c, "--tokenizer applies to llama2.c "
+               "checkpoints only; ", path, " (", model_format_name(format), ") carries its own tokenizer");
+}
+
 }  // namespace detail
 }  // namespace lowbit::api

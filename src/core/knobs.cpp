@@ -58,8 +58,10 @@ constexpr KnobInfo kKnobs[] = {
      "tests: the repository root (fixtures), when the test binary runs outside the build tree"},
     {Knob::TokenizerJsonOut, "LOWBIT_TOKENIZER_JSON_OUT", KnobType::String, "", "a folder",
      "tests: keep the tokenizer.json files the writer test produces in this folder"},
+    {Knob::RssModel, "LOWBIT_RSS_MODEL", KnobType::String, "", "a model path",
+     "GPU tests: the model file whose load onto the GPU the host-memory test measures (default SmolLM2)"},
 };
-static_assert(std::size(kKnobs) == static_cast<size_t>(Knob::TokenizerJsonOut) + 1, "one row per Knob");
+static_assert(std::size(kKnobs) == static_cast<size_t>(Knob::RssModel) + 1, "one row per Knob");
 
 constexpr bool rows_in_order() {
   for (size_t i = 0; i < std::size(kKnobs); ++i)

@@ -38,6 +38,7 @@ enum class Knob : uint8_t {
   // Tests.
   SourceDir,            // string
   TokenizerJsonOut,     // string
+  RssModel,             // string
 };
 
 enum class KnobType : uint8_t { Bool, Int, String };

@@ -1,5 +1,6 @@
 // The Llama-family model on the CPU, in fp32. Weights come from a WeightSet: fp32 tensors are used in place
-// (zero copy), everything else (fp16, bf16, ggml blocks) is converted once at load time.
+// (zero copy), everything else (fp16, bf16, ggml blocks) is converted once at load time (model/weight_convert.h: the
+// conversion the GPU model loads through too).
 //
 // Two forward paths with one contract:
 //   forward()     — the fast path: OpenBLAS sgemm/sgemv for every matmul (prefill batches all tokens),

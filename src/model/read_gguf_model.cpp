@@ -1,5 +1,6 @@
 // GGUF model reader: maps llama.cpp tensor names to canonical Hugging Face names and the "<arch>.*" metadata
-// to ModelConfig. Tensors stay in the file (zero copy, possibly block-quantized); Model::load dequantizes.
+// to ModelConfig. Tensors stay in the file (zero copy, possibly block-quantized); loading dequantizes them
+// (model/weight_convert.h).
 
 #include "core/error.h"
 #include "io/gguf.h"

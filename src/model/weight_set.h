@@ -1,7 +1,8 @@
 // WeightSet: what a model file holds, before any conversion — the config, the tokenizer vocabulary and every
 // tensor as stored (dtype, shape, pointer into the mapped file). Tensor names are canonical Hugging Face names
 // ("model.layers.3.self_attn.q_proj.weight"), whatever the source format. `lowbit inspect` prints a WeightSet;
-// Model::load turns one into fp32 runtime weights.
+// Model::load turns one into fp32 runtime weights, the GPU model into device weights one tensor at a time (both through
+// model/weight_convert.h).
 #pragma once
 #include <map>
 #include <memory>
@@ -38,7 +39,8 @@ struct WeightSet {
   std::map<std::string, PackedWeight> packed;          // quantized linear weights (.lowbit files)
   std::map<std::string, std::string> source_names;  // canonical name -> name in the file (for messages)
   // q_proj/k_proj rows are stored in the interleaved-pair RoPE order (GGUF "llama", llama2.c);
-  // Model::load permutes them back to the Hugging Face half-split order so one RoPE serves all formats.
+  // loading (model/weight_convert.h) permutes them back to the Hugging Face half-split order so one RoPE serves all
+  // formats.
   bool qk_interleaved = false;
   std::vector<std::shared_ptr<MappedFile>> files;   // keep the mappings alive
   std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // buffers some views point into

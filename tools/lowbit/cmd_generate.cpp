@@ -36,8 +36,10 @@ void register_generate(CLI::App& app, Common& common) {
     apply_threads(common);
     api::GenerateParams p = a->params;
     p.stop_at_eos = !a->ignore_eos;
-    refuse_unless(sub, {"--system"}, p.chat, "needs --chat");
     api::validate(p);   // before the model is read
+    refuse_unless(sub, {"--system"}, p.chat, "needs --chat");
+    refuse_unless(sub, {"--top-k", "--top-p", "--seed"}, p.temperature > 0,
+                  "applies to sampling (--temperature > 0); --temperature 0, the default, decodes greedily");
     api::OpenOptions oo;
     oo.device = parse_device(a->device);
     oo.tokenizer_path = common.tokenizer;

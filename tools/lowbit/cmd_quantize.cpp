@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "commands.h"
 
@@ -20,66 +21,71 @@ struct QuantArgs {
   api::QuantizeOptions opts;
 };
 
+using M = api::QuantMethod;
 // Which methods read each method-specific option. Options not listed (--output, --dense-dtype, --tokenizer) apply
 // to every method.
 struct Applies {
   const char* option;
-  std::vector<std::string> methods;
+  std::vector<M> methods;
 };
 const std::vector<Applies>& option_methods() {
   static const std::vector<Applies> table = {
-      {"--bits", {"rtn", "gptq"}},
-      {"--group", {"rtn", "gptq"}},
-      {"--sym", {"rtn", "gptq"}},
-      {"--mse-clip", {"rtn", "gptq"}},
-      {"--act-order", {"gptq"}},
-      {"--static-groups", {"gptq"}},
-      {"--percdamp", {"gptq", "mixed24", "quik"}},
-      {"--no-sequential", {"gptq", "mixed24", "quik"}},
-      {"--calib", {"gptq", "anyprec", "mixed24", "quik"}},
-      {"--calib-samples", {"gptq", "anyprec", "mixed24", "quik"}},
-      {"--calib-seqlen", {"gptq", "anyprec", "mixed24", "quik"}},
-      {"--seed", {"gptq", "anyprec", "mixed24", "quik"}},
-      {"--outliers", {"anyprec", "mixed24", "quik"}},
-      {"--seed-bits", {"anyprec"}},
-      {"--parent-bits", {"anyprec"}},
-      {"--widths", {"anyprec"}},
-      {"--sensitivity", {"anyprec"}},
-      {"--sensitivity-cache", {"anyprec"}},
-      {"--kmeans-iters", {"anyprec"}},
-      {"--ratio-4bit", {"mixed24"}},
-      {"--outliers-from", {"mixed24"}},
-      {"--layout", {"mixed24"}},
-      {"--unit-order", {"mixed24"}},
-      {"--layers-4bit", {"mixed24"}},
-      {"--wbits", {"quik"}},
-      {"--abits", {"quik"}},
-      {"--act-fp8", {"quik"}},
-      {"--outlier-frac", {"quik"}},
-      {"--outlier-threshold", {"quik"}},
-      {"--int8-down-proj", {"quik"}},
-      {"--clip", {"quik"}},
+      {"--bits", {M::Rtn, M::Gptq}},
+      {"--group", {M::Rtn, M::Gptq}},
+      {"--sym", {M::Rtn, M::Gptq}},
+      {"--mse-clip", {M::Rtn, M::Gptq}},
+      {"--act-order", {M::Gptq}},
+      {"--static-groups", {M::Gptq}},
+      {"--percdamp", {M::Gptq, M::Mixed24, M::Quik}},
+      {"--no-sequential", {M::Gptq, M::Mixed24, M::Quik}},
+      {"--calib", {M::Gptq, M::AnyPrec, M::Mixed24, M::Quik}},
+      {"--calib-samples", {M::Gptq, M::AnyPrec, M::Mixed24, M::Quik}},
+      {"--calib-seqlen", {M::Gptq, M::AnyPrec, M::Mixed24, M::Quik}},
+      {"--seed", {M::Gptq, M::AnyPrec, M::Mixed24, M::Quik}},
+      {"--outliers", {M::AnyPrec, M::Mixed24, M::Quik}},
+      {"--seed-bits", {M::AnyPrec}},
+      {"--parent-bits", {M::AnyPrec}},
+      {"--widths", {M::AnyPrec}},
+      {"--sensitivity", {M::AnyPrec}},
+      {"--sensitivity-cache", {M::AnyPrec}},
+      {"--kmeans-iters", {M::AnyPrec}},
+      {"--ratio-4bit", {M::Mixed24}},
+      {"--outliers-from", {M::Mixed24}},
+      {"--layout", {M::Mixed24}},
+      {"--unit-order", {M::Mixed24}},
+      {"--layers-4bit", {M::Mixed24}},
+      {"--wbits", {M::Quik}},
+      {"--abits", {M::Quik}},
+      {"--act-fp8", {M::Quik}},
+      {"--outlier-frac", {M::Quik}},
+      {"--outlier-threshold", {M::Quik}},
+      {"--int8-down-proj", {M::Quik}},
+      {"--clip", {M::Quik}},
   };
   return table;
 }
 
-// What sets the quantity an inapplicable option would have set, for the methods where that is not obvious.
-std::string instead(const std::string& option, const std::string& method) {
-  if (option == "--bits" && method == "anyprec") return "; anyprec's widths are set by --seed-bits, --parent-bits and --widths";
-  if (option == "--bits" && method == "mixed24") return "; mixed24 mixes 2 and 4 bits: --ratio-4bit sets the mix";
-  if (option == "--bits" && method == "quik") return "; quik's weight bits are --wbits";
-  if (option == "--group" && method == "mixed24") return "; mixed24 groups are 16 inputs wide";
+// What sets the quantity that --bits (or --group) would have set, for the methods that take neither.
+std::string instead(const std::string& option, M method) {
+  if (option == "--bits" && method == M::AnyPrec)
+    return "; anyprec's widths are set by --seed-bits, --parent-bits and --widths";
+  if (option == "--bits" && method == M::Mixed24) return "; mixed24 mixes 2 and 4 bits: --ratio-4bit sets the mix";
+  if (option == "--bits" && method == M::Quik) return "; quik's weight bits are --wbits";
+  if (option == "--group" && method == M::Mixed24) return "; mixed24 groups are 16 inputs wide";
   return "";
 }
 
-void refuse_inapplicable(const CLI::App* sub, const std::string& method) {
+void refuse_inapplicable(const CLI::App* sub, M method) {
   for (const Applies& a : option_methods()) {
     if (!given(sub, a.option)) continue;
     if (std::find(a.methods.begin(), a.methods.end(), method) != a.methods.end()) continue;
     std::string list;
-    for (const std::string& m : a.methods) list += (list.empty() ? "" : ", ") + m;
-    fail(a.option, " does not apply to --method ", method, given(sub, "--method") ? "" : " (the default)",
-         " (it applies to ", list, ")", instead(a.option, method));
+    for (M m : a.methods) {
+      if (!list.empty()) list += ", ";
+      list += api::method_name(m);
+    }
+    fail(a.option, " does not apply to --method ", api::method_name(method),
+         given(sub, "--method") ? "" : " (the default)", " (it applies to ", list, ")", instead(a.option, method));
   }
 }
 
@@ -91,14 +97,6 @@ api::LinearKind linear_kind(const std::string& s) {
   if (s == "gate") return api::LinearKind::Gate;
   if (s == "up") return api::LinearKind::Up;
   return api::LinearKind::Down;
-}
-
-api::QuantMethod parse_method(const std::string& m) {
-  if (m == "rtn") return api::QuantMethod::Rtn;
-  if (m == "anyprec") return api::QuantMethod::AnyPrec;
-  if (m == "mixed24") return api::QuantMethod::Mixed24;
-  if (m == "quik") return api::QuantMethod::Quik;
-  return api::QuantMethod::Gptq;
 }
 
 void print_report(const api::QuantizeReport& r, const api::QuantizeOptions& o) {
@@ -215,9 +213,14 @@ void register_quantize(CLI::App& app, Common& common) {
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   sub->callback([a, sub, &common] {
     apply_threads(common);
-    refuse_inapplicable(sub, a->method);
+    const std::map<std::string, M> methods = {{"rtn", M::Rtn},
+                                              {"gptq", M::Gptq},
+                                              {"anyprec", M::AnyPrec},
+                                              {"mixed24", M::Mixed24},
+                                              {"quik", M::Quik}};
     api::QuantizeOptions o = a->opts;
-    o.method = parse_method(a->method);
+    o.method = methods.at(a->method);
+    refuse_inapplicable(sub, o.method);
     o.calib.sequential = !a->no_sequential;
     o.dense_dtype = a->dense == "f16" ? api::FloatType::F16 : api::FloatType::F32;
     o.tokenizer_path = common.tokenizer;
@@ -234,8 +237,10 @@ void register_quantize(CLI::App& app, Common& common) {
       if (o.method == api::QuantMethod::Quik) {
         refuse_unless(sub, {"--outlier-frac"}, false, "and --outliers both set quik's outlier columns: give one");
         if (a->outliers != std::floor(a->outliers) || a->outliers > 1e9)
-          fail("--outliers is a column count for quik, got ", a->outliers);
+          fail("quik: --outliers is a column count, got ", a->outliers);
         o.quik.outlier_columns = static_cast<int64_t>(a->outliers);
+      } else if (a->outliers >= 0.5) {
+        fail("--outliers is a fraction of the weights below 0.5 for ", a->method, ", got ", a->outliers);
       } else if (o.method == api::QuantMethod::AnyPrec) {
         o.anyprec.outlier_fraction = a->outliers;
       } else {

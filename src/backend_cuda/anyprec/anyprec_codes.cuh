@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "backend_cuda/dispatch/packed.h"
+#include "backend_cuda/anyprec/anyprec.h"
 #include "backend_cuda/common/stream.cuh"
 
 namespace lowbit::cuda {

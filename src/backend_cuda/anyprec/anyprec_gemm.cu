@@ -24,7 +24,7 @@
 #include "backend_cuda/anyprec/anyprec_codes.cuh"
 #include "backend_cuda/anyprec/anyprec_gemm_internal.h"
 #include "backend_cuda/common/mma.cuh"
-#include "backend_cuda/dispatch/packed.h"
+#include "backend_cuda/anyprec/anyprec.h"
 #include "backend_cuda/common/stream.cuh"
 
 namespace lowbit::cuda {

@@ -1121,4 +1121,9 @@ void anyprec_dequant_f16(const AnyPrecDevice& w, int bits, __half* out, cudaStre
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
+bool narrow_rows(int64_t n, int64_t k, int m, int bits) {
+  static const int sms = device_sm_count();
+  return m <= kNarrowMaxBatch && n < 4LL * 32 * sms && (k <= 4096 || bits >= 6);
+}
+
 }  // namespace lowbit::cuda

@@ -38,7 +38,7 @@
 #include "backend_cuda/anyprec/int8_tables.h"
 #include "backend_cuda/common/launch.cuh"
 #include "backend_cuda/common/mma.cuh"
-#include "backend_cuda/dispatch/packed.h"
+#include "backend_cuda/anyprec/anyprec.h"
 #include "backend_cuda/common/row_absmax.cuh"
 #include "backend_cuda/common/stream.cuh"
 #include "backend_cuda/ops/swiglu.cuh"
@@ -540,5 +540,24 @@ void anyprec_gemv_i8(const AnyPrecDevice& w, int bits, const float* x, int m, fl
   };
   dispatch_int<2, 3, 4>(bits, run);
 }
+
+namespace {
+int& i8_pack_state() {   // from the knob on first use; tests and benchmarks override it
+  static int mode = [] {
+    const int64_t v = knob_int(Knob::I8Pack);
+    return v == 0 || v == 1 ? static_cast<int>(v) : -1;
+  }();
+  return mode;
+}
+bool& gemv_balance_state() {
+  static bool on = knob_bool(Knob::GemvBalance);
+  return on;
+}
+}  // namespace
+
+bool gemv_balance_enabled() { return gemv_balance_state(); }
+int i8_pack_mode() { return i8_pack_state(); }
+void set_i8_pack_mode(int mode) { i8_pack_state() = mode < 0 ? -1 : mode > 0 ? 1 : 0; }
+void set_gemv_balance(bool on) { gemv_balance_state() = on; }
 
 }  // namespace lowbit::cuda

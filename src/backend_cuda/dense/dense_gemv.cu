@@ -8,7 +8,7 @@
 
 #include "core/knobs.h"
 #include "backend_cuda/common/launch.cuh"
-#include "backend_cuda/dispatch/packed.h"
+#include "backend_cuda/dense/dense.h"
 
 namespace lowbit::cuda {
 namespace {

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "backend_cuda/common/common.h"
-#include "backend_cuda/dispatch/packed.h"
+#include "backend_cuda/mixed24a/mixed24a.h"
 
 namespace lowbit::cuda {
 

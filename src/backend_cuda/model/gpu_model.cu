@@ -25,9 +25,9 @@ constexpr int kMaxSplits = 32;
 // as many splits as take the grid to two blocks per SM, each split keeping at least kMinKeysPerSplit keys. Short
 // spans stop earlier, at one block per SM or kKeysPerBlockShort keys a split, whichever allows more: there the step is
 // a chain of latencies, and each split adds blocks to merge (H200, Llama-2-7B 3-bit, 385-key cache, splits forced:
-// batch 1 with 4 splits 528.5 / 516.0 tok/s against 520.0 / 504.2 with the 9 of the old rule, 16 splits 494.8; batch 8
-// with 1 split 2,835.1 against 2,710.9 with 2; docs/results/issue7-session20-h200.txt part 7). Long spans keep the
-// old rule (their keys are worth the bandwidth of many blocks).
+// batch 1 with 4 splits 528.5 / 516.0 tok/s against 520.0 / 504.2 with the 9 of the grid and key rules alone, 16
+// splits 494.8; batch 8 with 1 split 2,835.1 against 2,710.9 with 2). Long spans follow the grid and key rules alone
+// (their keys are worth the bandwidth of many blocks).
 int splits_for(int span, int rows, int heads, int sms) {
   const int64_t blocks = static_cast<int64_t>(rows) * heads, want = 2LL * sms;
   if (blocks >= want) return 1;
@@ -593,8 +593,8 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
       run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits, slot_n);
       run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits, slot_n);
     }
-    // Decode: RoPE and the KV store inside the attention kernel (one kernel fewer per layer; H200, Llama-2-7B 3-bit:
-    // docs/perf-history.md, session 20); prefill: their own kernel.
+    // Decode: RoPE and the KV store inside the attention kernel (one kernel fewer per layer, measured faster on the
+    // H200 with Llama-2-7B 3-bit); prefill: their own kernel.
     const bool fold = attention_folds_rope(rows, hd, n == 1);
     const RopeIn rope{qin, q_ld, kin, vin, kv_ld, rope_cos_.get(), rope_sin_.get(), cache.k.get(), cache.v.get()};
     if (!fold) {
@@ -614,7 +614,8 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     const int64_t hid = c_.hidden_dim;
     if (L.gate_up.n > 0 && slot_s != nullptr && L.gate_up.packed && L.gate_up.bias.size() == 0 &&
         packed_swiglu_fuses(*L.gate_up.packed, bits, rows)) {
-      // SwiGLU in the GEMV's epilogue, its row maxima into slot S (H200, Llama-2-7B: docs/perf-history.md, session 20).
+      // SwiGLU in the GEMV's epilogue, its row maxima into slot S (one kernel fewer per layer: faster on the H200 with
+      // Llama-2-7B).
       packed_matmul_swiglu(*L.gate_up.packed, bits, xn_.get(), rows, g_.get(), *gemm_, slot_n, reinterpret_cast<unsigned*>(slot_s));
     } else if (L.gate_up.n > 0) {
       run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits, slot_n);

@@ -161,7 +161,7 @@ class GpuModel {
     int seqs = -1, bits = -1, capacity = -1;
     const void* cache = nullptr;
     uint64_t gemm_gen = 0;
-    unsigned pdl = 0;   // the PDL kernel classes the graph was captured with (0: none; cuda/launch.cuh)
+    unsigned pdl = 0;   // the PDL kernel classes the graph was captured with (0: none; backend_cuda/common/launch.cuh)
     uint64_t last_use = 0;
   };
   static constexpr size_t kMaxDecodeGraphs = 8;
