@@ -69,6 +69,17 @@ for b in 3 8; do
   echo
 done
 
+# Decode speed per width. On a GPU `lowbit bench` times 128 greedy steps after a 128-token prompt (CUDA-graph steps,
+# after untimed warm-up steps); on the CPU, where that takes minutes, the table keeps the generations' own speed.
+device=$(sed -n 's/^\[\([^|]*\) |.*/\1/p' "$LOG/gen8.txt" | sed 's/ *$//')
+if [[ "$device" == cuda* ]]; then
+  echo "== 2b. decode speed per width (lowbit bench: 128 greedy steps after a 128-token prompt) =="
+  for b in $WIDTHS; do
+    $LB bench "$OUT" --bits "$b" --prefill 128 --decode 128 --reps 3 | tee "$LOG/bench$b.txt" | grep -E "^(prefill|decode)"
+  done
+  echo
+fi
+
 if [ -f "$WIKI" ]; then
   echo "== 3. perplexity on WikiText-2 test, SUBSET: the first $PPL_WINDOWS windows of $PPL_CTX tokens =="
   $LB ppl "$OUT" --text "$WIKI" --ctx "$PPL_CTX" --max-windows "$PPL_WINDOWS" --bits 3,4,8 2>/dev/null | tee "$LOG/ppl.txt"
@@ -86,8 +97,15 @@ ppl_of() {   # width (0: the source model's file)
   if [ "$1" = 0 ]; then awk '/^perplexity:/ {print $2}' "$f"; else awk -v b="$1" '/^bits:/ {cur=$2} /^perplexity:/ && cur==b {print $2}' "$f"; fi
 }
 bits_of() { awk -v b="$1" '$1==b && NF==4 {print $2}' "$LOG/inspect.txt"; }
-toks_of() { [ -f "$LOG/gen$1.txt" ] && sed -n 's/.*new tokens: \([0-9.]*\) tok\/s.*/\1/p' "$LOG/gen$1.txt" || echo "-"; }
-device=$(sed -n 's/^\[\([^|]*\) |.*/\1/p' "$LOG/gen8.txt" | sed 's/ *$//')
+toks_of() {
+  if [ -f "$LOG/bench$1.txt" ]; then
+    awk '/^decode/ {for (i = 1; i < NF; ++i) if ($(i + 1) == "tokens/s") {print $i; exit}}' "$LOG/bench$1.txt"
+  elif [ -f "$LOG/gen$1.txt" ]; then
+    sed -n 's/.*new tokens: \([0-9.]*\) tok\/s.*/\1/p' "$LOG/gen$1.txt"
+  else
+    echo "-"
+  fi
+}
 mib() { awk -v s="$(stat -L -c %s "$1")" 'BEGIN {printf "%.1f MiB", s / 1048576}'; }
 
 echo
@@ -98,11 +116,15 @@ echo "device: $device"
 echo "perplexity: WikiText-2 test, SUBSET of $PPL_WINDOWS windows x $PPL_CTX tokens (not comparable to full-test figures)"
 printf "%-8s %12s %18s %16s\n" "width" "ppl SUBSET" "bits read/weight" "decode tok/s"
 for b in $WIDTHS; do
-  t="-"
-  if [ "$b" = 3 ] || [ "$b" = 8 ]; then t=$(toks_of "$b"); fi
+  t=$(toks_of "$b")
   printf "%-8s %12s %18s %16s\n" "$b" "$(ppl_of "$b")" "$(bits_of "$b")" "$t"
 done
 printf "%-8s %12s %18s %16s\n" "source" "$(ppl_of 0)" "-" "-"
+if [[ "$device" == cuda* ]]; then
+  echo "(decode tok/s: lowbit bench, 128 greedy steps after a 128-token prompt, batch 1)"
+else
+  echo "(decode tok/s: the $TOKENS-token generations above, on the CPU)"
+fi
 echo "(bits read/weight: every bit a forward at that width reads per quantized weight: planes, that width's"
 echo " lookup table and outliers; each row of k weights carries a table of 2^b fp16 entries, so models as small as"
 echo " this one (k = 576 for SmolLM2-135M) read well above b bits per weight)"

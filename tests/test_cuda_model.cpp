@@ -17,6 +17,7 @@
 
 #include "backend_cuda/model/cuda_backend.h"
 #include "backend_cuda/ops/gpu_ops.h"
+#include "core/knobs.h"
 #include "core/rss.h"
 #include "model/model.h"
 #include "runtime/backend.h"
@@ -714,8 +715,7 @@ TEST(CudaModel, BackendFromFileMatchesCpuBackend) {
 // model file instead (e.g. a 7B-shaped one from tools/make_random_hf_model.py), printing the figures.
 TEST(CudaModel, LoadsAModelFileWithinOneTensorOfHostMemory) {
   SKIP_WITHOUT_GPU();
-  const char* env = std::getenv("LOWBIT_RSS_MODEL");
-  const std::string path = env != nullptr && *env != '\0' ? std::string(env) : test::smollm2_gguf();
+  const std::string path = knob_is_set(Knob::RssModel) ? knob_string(Knob::RssModel) : test::smollm2_gguf();
   LOWBIT_REQUIRE_FILE(path, "SmolLM2 GGUF (or LOWBIT_RSS_MODEL)");
   const WeightSet ws = read_weights(path);
   uint64_t params = 0, largest = 0;

@@ -3,8 +3,7 @@
 // file or option and the problem, e.g. "--temperature must be >= 0 (0 = greedy), got -1". Anything else thrown
 // (std::bad_alloc, ...) is not the caller's fault.
 //
-// The library's own code throws this same type (src/core/error.h declares it with the identical definition; the two
-// must stay token for token the same, and no translation unit includes both).
+// The library's own code throws this same type (src/core/error.h includes this header).
 #pragma once
 #include <stdexcept>
 #include <string>

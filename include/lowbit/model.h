@@ -131,7 +131,8 @@ using PplProgress = std::function<void(int done, int total, int64_t predicted_to
 
 // Decode / prefill speed measurement (`lowbit bench MODEL`).
 struct SpeedParams {
-  int prefill = 512;   // prompt tokens of the prefill measurement (capped so prefill + decode fits the context)
+  int prefill = 512;   // prompt tokens of the prefill measurement (capped so that the prompt and the decode steps
+                       // fit the context)
   int decode = 64;     // tokens of the decode measurement, >= 3
   int reps = 3;        // prefill repetitions; the median is reported
   int bits = 0;        // any-precision models: the width (0 = the widest)
@@ -206,8 +207,8 @@ class Model {
   PplResult perplexity_file(const std::string& path, const PplParams& params, const PplProgress& progress = nullptr);
 
   // --- speed ---
-  // Times a prefill of params.prefill random tokens (median of reps, fresh cache each) and params.decode greedy
-  // single-token steps after it, on this model's device.
+  // Times a prefill of params.prefill random tokens (median of reps, fresh cache each, after one untimed run) and
+  // params.decode greedy single-token steps after it (after two untimed steps), on this model's device.
   SpeedResult measure_speed(const SpeedParams& params);
 
   class Impl;   // defined in the library only

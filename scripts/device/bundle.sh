@@ -9,11 +9,11 @@ cd "$(dirname "$0")/../.."
 B=build-portable-cuda
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLOWBIT_NATIVE=OFF -DLOWBIT_CUDA=ON -DLOWBIT_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 targets=(lowbit_cli)
-grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=(test_cuda_kernels test_cuda_model)
+grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=(test_cuda_kernels test_cuda_model test_api)
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" >/dev/null
 rm -rf .devbundle && mkdir -p .devbundle/pkg/lib .devbundle/data
 cp $B/lowbit .devbundle/pkg/
-for t in test_cuda_kernels test_cuda_model; do [ -f $B/$t ] && cp $B/$t .devbundle/pkg/; done
+for t in test_cuda_kernels test_cuda_model test_api; do [ -f $B/$t ] && cp $B/$t .devbundle/pkg/; done
 for bin in .devbundle/pkg/lowbit .devbundle/pkg/test_cuda_*; do
   [ -f "$bin" ] || continue
   for lib in $(ldd "$bin" | awk '/=>/ {print $3}'); do

@@ -35,8 +35,8 @@ case "${1:-}" in
     ;;
   rss)
     {
-      head python3 tools/make_random_hf_model.py llama2-7b /tmp/l7b
-      /usr/bin/time -f "write: wall %e s" python3 tools/make_random_hf_model.py llama2-7b /tmp/l7b 2>&1 | tail -3
+      head python3 tools/make_random_hf_model.py --shape llama2-7b --out /tmp/l7b
+      t0=$SECONDS; python3 tools/make_random_hf_model.py --shape llama2-7b --out /tmp/l7b 2>&1 | tail -3; echo "write: $((SECONDS - t0)) s"
       du -sh /tmp/l7b
       head test_cuda_model --gtest_filter='CudaModel.LoadsAModelFile*' with LOWBIT_RSS_MODEL=/tmp/l7b
       LOWBIT_RSS_MODEL=/tmp/l7b timeout 400 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.LoadsAModelFile*'

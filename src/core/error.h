@@ -1,16 +1,14 @@
 // Errors: every failure the user can cause (bad file, bad flag, unsupported model) is a lowbit::Error with a
 // one-line message that names the file/tensor and the problem. The CLI prints it and exits non-zero.
 #pragma once
+#include "lowbit/error.h"
 #include <stdexcept>
 #include <string>
 #include <sstream>
 
 namespace lowbit {
 
-class Error : public std::runtime_error {
- public:
-  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
-};
+// lowbit::Error is the public API's exception type (include/lowbit/error.h): the library throws the same type.
 
 namespace detail {
 inline void append_all(std::ostringstream&) {}

@@ -60,8 +60,12 @@ constexpr KnobInfo kKnobs[] = {
      "tests: keep the tokenizer.json files the writer test produces in this folder"},
     {Knob::RssModel, "LOWBIT_RSS_MODEL", KnobType::String, "", "a model path",
      "GPU tests: the model file whose load onto the GPU the host-memory test measures (default SmolLM2)"},
+    {Knob::DemoCalib, "LOWBIT_DEMO_CALIB", KnobType::Int, "4", "n >= 1",
+     "scripts/demo.sh: calibration windows of 512 tokens for the demo's Fisher pass (the paper uses 100)"},
+    {Knob::BuildDir, "LOWBIT_BUILD_DIR", KnobType::String, "", "a folder",
+     "scripts/demo.sh: use the lowbit binary already built there (no set-up, no build)"},
 };
-static_assert(std::size(kKnobs) == static_cast<size_t>(Knob::RssModel) + 1, "one row per Knob");
+static_assert(std::size(kKnobs) == static_cast<size_t>(Knob::BuildDir) + 1, "one row per Knob");
 
 constexpr bool rows_in_order() {
   for (size_t i = 0; i < std::size(kKnobs); ++i)

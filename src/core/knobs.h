@@ -39,6 +39,9 @@ enum class Knob : uint8_t {
   SourceDir,            // string
   TokenizerJsonOut,     // string
   RssModel,             // string
+  // Scripts (read by scripts/*.sh, declared here so that the one list and docs/KNOBS.md cover them).
+  DemoCalib,            // int
+  BuildDir,             // string
 };
 
 enum class KnobType : uint8_t { Bool, Int, String };

@@ -75,6 +75,8 @@ class Decoder {
 class Backend {
  public:
   virtual ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
   virtual std::string device_name() const = 0;   // "cpu" or "cuda: NVIDIA H200 (sm_90, 132 SMs, 139.8 GiB)"
   virtual const ModelConfig& config() const = 0;
   virtual bool has_tokenizer() const = 0;
@@ -110,7 +112,7 @@ class Backend {
 // Cuda: exactly the GPU, or a one-line error: built without CUDA, no device (and why), a format without a GPU path
 //       (naming the tensor), reference requested.
 // Cpu:  the CPU.
-// A missing or malformed file fails with the reader's one-line error whatever the device.
+// A missing or malformed file fails with the reader's one-line error (for Cuda, after the build and device checks).
 std::unique_ptr<Backend> open_backend(const std::string& path, const BackendOptions& opts);
 
 // The CPU backend over a model file (what open_backend gives for Device::Cpu).

@@ -42,7 +42,8 @@ void progress_line(const std::string& label, int done, int total, const std::str
 }
 
 namespace {
-std::string number(double v) {
+std::string number(double v) {   // integers exactly ("1048576", not "1.04858e+06"), others as %g
+  if (v == std::floor(v) && std::fabs(v) < 1e15) return std::to_string(static_cast<long long>(v));
   std::ostringstream os;
   os << v;
   return os.str();

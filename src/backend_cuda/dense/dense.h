@@ -55,7 +55,6 @@ void dense_f16_gemv(const __half* w, int64_t n, int64_t k, const float* x, int m
 void dense_f16_gemv(const __half* w, int64_t n, int64_t k, const __half* x, int m, const float* bias, float* y,
                     cudaStream_t s, int rows_per_warp = 0);
 int dense_gemv_rows_per_warp(int64_t n, int m);   // the default form
-bool dense_gemv_preferred(int64_t n, int64_t k, int64_t m);   // where the runtime takes it over cuBLAS (measured)
 bool dense_gemv_enabled();
 void set_dense_gemv(bool on);
 

@@ -130,11 +130,6 @@ void dense_gemv_dispatch(const __half* w, int64_t n, int64_t k, const XT* x, int
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-bool& dense_gemv_state() {   // from the environment on first use
-  static bool on = knob_bool(Knob::DenseGemv);
-  return on;
-}
-
 }  // namespace
 
 bool dense_gemv_fits(const __half* w, int64_t n, int64_t k, int64_t m, const void* x) {
@@ -152,18 +147,12 @@ int dense_gemv_rows_per_warp(int64_t n, int m) {
   return 4;
 }
 
-// Batch 1..2 (the same runs, fp32 x and out, against cuBLAS as the runtime calls it, x converted by a kernel of its own):
-// batch 1 faster on all nine shapes (4096x4096 13.7 against 16.4 us, 12288x4096 26.8 / 32.3, 28672x8192 111.8 /
-// 113.5); batch 2 on eight (28672x8192 118.2 against 113.6); from batch 4 cuBLAS's tensor cores win (22016x4096
-// batch 4 52.7 against 50.0, batch 8 90.8 against 50.1): this kernel reloads x per 8 weights and batch column.
-bool dense_gemv_preferred(int64_t n, int64_t k, int64_t m) {
-  (void)n;
-  (void)k;
-  return m <= 2;
-}
-
-bool dense_gemv_enabled() { return dense_gemv_state(); }
-void set_dense_gemv(bool on) { dense_gemv_state() = on; }
+// Where it runs instead of cuBLAS (batch 1..2, measured against cuBLAS as the runtime calls it): kernel_choice.cpp.
+// From batch 4 cuBLAS's tensor cores win (22016x4096 batch 4 52.7 against 50.0 us, batch 8 90.8 against 50.1): this
+// kernel reloads x per 8 weights and batch column.
+// The switch kernel_choice.h reads: the knob itself, so an override is seen by the choice.
+bool dense_gemv_enabled() { return knob_bool(Knob::DenseGemv); }
+void set_dense_gemv(bool on) { set_knob(Knob::DenseGemv, on); }
 
 void dense_f16_gemv(const __half* w, int64_t n, int64_t k, const float* x, int m, const float* bias, float* y,
                     cudaStream_t s, int rows_per_warp) {

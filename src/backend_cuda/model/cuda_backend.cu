@@ -112,11 +112,11 @@ CudaBackend::CudaBackend(WeightSet ws, const BackendOptions& opts) : Backend(ws.
   stats_.anon_rss_before_bytes = peak.start_bytes();
   stats_.peak_anon_rss_bytes = peak.peak_bytes();
   stats_.vm_hwm_bytes = peak_rss_bytes();
-  device_ = "cuda: " + device_name();
+  device_ = "cuda: " + cuda::device_name();
 }
 
 CudaBackend::CudaBackend(GpuModel& model, const Tokenizer* tokenizer, std::string path, ModelFormat format)
-    : Backend(std::move(path), format), model_(&model), tok_(tokenizer), device_("cuda: " + device_name()) {}
+    : Backend(std::move(path), format), model_(&model), tok_(tokenizer), device_("cuda: " + cuda::device_name()) {}
 
 CudaBackend::~CudaBackend() = default;
 
