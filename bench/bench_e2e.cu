@@ -227,7 +227,7 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
                                                 group_gemv_enabled, set_group_gemv, false);
           std::string dequant = flipped(!fp16 && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
           if (fp16)
-            dequant = flipped(choose_kernel({std::nullopt, c.dim, c.dim, batch, 0, true}, runtime_gpu()).kernel == Kernel::DenseGemv, dense_gemv_enabled, set_dense_gemv, false);
+            dequant = flipped(pick_kernel({std::nullopt, c.dim, c.dim, batch, 0, true}, runtime_gpu()) == Kernel::DenseGemv, dense_gemv_enabled, set_dense_gemv, false);
           std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %s | %s | %s | %s | %.2f | %s | %s\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,

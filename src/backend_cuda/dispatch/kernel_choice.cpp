@@ -1,6 +1,8 @@
 #include "backend_cuda/dispatch/kernel_choice.h"
 
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/knobs.h"
@@ -9,17 +11,26 @@
 namespace lowbit::cuda {
 namespace {
 
-using Why = std::optional<std::string>;
-const Why kCan = std::nullopt;
+// Why a candidate cannot run (a string with static storage), or kCan. The runtime asks on every linear call, so
+// asking allocates nothing.
+using Why = const char*;
+constexpr Why kCan = nullptr;
 
-std::string str(const char* s) { return s; }
 bool is_gemv(const LinearProblem& p) { return p.m >= 1 && p.m <= kMaxGemvBatch; }
 int64_t weights(const LinearProblem& p) { return p.n * p.k; }
 constexpr int64_t k4096sq = 4096LL * 4096;
 
-Why off(Knob k) { return str(knob_info(k).name) + "=0"; }
+// "LOWBIT_X=0" for a switch knob turned off, built once per knob.
+Why off(Knob k) {
+  static const std::vector<std::string> reasons = [] {
+    std::vector<std::string> r;
+    for (const KnobInfo& info : knob_table()) r.push_back(std::string(info.name) + "=0");
+    return r;
+  }();
+  return reasons.at(static_cast<size_t>(k)).c_str();
+}
 Why needs_presplit(const LinearProblem& p) {
-  return p.presplit ? kCan : Why("reads pre-split activations (no xfrag scratch given)");
+  return p.presplit ? kCan : "reads pre-split activations (no xfrag scratch given)";
 }
 
 // ---- fp16 dense ------------------------------------------------------------------------------------------------
@@ -27,8 +38,8 @@ Why needs_presplit(const LinearProblem& p) {
 // batch 2 on eight of nine); from batch 4 cuBLAS's tensor cores win. Alignment of W and x is checked at launch.
 Why dense_gemv_cannot(const LinearProblem& p, const GpuInfo&) {
   if (!knob_bool(Knob::DenseGemv)) return off(Knob::DenseGemv);
-  if (p.m > 2) return str("cuBLAS measured faster from batch 3");
-  if (p.k % 8 != 0) return str("needs k a multiple of 8");
+  if (p.m > 2) return "cuBLAS measured faster from batch 3";
+  if (p.k % 8 != 0) return "needs k a multiple of 8";
   return kCan;
 }
 Why always(const LinearProblem&, const GpuInfo&) { return kCan; }
@@ -38,37 +49,37 @@ Why always(const LinearProblem&, const GpuInfo&) { return kCan; }
 // 28672x8192 batch 1, 3 bits 38.0 against 50.9 us, 4 bits with two centroid pieces 70.0 against 77.7; in the decode
 // step also on 4096-wide matrices, where the kernel alone was even).
 Why ap_int8_cannot(const LinearProblem& p, const GpuInfo&) {
-  if (auto w = needs_presplit(p)) return w;
-  if (p.bits < 2 || p.bits > 4) return str("widths 2..4 only");
+  if (Why w = needs_presplit(p)) return w;
+  if (p.bits < 2 || p.bits > 4) return "widths 2..4 only";
   if (!knob_bool(Knob::Int8Tables)) return off(Knob::Int8Tables);
-  if (!anyprec_i8_fits(p.n, p.k, static_cast<int>(p.m))) return str("needs k a multiple of 128, >= 2048, n * k / 32 <= 2^29");
+  if (!anyprec_i8_fits(p.n, p.k, static_cast<int>(p.m))) return "needs k a multiple of 128, >= 2048, n * k / 32 <= 2^29";
   return kCan;
 }
 // The streamed register-table GEMV beats the plain one at batch 1 except on rows longer than 16384 at 4 bits, and at
 // batch 2 on matrices larger than 4096x4096 with rows of at most 16384 (8192x28672 4 bits batch 1: 89.0 against
 // 85.4 us; 4096x4096 batch 2: 10.6 against 9.8).
 Why ap_reglut_stream_cannot(const LinearProblem& p, const GpuInfo&) {
-  if (auto w = needs_presplit(p)) return w;
-  if (p.bits != 3 && p.bits != 4) return str("widths 3..4 only");
-  if (!anyprec_stream_fits(p.n, p.k, static_cast<int>(p.m))) return str("needs batch 1..2, k a multiple of 128 and >= 2048");
+  if (Why w = needs_presplit(p)) return w;
+  if (p.bits != 3 && p.bits != 4) return "widths 3..4 only";
+  if (!anyprec_stream_fits(p.n, p.k, static_cast<int>(p.m))) return "needs batch 1..2, k a multiple of 128 and >= 2048";
   const bool preferred = p.m == 1 ? (p.bits == 3 || p.k <= 16384) : (p.k <= 16384 && weights(p) > k4096sq);
-  if (!preferred) return str("the unstreamed register-table GEMV measured faster on this shape and batch");
+  if (!preferred) return "the unstreamed register-table GEMV measured faster on this shape and batch";
   return kCan;
 }
 Why ap_reglut_cannot(const LinearProblem& p, const GpuInfo&) {
-  if (auto w = needs_presplit(p)) return w;
-  if (p.bits > 4) return str("widths 2..4 only");
+  if (Why w = needs_presplit(p)) return w;
+  if (p.bits > 4) return "widths 2..4 only";
   return kCan;
 }
 // The streamed shared-table GEMV at 5..8 bits: at 8 bits the fastest on every 7B and 70B shape at batch 1..8
 // (12288x4096 batch 1 36.4 against 44.4 us); at 5..7 bits faster or within 1.3% on the 7B shapes, slower on the 70B
 // ones (28672x8192 batch 1 111.3 against 105.1), hence matrices under 128M weights there.
 Why ap_lut_stream_cannot(const LinearProblem& p, const GpuInfo&) {
-  if (auto w = needs_presplit(p)) return w;
-  if (p.bits < 5) return str("widths 5..8 only");
+  if (Why w = needs_presplit(p)) return w;
+  if (p.bits < 5) return "widths 5..8 only";
   if (!knob_bool(Knob::LutStream)) return off(Knob::LutStream);
-  if (!anyprec_lut_stream_fits(p.n, p.k, static_cast<int>(p.m))) return str("needs k a multiple of 64 and >= 2048");
-  if (p.bits != 8 && weights(p) >= 128LL * 1024 * 1024) return str("at 5..7 bits measured slower on matrices of 128M+ weights");
+  if (!anyprec_lut_stream_fits(p.n, p.k, static_cast<int>(p.m))) return "needs k a multiple of 64 and >= 2048";
+  if (p.bits != 8 && weights(p) >= 128LL * 1024 * 1024) return "at 5..7 bits measured slower on matrices of 128M+ weights";
   return kCan;
 }
 // The shared-table tensor-core GEMV against the CUDA cores: with pre-split x at 5..7 bits from batch 2, and at batch 1
@@ -80,45 +91,45 @@ Why ap_shared_lut_cannot(const LinearProblem& p, const GpuInfo&) {
   if (!p.presplit) tc = p.m >= 6;
   else if (p.bits <= 7) tc = p.m >= 2 || weights(p) > k4096sq;
   else tc = p.m >= 3 || (p.m == 2 && weights(p) > k4096sq) || (weights(p) >= 8192LL * 8192 && p.k >= 8192);
-  return tc ? kCan : Why("the CUDA-core GEMV measured faster at this batch and shape");
+  return tc ? kCan : "the CUDA-core GEMV measured faster at this batch and shape";
 }
 
 // ---- 2/4/16, batch 1..8 -----------------------------------------------------------------------------------------
 Why mx_dp_cannot(const LinearProblem& p, const GpuInfo&) {
-  if (auto w = needs_presplit(p)) return w;
+  if (Why w = needs_presplit(p)) return w;
   if (!knob_bool(Knob::Int8Tables)) return off(Knob::Int8Tables);
-  if (!mixed24a_dp_fits(p.n, p.k, static_cast<int>(p.m))) return str("needs batch 1..2, k a multiple of 256 and >= 1024");
+  if (!mixed24a_dp_fits(p.n, p.k, static_cast<int>(p.m))) return "needs batch 1..2, k a multiple of 256 and >= 1024";
   return kCan;
 }
 // The int8 tensor-core GEMV at batch 3..4: 0.64-0.74 of the streamed fp16 tensor-core GEMV's time on the 70B shapes;
 // at 5..8 it was 0.93-1.10x of it.
 Why mx_mma_cannot(const LinearProblem& p, const GpuInfo&) {
-  if (auto w = needs_presplit(p)) return w;
+  if (Why w = needs_presplit(p)) return w;
   if (!knob_bool(Knob::MixedMma)) return off(Knob::MixedMma);
   if (!knob_bool(Knob::Int8Tables)) return off(Knob::Int8Tables);
-  if (p.m < 3 || p.m > kMixedMmaMaxBatch) return str("measured faster than the fp16 tensor-core GEMV at batch 3..4 only");
-  if (!mixed24a_mma_fits(p.n, p.k, static_cast<int>(p.m))) return str("needs k a multiple of 256 and >= 1024");
+  if (p.m < 3 || p.m > kMixedMmaMaxBatch) return "measured faster than the fp16 tensor-core GEMV at batch 3..4 only";
+  if (!mixed24a_mma_fits(p.n, p.k, static_cast<int>(p.m))) return "needs k a multiple of 256 and >= 1024";
   return kCan;
 }
 // The streamed fp16 tensor-core GEMV from batch 3 (at batch 4 on all eight 7B..70B shapes: 8192x28672 100.9 against
 // 193.8 us); at batch 1..2 the CUDA cores stay ahead (28672x8192 70.1 against 101.2).
 Why mx_tc_stream_cannot(const LinearProblem& p, const GpuInfo&) {
-  if (auto w = needs_presplit(p)) return w;
-  if (p.m < 3) return str("the CUDA-core GEMV measured faster at batch 1..2");
-  if (!mixed24a_stream_fits(p.n, p.k, static_cast<int>(p.m))) return str("needs k a multiple of 256 and >= 1024");
+  if (Why w = needs_presplit(p)) return w;
+  if (p.m < 3) return "the CUDA-core GEMV measured faster at batch 1..2";
+  if (!mixed24a_stream_fits(p.n, p.k, static_cast<int>(p.m))) return "needs k a multiple of 256 and >= 1024";
   return kCan;
 }
 // The unstreamed tensor-core GEMV: with pre-split x from batch 4 on matrices above 4096x4096 (11008x4096 batch 4:
 // 35.9 against 41.9 us); without, from batch 5.
 Why mx_tc_cannot(const LinearProblem& p, const GpuInfo&) {
   const bool tc = p.presplit ? p.m >= 4 && weights(p) > k4096sq : p.m >= 5;
-  return tc ? kCan : Why("the CUDA-core GEMV measured faster at this batch and shape");
+  return tc ? kCan : "the CUDA-core GEMV measured faster at this batch and shape";
 }
 
 // ---- above batch 8 ------------------------------------------------------------------------------------------------
 Why ap_two_tiles_cannot(const LinearProblem& p, const GpuInfo&) {
   if (!knob_bool(Knob::FusedGemm)) return off(Knob::FusedGemm);
-  if (p.m > 2 * kMaxGemvBatch) return str("batch 9..16 only");
+  if (p.m > 2 * kMaxGemvBatch) return "batch 9..16 only";
   return kCan;
 }
 // The fused GEMMs against dequantize + cuBLAS: the warp-specialized wgmma GEMM faster at 65..512 tokens on all seven
@@ -127,23 +138,23 @@ Why ap_two_tiles_cannot(const LinearProblem& p, const GpuInfo&) {
 // and on GPUs without wgmma to 128 tokens where it measured faster (3 bits, or rows longer than 4096).
 Why ap_wgmma_ws_cannot(const LinearProblem& p, const GpuInfo& gpu) {
   if (!knob_bool(Knob::FusedGemm)) return off(Knob::FusedGemm);
-  if (p.bits < 2 || p.bits > 4) return str("widths 2..4 only");
-  if (!gpu.wgmma()) return str("needs compute capability 9.0 and the sm_90a kernels");
-  if (p.m < kWgmmaMinBatch) return str("the staged GEMM measured faster below batch 65");
-  if (p.m > kWgmmaMaxBatch) return str("dequantize + cuBLAS measured faster above 512 tokens");
+  if (p.bits < 2 || p.bits > 4) return "widths 2..4 only";
+  if (!gpu.wgmma()) return "needs compute capability 9.0 and the sm_90a kernels";
+  if (p.m < kWgmmaMinBatch) return "the staged GEMM measured faster below batch 65";
+  if (p.m > kWgmmaMaxBatch) return "dequantize + cuBLAS measured faster above 512 tokens";
   return kCan;
 }
 Why ap_staged_cannot(const LinearProblem& p, const GpuInfo&) {
   if (!knob_bool(Knob::FusedGemm)) return off(Knob::FusedGemm);
-  if (p.bits < 2 || p.bits > 4) return str("widths 2..4 only");
+  if (p.bits < 2 || p.bits > 4) return "widths 2..4 only";
   if (!(p.m <= 64 || (p.m <= 128 && (p.bits <= 3 || p.k > 4096))))
-    return str("dequantize + cuBLAS measured faster at this batch, width and shape");
+    return "dequantize + cuBLAS measured faster at this batch, width and shape";
   return kCan;
 }
 Why mx_two_tiles_cannot(const LinearProblem& p, const GpuInfo&) {
   if (!knob_bool(Knob::FusedGemm)) return off(Knob::FusedGemm);
-  if (p.m > 2 * kMaxGemvBatch) return str("batch 9..16 only");
-  if (!mixed24a_stream_fits(p.n, p.k, kMaxGemvBatch)) return str("needs k a multiple of 256 and >= 1024");
+  if (p.m > 2 * kMaxGemvBatch) return "batch 9..16 only";
+  if (!mixed24a_stream_fits(p.n, p.k, kMaxGemvBatch)) return "needs k a multiple of 256 and >= 1024";
   return kCan;
 }
 
@@ -211,17 +222,24 @@ std::span<const KernelCandidate> kernel_candidates(const LinearProblem& p) {
        gpu_support_name(packed_format(*p.format).gpu), ")");
 }
 
-KernelChoice choose_kernel(const LinearProblem& p, const GpuInfo& gpu) {
-  KernelChoice c{Kernel::DequantCublas, {}};
+namespace {
+// The first candidate that can run; each one passed over goes to `rejected` with its reason, when given.
+Kernel first_runnable(const LinearProblem& p, const GpuInfo& gpu, std::vector<std::pair<Kernel, std::string>>* rejected) {
   for (const KernelCandidate& k : kernel_candidates(p)) {
-    std::optional<std::string> why = k.cannot_run(p, gpu);
-    if (!why) {
-      c.kernel = k.kernel;
-      return c;
-    }
-    c.rejected.emplace_back(k.kernel, std::move(*why));
+    const char* why = k.cannot_run(p, gpu);
+    if (why == nullptr) return k.kernel;
+    if (rejected != nullptr) rejected->emplace_back(k.kernel, why);
   }
   fail("kernel choice: no kernel runs ", p.n, "x", p.k, " at batch ", p.m, " (the last candidate must always run)");
+}
+}  // namespace
+
+Kernel pick_kernel(const LinearProblem& p, const GpuInfo& gpu) { return first_runnable(p, gpu, nullptr); }
+
+KernelChoice choose_kernel(const LinearProblem& p, const GpuInfo& gpu) {
+  KernelChoice c{Kernel::DequantCublas, {}};
+  c.kernel = first_runnable(p, gpu, &c.rejected);
+  return c;
 }
 
 std::string kernel_choice_table(const GpuInfo& gpu, bool reasons) {

@@ -92,8 +92,8 @@ struct LinearProblem {
 
 struct KernelCandidate {
   Kernel kernel;
-  // nullopt when the kernel can run the problem, else why not (one line).
-  std::optional<std::string> (*cannot_run)(const LinearProblem& p, const GpuInfo& gpu);
+  // nullptr when the kernel can run the problem, else why not (one line, static storage).
+  const char* (*cannot_run)(const LinearProblem& p, const GpuInfo& gpu);
 };
 
 struct KernelChoice {
@@ -105,6 +105,8 @@ struct KernelChoice {
 // without packed GPU kernels (formats/format_table.h GpuSupport).
 std::span<const KernelCandidate> kernel_candidates(const LinearProblem& p);
 KernelChoice choose_kernel(const LinearProblem& p, const GpuInfo& gpu);
+// The same choice without the reasons: what the runtime asks on every linear call (allocates nothing).
+Kernel pick_kernel(const LinearProblem& p, const GpuInfo& gpu);
 // The whole table for a GPU: one line per (format, width, shape, batch) with the choice and, when `reasons`, why
 // each earlier candidate was passed over. Pinned by tests/test_kernel_choice.cpp; printed by `lowbit bench --kernels`.
 std::string kernel_choice_table(const GpuInfo& gpu, bool reasons);

@@ -56,16 +56,16 @@ GemvPath gemv_path_of(Kernel k) {
 }
 
 GemvPath anyprec_auto_path(int64_t n, int64_t k, int m, int bits, bool presplit) {
-  return gemv_path_of(choose_kernel({FormatId::AnyPrec, n, k, m, bits, presplit}, runtime_gpu()).kernel);
+  return gemv_path_of(pick_kernel({FormatId::AnyPrec, n, k, m, bits, presplit}, runtime_gpu()));
 }
 
 GemvPath mixed24a_auto_path(int64_t n, int64_t k, int m, bool presplit) {
-  return gemv_path_of(choose_kernel({FormatId::Mixed24A, n, k, m, 0, presplit}, runtime_gpu()).kernel);
+  return gemv_path_of(pick_kernel({FormatId::Mixed24A, n, k, m, 0, presplit}, runtime_gpu()));
 }
 
 bool packed_runs_int8_gemv(const DevicePackedWeight& w, int bits, int64_t m) {
   if (m < 1 || m > kMaxGemvBatch) return false;
-  const Kernel k = choose_kernel(problem_of(w, bits, m), runtime_gpu()).kernel;
+  const Kernel k = pick_kernel(problem_of(w, bits, m), runtime_gpu());
   return k == Kernel::AnyPrecInt8Stream || k == Kernel::Mixed24aDp || k == Kernel::Mixed24aInt8Mma;
 }
 
@@ -107,7 +107,7 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
                    OutlierMode mode, const float* x_max) {
   LOWBIT_CHECK(m >= 1, "packed_matmul: batch ", m);
   const int b = served_width(w, bits);
-  const Kernel kernel = choose_kernel(problem_of(w, bits, m), runtime_gpu()).kernel;
+  const Kernel kernel = pick_kernel(problem_of(w, bits, m), runtime_gpu());
   const int mi = static_cast<int>(std::min<int64_t>(m, INT32_MAX));
   // The tensor-core paths read pre-split activations from the context's scratch (sized before any graph capture by
   // the uncaptured step that precedes it).

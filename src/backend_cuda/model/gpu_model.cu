@@ -542,7 +542,7 @@ bool GpuModel::run_group(const std::vector<const GpuLinear*>& ls, const float* x
 }
 
 void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max) {
-  if (!l.packed && choose_kernel({std::nullopt, l.n, l.k, m, 0, true}, runtime_gpu()).kernel == Kernel::DenseGemv &&
+  if (!l.packed && pick_kernel({std::nullopt, l.n, l.k, m, 0, true}, runtime_gpu()) == Kernel::DenseGemv &&
       dense_gemv_fits(l.dense, l.n, l.k, m, x)) {
     // Batch 1..2 on fp16 weights: our GEMV reads the fp32 activations and adds the bias itself.
     dense_f16_gemv(l.dense, l.n, l.k, x, static_cast<int>(m), l.bias.size() > 0 ? l.bias.get() : nullptr, y, stream_);
