@@ -113,12 +113,19 @@ struct QuantizeOptions {
   double percdamp = 0.01;         // Gptq / Mixed24 / Quik: Hessian damping as a fraction of mean(diag H), (0, 10]
   FloatType dense_dtype = FloatType::F32;   // unquantized tensors (embeddings, norms, head, biases)
   std::string tokenizer_path;     // llama2.c inputs: the tokenizer file (see OpenOptions::tokenizer_path)
+  // Where the quantizer runs. Cuda: the model streamed block by block from the file (no full copy in host or GPU
+  // memory), every calibration stage on the GPU, one checkpoint per block; Cpu: the reference path (the whole model
+  // in fp32 host memory). Auto: Cuda when a GPU is present, else Cpu.
+  Device device = Device::Auto;
+  // Cuda: continue from the checkpoint (`<out>.partial/`) an interrupted run left; without it such a checkpoint is
+  // refused rather than overwritten.
+  bool resume = false;
 };
 
 // Where a running quantization is.
 struct QuantizeProgress {
   enum class Stage {
-    Sensitivity,   // AnyPrec with Fisher: calibration windows through forward + backward (done/total windows)
+    Sensitivity,   // AnyPrec with Fisher: done/total calibration windows (Cpu) or block passes, forward and back (Cuda)
     Blocks,        // transformer blocks quantized (done/total blocks)
   } stage = Stage::Blocks;
   int done = 0;
@@ -151,6 +158,15 @@ struct QuantizeReport {
   // Quik.
   int64_t quik_outlier_columns = 0;       // fp16 input columns kept, summed over linears
   int quik_linears_without_outliers = 0;  // linears the threshold left without outliers
+  // Where it ran and where the time and memory went.
+  std::string device;                     // "cpu" or the GPU's name
+  std::map<std::string, double> stage_seconds;   // load, embed, capture, hessian, solve, fisher, kmeans, pack,
+                                                 // checkpoint, replay, write (those that ran)
+  uint64_t peak_gpu_bytes = 0;            // device memory in use at its highest sampled point (Cuda)
+  uint64_t peak_rss_bytes = 0;            // peak host resident memory (VmHWM: mapped model pages included)
+  uint64_t peak_anon_rss_bytes = 0;       // peak host anonymous memory (heap), sampled (Cuda)
+  int resumed_blocks = 0;                 // blocks taken from a checkpoint
+  bool activations_on_host = false;       // Cuda: calibration activations kept in pinned host memory
 };
 
 // Refuses options out of range for the chosen method (Error naming the option); quantize() calls it first.

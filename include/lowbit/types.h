@@ -18,8 +18,10 @@ enum class ModelFormat {
   Gguf,          // a .gguf file (llama.cpp)
   Llama2c,       // a llama2.c checkpoint (.bin) with a tokenizer.bin beside it
   Lowbit,        // a .lowbit file written by lowbit::api::quantize
+  Random,        // a synthetic "random:<preset>[?layers=N&seed=S]" source (llama2-7b, llama3-8b, llama2-70b,
+                 // smollm2-135m, tiny): seeded weights generated when read, no tokenizer; for timing at real shapes
 };
-// "huggingface", "gguf", "llama2.c", "lowbit".
+// "huggingface", "gguf", "llama2.c", "lowbit", "random".
 const char* format_name(ModelFormat f);
 
 // Floating-point storage for unquantized tensors.

@@ -8,21 +8,22 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 B=build-portable-cuda
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLOWBIT_NATIVE=OFF -DLOWBIT_CUDA=ON -DLOWBIT_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+GPU_TESTS=(test_cuda_kernels test_cuda_model test_api test_gptq_gpu test_mixed24_gpu test_fisher_gpu test_quantize_gpu)
 targets=(lowbit_cli)
-grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=(test_cuda_kernels test_cuda_model test_api)
+grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=("${GPU_TESTS[@]}")
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" >/dev/null
 rm -rf .devbundle && mkdir -p .devbundle/pkg/lib .devbundle/data
 cp $B/lowbit .devbundle/pkg/
-for t in test_cuda_kernels test_cuda_model test_api; do [ -f $B/$t ] && cp $B/$t .devbundle/pkg/; done
-for bin in .devbundle/pkg/lowbit .devbundle/pkg/test_cuda_*; do
+for t in "${GPU_TESTS[@]}"; do [ -f $B/$t ] && cp $B/$t .devbundle/pkg/; done
+for bin in .devbundle/pkg/lowbit .devbundle/pkg/test_*; do
   [ -f "$bin" ] || continue
   for lib in $(ldd "$bin" | awk '/=>/ {print $3}'); do
-    case "$(basename "$lib")" in libc.so*|libm.so*|libcublas*|libcusparse*|libnvJitLink*|libcudart*|libcuda.so*) ;; *) cp -L "$lib" .devbundle/pkg/lib/ ;; esac
+    case "$(basename "$lib")" in libc.so*|libm.so*|libcublas*|libcusparse*|libcusolver*|libnvJitLink*|libcudart*|libcuda.so*) ;; *) cp -L "$lib" .devbundle/pkg/lib/ ;; esac
   done
 done
-# One xz dictionary spanning all three binaries (each ~28 MB, the same CUDA library linked into each): the copies
+# One xz dictionary spanning all the binaries (each ~30 MB, the same CUDA library linked into each): the copies
 # after the first cost almost nothing, where the default 8 MiB window compressed each on its own.
-tar -C .devbundle -cf - pkg | xz -T1 --lzma2=preset=6,dict=96MiB > .devbundle/pkg.tar.xz && rm -rf .devbundle/pkg
+tar -C .devbundle -cf - pkg | xz -T1 --lzma2=preset=6,dict=320MiB > .devbundle/pkg.tar.xz && rm -rf .devbundle/pkg
 SHARED="${LOWBIT_SHARED_DIR:-$(cd .. && pwd)/shared}"
 cp "$SHARED/data/wikitext-2-raw/wiki.test.raw" "$SHARED/data/c4/c4-validation.calib-docs-0-511.jsonl" .devbundle/data/
 # The part of ../shared the GPU tests read (LOWBIT_SHARED_DIR on the device).

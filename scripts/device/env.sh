@@ -1,6 +1,7 @@
 # Sourced by the scripts/device/*.sh scripts on the lent GPU machine: where the staged bundle lives ($LB) and a
 # library path holding the bundle's shared libraries plus the machine's own cuBLAS and cuSPARSE (the CUDA build links
-# them dynamically and the CUDA runtime statically; each is found once and remembered in $LB/cublas_dir, $LB/cusparse_dir).
+# them dynamically and the CUDA runtime statically; each is found once and remembered in $LB/cublas_dir, $LB/cusparse_dir,
+# $LB/cusolver_dir).
 LB="${LB:-/tmp/lb}"
 if [ ! -s "$LB/cublas_dir" ]; then
   mkdir -p "$LB"
@@ -14,4 +15,10 @@ if [ ! -s "$LB/cusparse_dir" ]; then
   [ -z "$lib" ] && lib=$(python3 -c 'import nvidia.cusparse, os; print(os.path.join(os.path.dirname(nvidia.cusparse.__file__), "lib", "x"))' 2>/dev/null)
   [ -n "$lib" ] && dirname "$lib" > "$LB/cusparse_dir"
 fi
-export LD_LIBRARY_PATH="$LB/pkg/lib:$(cat "$LB/cublas_dir" 2>/dev/null):$(cat "$LB/cusparse_dir" 2>/dev/null)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if [ ! -s "$LB/cusolver_dir" ]; then
+  mkdir -p "$LB"
+  lib=$(find /usr/local /usr/lib /opt -name 'libcusolver.so.12*' 2>/dev/null | head -1)
+  [ -z "$lib" ] && lib=$(python3 -c 'import nvidia.cu13, os; print(os.path.join(os.path.dirname(nvidia.cu13.__file__), "lib", "x"))' 2>/dev/null)
+  [ -n "$lib" ] && dirname "$lib" > "$LB/cusolver_dir"
+fi
+export LD_LIBRARY_PATH="$LB/pkg/lib:$(cat "$LB/cublas_dir" 2>/dev/null):$(cat "$LB/cusparse_dir" 2>/dev/null):$(cat "$LB/cusolver_dir" 2>/dev/null)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -23,6 +23,8 @@ ConvertResult convert_to_hf(const std::string& in_path, const std::string& out_d
   }
   LoadOptions lo;
   lo.tokenizer_path = opts.tokenizer_path;
+  LOWBIT_CHECK(in_path.rfind("random:", 0) != 0, in_path, ": a random: source generates weights for timing "
+               "quantization; there is no model to convert");
   auto model = lowbit::Model::load(in_path, lo);
   detail::check_tokenizer_option(model->weights().format, in_path, opts.tokenizer_path);
   LOWBIT_CHECK(!model->has_packed_weights(), in_path, ": holds quantized weights; convert exports fp models only");

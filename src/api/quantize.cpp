@@ -4,17 +4,31 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include "api/internal.h"
 #include "core/error.h"
+#include "lowbit/system.h"
 #include "model/model.h"
+#include "model/weight_set.h"
 #include "quantize/quantize_model.h"
 #include "quantize/rtn.h"
 
 namespace lowbit::api {
 
 namespace {
+
+// MemAvailable from /proc/meminfo in bytes (0 when unknown).
+uint64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 0;
+}
 
 // The driver's calibration defaults per method: GPTQ's 128 x 2048, the any-precision paper's 100 x 512.
 int default_samples(QuantMethod m) { return m == QuantMethod::AnyPrec ? 100 : 128; }
@@ -194,23 +208,49 @@ QuantizeReport quantize(const std::string& in_path, const std::string& out_path,
   LOWBIT_CHECK(!fs::is_directory(out, ec), out_path, ": is a directory");
   LoadOptions lo;
   lo.tokenizer_path = opts.tokenizer_path;
-  auto model = lowbit::Model::load(in_path, lo);
-  detail::check_tokenizer_option(model->weights().format, in_path, opts.tokenizer_path);
-  if (opts.method == QuantMethod::Rtn || opts.method == QuantMethod::Gptq)
-    validate_uniform_spec(q.gptq.spec, model->config().dim);
-  const lowbit::QuantizeReport r =
-      quantize_to_file(*model, q, out_path, [&](int done, int total, const std::string& what) {
-        if (!progress) return;
-        QuantizeProgress p;
-        p.stage = what == "fisher" ? QuantizeProgress::Stage::Sensitivity : QuantizeProgress::Stage::Blocks;
-        p.done = done;
-        p.total = total;
-        progress(p);
-      });
+  const auto on_progress = [&](int done, int total, const std::string& what) {
+    if (!progress) return;
+    QuantizeProgress p;
+    p.stage = what == "fisher" ? QuantizeProgress::Stage::Sensitivity : QuantizeProgress::Stage::Blocks;
+    p.done = done;
+    p.total = total;
+    progress(p);
+  };
+  std::string why;
+  const bool gpu = opts.device == Device::Cuda || (opts.device == Device::Auto && cuda_available(&why));
+  LOWBIT_CHECK(!opts.resume || gpu, "--resume continues a GPU run's checkpoint; the CPU quantizer keeps none");
+  lowbit::QuantizeReport r;
+  int blocks = 0;
+  if (gpu) {
+#ifdef LOWBIT_WITH_CUDA
+    const WeightSet ws = read_weights(in_path, lo);
+    detail::check_tokenizer_option(ws.format, in_path, opts.tokenizer_path);
+    blocks = ws.config.n_layers;
+    lowbit::QuantizeOptions qg = q;
+    qg.resume = opts.resume;
+    r = quantize_to_file_gpu(ws, qg, out_path, on_progress);
+#else
+    fail("--device cuda: lowbit was built without CUDA; use --device cpu");
+#endif
+  } else {
+    WeightSet ws = read_weights(in_path, lo);
+    // The CPU quantizer holds every tensor in fp32: refuse up front what cannot fit rather than fail mid-load.
+    uint64_t fp32_bytes = 0;
+    for (const auto& [name, t] : ws.tensors) fp32_bytes += static_cast<uint64_t>(t.numel()) * 4;
+    const uint64_t avail = available_memory_bytes();
+    LOWBIT_CHECK(avail == 0 || fp32_bytes < avail, in_path, ": the CPU quantizer holds the model in fp32 (",
+                 fp32_bytes >> 30, " GiB), this machine has ", avail >> 30, " GiB available; use --device cuda");
+    auto model = lowbit::Model::load(std::move(ws));
+    detail::check_tokenizer_option(model->weights().format, in_path, opts.tokenizer_path);
+    if (opts.method == QuantMethod::Rtn || opts.method == QuantMethod::Gptq)
+      validate_uniform_spec(q.gptq.spec, model->config().dim);
+    blocks = model->config().n_layers;
+    r = quantize_to_file(*model, q, out_path, on_progress);
+  }
   QuantizeReport rep;
   rep.out_path = out_path;
   rep.seconds = r.seconds;
-  rep.blocks = model->config().n_layers;
+  rep.blocks = blocks;
   rep.calib_windows = r.calib_windows;
   rep.calib_seqlen = r.calib_seqlen;
   rep.quantized_weights = r.quantized_weights;
@@ -229,6 +269,13 @@ QuantizeReport quantize(const std::string& in_path, const std::string& out_path,
   rep.generic_linears = r.mixed24_generic_linears;
   rep.quik_outlier_columns = r.quik_outlier_columns;
   rep.quik_linears_without_outliers = r.quik_linears_without_outliers;
+  rep.device = r.device;
+  rep.stage_seconds = r.stage_seconds;
+  rep.peak_gpu_bytes = r.peak_gpu_bytes;
+  rep.peak_rss_bytes = r.peak_rss_bytes;
+  rep.peak_anon_rss_bytes = r.peak_anon_rss_bytes;
+  rep.resumed_blocks = r.resumed_blocks;
+  rep.activations_on_host = r.activations_on_host;
   return rep;
 }
 

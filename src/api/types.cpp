@@ -25,6 +25,7 @@ const char* format_name(ModelFormat f) {
     case ModelFormat::Gguf: return "gguf";
     case ModelFormat::Llama2c: return "llama2.c";
     case ModelFormat::Lowbit: return "lowbit";
+    case ModelFormat::Random: return "random";
   }
   return "?";
 }
@@ -77,6 +78,7 @@ ModelFormat public_format(lowbit::ModelFormat f) {
     case lowbit::ModelFormat::Gguf: return ModelFormat::Gguf;
     case lowbit::ModelFormat::Llama2c: return ModelFormat::Llama2c;
     case lowbit::ModelFormat::Lowbit: return ModelFormat::Lowbit;
+    case lowbit::ModelFormat::Random: return ModelFormat::Random;
   }
   fail("unknown model format ", static_cast<int>(f));
 }
@@ -108,7 +110,9 @@ ModelInfo model_info(const ModelConfig& c, lowbit::ModelFormat format, const std
 
 void check_tokenizer_option(lowbit::ModelFormat format, const std::string& path, const std::string& tokenizer_path) {
   LOWBIT_CHECK(tokenizer_path.empty() || format == lowbit::ModelFormat::Llama2c, "--tokenizer applies to llama2.c "
-               "checkpoints only; ", path, " (", model_format_name(format), ") carries its own tokenizer");
+               "checkpoints only; ", path, " (", model_format_name(format), ") ",
+               format == lowbit::ModelFormat::Random ? "has no tokenizer (its calibration is random token ids)"
+                                                     : "carries its own tokenizer");
 }
 
 }  // namespace detail

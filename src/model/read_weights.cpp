@@ -1,4 +1,5 @@
-// Format detection and the llama2.c / Hugging Face readers. The GGUF reader is in read_gguf_model.cpp.
+// Format detection and the llama2.c / Hugging Face readers. The GGUF reader is in read_gguf_model.cpp, the synthetic
+// "random:<preset>" sources in random_model.cpp.
 #include <sys/stat.h>
 
 #include <cstring>
@@ -9,6 +10,7 @@
 #include "core/error.h"
 #include "io/lowbit_file.h"
 #include "io/safetensors.h"
+#include "model/random_model.h"
 #include "model/weight_set.h"
 
 namespace lowbit {
@@ -21,6 +23,7 @@ const char* model_format_name(ModelFormat f) {
     case ModelFormat::Gguf: return "gguf";
     case ModelFormat::Llama2c: return "llama2.c";
     case ModelFormat::Lowbit: return "lowbit";
+    case ModelFormat::Random: return "random";
   }
   return "?";
 }
@@ -53,6 +56,7 @@ WeightSet read_weights(const std::string& path, const LoadOptions& opts) {
     override_quik_abits(ws, opts.quik_abits);
     return ws;
   }
+  if (is_random_source(path)) return read_random_model(path);   // synthetic: no file behind it
   std::error_code ec;
   LOWBIT_CHECK(fs::exists(path, ec), path, ": no such file or directory");
   if (fs::is_directory(path, ec)) return read_hf_dir(path);

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "io/ggml_quants.h"
+#include "model/random_model.h"
 
 namespace lowbit {
 
@@ -35,6 +36,14 @@ const float* tensor_as_f32(const WeightSet& ws, const std::string& name, const s
                " holds ", t.nbytes, " bytes, but ", shape_str(shape), " of ", dtype_info(t.dtype).name, " needs ",
                dtype_bytes(t.dtype, static_cast<uint64_t>(numel)));
   const bool permute = qk_rows && ws.qk_interleaved;
+  if (ws.generator) {
+    // A synthetic source: generated rather than read (in Hugging Face row order, which its sets declare).
+    LOWBIT_CHECK(t.dtype == DType::F32 && !permute, ws.path, ": synthetic tensor ", src_name, " must be F32 in "
+                 "Hugging Face row order");
+    scratch.resize(static_cast<size_t>(numel));
+    ws.generator->fill(name, shape, scratch.data());
+    return scratch.data();
+  }
   const bool aligned = reinterpret_cast<uintptr_t>(t.data) % alignof(float) == 0;
   if (t.dtype == DType::F32 && aligned && !permute) return reinterpret_cast<const float*>(t.data);   // zero copy
 

@@ -16,8 +16,8 @@ namespace lowbit {
 
 // Tensor `name` of ws as fp32 with exactly `shape`. Returns a pointer into the file when the tensor is stored as
 // aligned fp32 and needs no permutation (zero copy), otherwise into `scratch` (resized to the tensor's element
-// count; its capacity is reused across calls). Conversion: F32/F16/BF16 and the ggml block types row by row
-// (io/ggml_quants.h, bit-exact with ggml). qk_rows: a q/k projection weight or bias, whose rows are moved from the
+// count; its capacity is reused across calls; a synthetic source's tensors, ws.generator, are always generated
+// there). Conversion: F32/F16/BF16 and the ggml block types row by row (io/ggml_quants.h, bit-exact with ggml). qk_rows: a q/k projection weight or bias, whose rows are moved from the
 // interleaved-pair RoPE order (GGUF "llama", llama2.c: ws.qk_interleaved) to the Hugging Face half-split order, so
 // that one RoPE serves every format (exact: a permutation of rows).
 // Throws "<path>: missing tensor <name>", a shape or byte-count mismatch naming the tensor as the file spells it.

@@ -2,7 +2,8 @@
 // tensor as stored (dtype, shape, pointer into the mapped file). Tensor names are canonical Hugging Face names
 // ("model.layers.3.self_attn.q_proj.weight"), whatever the source format. `lowbit inspect` prints a WeightSet;
 // Model::load turns one into fp32 runtime weights, the GPU model into device weights one tensor at a time (both through
-// model/weight_convert.h).
+// model/weight_convert.h). A synthetic source ("random:<preset>", model/random_model.h) has a generator instead of
+// files: its views carry dtype and shape but no data, and tensor_as_f32 generates a tensor when it is read.
 #pragma once
 #include <map>
 #include <memory>
@@ -18,7 +19,9 @@
 
 namespace lowbit {
 
-enum class ModelFormat { HuggingFace, Gguf, Llama2c, Lowbit };
+class TensorGenerator;   // model/random_model.h
+
+enum class ModelFormat { HuggingFace, Gguf, Llama2c, Lowbit, Random };
 const char* model_format_name(ModelFormat f);
 
 // A linear weight stored in a packed (quantized) format: its format, logical shape, integer parameters, and the
@@ -44,6 +47,10 @@ struct WeightSet {
   bool qk_interleaved = false;
   std::vector<std::shared_ptr<MappedFile>> files;   // keep the mappings alive
   std::vector<std::shared_ptr<std::vector<uint8_t>>> owned;  // buffers some views point into
+  // Set for synthetic sources only: every view then has data == nullptr (nbytes is what its fp32 values take), and
+  // its values exist only as tensor_as_f32 generates them, one tensor at a time, so a 70B source costs no memory
+  // until a tensor is read. Code reading TensorView::data must go through tensor_as_f32 or refuse such a set.
+  std::shared_ptr<const TensorGenerator> generator;
 };
 
 struct LoadOptions {
@@ -53,7 +60,8 @@ struct LoadOptions {
   std::string quik_abits;
 };
 
-// Detects the format (directory = Hugging Face, "GGUF" magic, llama2.c header) and reads it.
+// Detects the format ("random:<preset>" = synthetic, directory = Hugging Face, "GGUF" magic, llama2.c header) and
+// reads it.
 WeightSet read_weights(const std::string& path, const LoadOptions& opts = {});
 WeightSet read_hf_dir(const std::string& dir);
 WeightSet read_gguf_model(const std::string& path);

@@ -50,4 +50,19 @@ std::vector<std::vector<int32_t>> draw_calibration(const Tokenizer& tok, const C
   return out;
 }
 
+std::vector<std::vector<int32_t>> draw_random_calibration(int vocab_size, const CalibOptions& opts) {
+  LOWBIT_CHECK(vocab_size > 0, "random calibration needs a positive vocab_size, got ", vocab_size);
+  LOWBIT_CHECK(opts.samples > 0 && opts.seqlen >= 2, "--calib-samples must be > 0 and --calib-seqlen >= 2");
+  // mt19937_64's sequence is fixed by the standard; the multiply-shift reduction (rather than
+  // uniform_int_distribution, whose algorithm is the library's choice) keeps the ids the same everywhere.
+  std::mt19937_64 rng(opts.seed);
+  std::vector<std::vector<int32_t>> out(static_cast<size_t>(opts.samples));
+  for (auto& window : out) {
+    window.resize(static_cast<size_t>(opts.seqlen));
+    for (int32_t& id : window)
+      id = static_cast<int32_t>((static_cast<unsigned __int128>(rng()) * static_cast<uint64_t>(vocab_size)) >> 64);
+  }
+  return out;
+}
+
 }  // namespace lowbit

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/half.h"
+#include "core/rss.h"
 #include "io/lowbit_file.h"
 #include "io/safetensors.h"
 #include "model/backward.h"
@@ -34,6 +35,12 @@ const float* bias_of(const Model& m, const std::string& weight_name) {
   const std::string b = weight_name.substr(0, weight_name.size() - 6) + "bias";   // "...weight" -> "...bias"
   const auto names = m.tensor_names();
   return std::find(names.begin(), names.end(), b) != names.end() ? m.tensor_f32(b) : nullptr;
+}
+
+// The calibration windows: drawn from the text by the model's tokenizer, or random token ids for a source without
+// one (random: models, timing only).
+std::vector<std::vector<int32_t>> calibration_windows(const Model& m, const CalibOptions& o) {
+  return m.has_tokenizer() ? draw_calibration(m.tokenizer(), o) : draw_random_calibration(m.config().vocab_size, o);
 }
 
 // Hessian-diagonal sensitivity: s[r][c] = 2/N Σ_t x_t[c]^2 over the calibration tokens entering the weight's
@@ -106,6 +113,16 @@ std::map<std::string, std::vector<float>> read_sensitivity_cache(const Model& mo
 }
 
 }  // namespace
+
+double mixed24a_paper_bits(const Mixed24AQuantized& q, int64_t outliers) {
+  return static_cast<double>(q.n * q.units() * (3 * 16 * 2 + 16 * 4 + 4 + 3 + 3 + 3 * 2 + 4 + 4)) +
+         16.0 * static_cast<double>(outliers);
+}
+
+double mixed24_paper_bits(const Mixed24Quantized& q, int64_t outliers) {
+  return static_cast<double>(q.n * (q.g2 * (16 * 2 + kMixedScaleBits + 2) + q.g4 * (16 * 4 + 16 + 4))) +
+         16.0 * static_cast<double>(outliers);
+}
 
 std::string method_json(const QuantizeOptions& o) {
   nlohmann::ordered_json j;
@@ -246,16 +263,15 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
             const Mixed24AQuantized mq = mixed24a_quantize(w, n, k, h, factors.at(kLinearSlot[i]), mo, &ms);
             mq.dequantize(deq.data());
             quantized[name] = pack_mixed24a(mq, storage);
-            paper_bits += static_cast<double>(n * mq.units() * (3 * 16 * 2 + 16 * 4 + 4 + 3 + 3 + 3 * 2 + 4 + 4));
+            paper_bits += mixed24a_paper_bits(mq, ms.outliers);
             ++rep.mixed24_aligned_linears;
           } else {
             const Mixed24Quantized mq = mixed24_quantize(w, n, k, {}, factors.at(kLinearSlot[i]), mo, &ms);
             mq.dequantize(deq.data());
             quantized[name] = pack_mixed24(mq, storage);
-            paper_bits += static_cast<double>(n * (mq.g2 * (16 * 2 + kMixedScaleBits + 2) + mq.g4 * (16 * 4 + 16 + 4)));
+            paper_bits += mixed24_paper_bits(mq, ms.outliers);
             ++rep.mixed24_generic_linears;
           }
-          paper_bits += 16.0 * static_cast<double>(ms.outliers);
           rep.hessian_error_sum += hessian_weighted_error(w, deq.data(), n, k, h);
           rep.outliers += ms.outliers;
         } else {
@@ -293,7 +309,7 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
     if (cached) {   // the cache key already pins the calibration: no windows are drawn
       sens = read_sensitivity_cache(model, opts);
     } else {
-      const auto calib = draw_calibration(model.tokenizer(), opts.calib);
+      const auto calib = calibration_windows(model, opts.calib);
       if (opts.sensitivity == Sensitivity::Fisher) {
         FisherDiag f = fisher_diagonal(model, calib, [&](int done, int total) {
           if (progress) progress(done, total, "fisher");
@@ -338,7 +354,7 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
       if (progress) progress(l + 1, c.n_layers, "block " + std::to_string(l));
     }
   } else {
-    const auto calib = draw_calibration(model.tokenizer(), opts.calib);
+    const auto calib = calibration_windows(model, opts.calib);
     const int N = static_cast<int>(calib.size()), T = opts.calib.seqlen;
     rep.calib_windows = N;
     rep.calib_seqlen = T;
@@ -402,6 +418,8 @@ QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const
   if (opts.method == QuantMethod::Mixed24) rep.paper_avg_bits = paper_bits / static_cast<double>(rep.quantized_weights);
   rep.file_bytes = sum.file_bytes;
   rep.seconds = now_s() - t0;
+  rep.device = "cpu";
+  rep.peak_rss_bytes = peak_rss_bytes();
   return rep;
 }
 

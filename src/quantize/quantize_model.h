@@ -41,6 +41,8 @@ struct QuantizeOptions {
   // AnyPrec: a safetensors file of sensitivities. Read when it exists (it must have been made for the same model,
   // sensitivity kind and calibration — else a clear error), written (atomically) when it does not.
   std::string sensitivity_cache;
+  // GPU driver only (quantize_to_file_gpu): continue from the checkpoint an interrupted run left beside the output.
+  bool resume = false;
 };
 
 struct QuantizeReport {
@@ -64,11 +66,30 @@ struct QuantizeReport {
   double mean_calib_loss = 0;       // AnyPrec with Fisher: mean loss of the calibration windows
   std::map<int, double> width_avg_bits;   // AnyPrec: exact bits per weight a b-bit view reads
   std::map<int, double> width_weighted_error;   // AnyPrec: Σ sensitivity · (w - ŵ_b)^2 over all layers
+  // Where the time went (seconds by stage: load, embed, capture, hessian, solve, fisher, kmeans, pack, checkpoint,
+  // replay, write), the peaks, and what ran it.
+  std::map<std::string, double> stage_seconds;
+  uint64_t peak_gpu_bytes = 0;      // device memory in use at its highest sampled point (GPU driver)
+  uint64_t peak_rss_bytes = 0;      // VmHWM: peak host resident memory (mapped model pages included)
+  uint64_t peak_anon_rss_bytes = 0; // peak anonymous host memory sampled at the driver's high points
+  std::string device;               // "cpu" or the GPU's name
+  int resumed_blocks = 0;           // blocks taken from a checkpoint
+  bool activations_on_host = false; // GPU driver: calibration activations spilled to pinned host memory
 };
 
 // progress(done, total, what): one call per finished block.
 QuantizeReport quantize_to_file(Model& model, const QuantizeOptions& opts, const std::string& out_path,
                                 const std::function<void(int, int, const std::string&)>& progress = nullptr);
+
+// The streaming GPU driver (src/backend_cuda/quantize/quantize_gpu.cu; CUDA builds only): the same options and the
+// same file as quantize_to_file, with the model read block by block from the file as stored (no fp32 copy of the
+// whole model on the host or the device), every calibration stage on the GPU, and a checkpoint per block.
+QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& opts, const std::string& out_path,
+                                    const std::function<void(int, int, const std::string&)>& progress = nullptr);
+
+// Bits the paper's eq. 10 counts for one mixed24 linear (QuantizeReport::paper_avg_bits' numerator).
+double mixed24a_paper_bits(const Mixed24AQuantized& q, int64_t outliers);
+double mixed24_paper_bits(const Mixed24Quantized& q, int64_t outliers);
 
 // The method description stored in the file ({"name": "gptq", "bits": 4, ...}).
 std::string method_json(const QuantizeOptions& opts);

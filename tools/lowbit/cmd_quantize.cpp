@@ -1,6 +1,7 @@
 // lowbit quantize MODEL --method rtn|gptq --bits B [--group G] ... -o OUT.lowbit
 // lowbit quantize MODEL --method anyprec --seed-bits 3 --parent-bits 8 [--widths 3,4,8] ... -o OUT.lowbit
 // An option that does not apply to the chosen method is refused, naming the method it belongs to.
+#include <chrono>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@ struct QuantArgs {
   std::string model, out, method = "gptq", dense = "f32", sensitivity = "fisher";
   std::string outliers_from = "2bit", layout = "auto", unit_order = "sensitivity";
   std::vector<std::string> layers_4bit;
+  std::string device = "auto";
   bool no_sequential = false;
   double outliers = -1;   // --outliers: anyprec / mixed24 fraction, quik column count; < 0: the method's default
   api::QuantizeOptions opts;
@@ -105,6 +107,18 @@ void print_report(const api::QuantizeReport& r, const api::QuantizeOptions& o) {
               "  file size: %.2f MiB\n  time: %.1f s\n",
               r.out_path.c_str(), static_cast<long long>(r.quantized_weights), r.blocks, r.avg_bits,
               r.file_bytes / 1048576.0, r.seconds);
+  std::printf("  device: %s", r.device.c_str());
+  if (r.peak_gpu_bytes > 0) std::printf("; peak GPU memory %.2f GiB", r.peak_gpu_bytes / 1073741824.0);
+  std::printf("; peak host RSS %.2f GiB", r.peak_rss_bytes / 1073741824.0);
+  if (r.peak_anon_rss_bytes > 0) std::printf(" (anonymous %.2f GiB)", r.peak_anon_rss_bytes / 1073741824.0);
+  if (r.activations_on_host) std::printf("; calibration activations in pinned host memory");
+  if (r.resumed_blocks > 0) std::printf("; %d blocks resumed from the checkpoint", r.resumed_blocks);
+  std::printf("\n");
+  if (!r.stage_seconds.empty()) {
+    std::printf("  time by stage:");
+    for (const auto& [stage, secs] : r.stage_seconds) std::printf(" %s %.1f s;", stage.c_str(), secs);
+    std::printf("\n");
+  }
   const char* sens = o.anyprec.sensitivity == api::Sensitivity::Fisher ? "fisher" : "hessian-diag";
   switch (o.method) {
     case api::QuantMethod::AnyPrec:
@@ -211,6 +225,8 @@ void register_quantize(CLI::App& app, Common& common) {
       ->check(CLI::IsMember({"q", "k", "v", "o", "gate", "up", "down"}));
   sub->add_option("--dense-dtype", a->dense, "Unquantized tensors: f32 or f16")->check(CLI::IsMember({"f32", "f16"}));
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
+  add_device_option(sub, a->device);
+  sub->add_flag("--resume", o.resume, "cuda: continue from the checkpoint (<output>.partial/) an interrupted run left");
   sub->callback([a, sub, &common] {
     apply_threads(common);
     const std::map<std::string, M> methods = {{"rtn", M::Rtn},
@@ -220,6 +236,7 @@ void register_quantize(CLI::App& app, Common& common) {
                                               {"quik", M::Quik}};
     api::QuantizeOptions o = a->opts;
     o.method = methods.at(a->method);
+    o.device = parse_device(a->device);
     refuse_inapplicable(sub, o.method);
     o.calib.sequential = !a->no_sequential;
     o.dense_dtype = a->dense == "f16" ? api::FloatType::F16 : api::FloatType::F32;
@@ -250,11 +267,27 @@ void register_quantize(CLI::App& app, Common& common) {
     api::validate(o);   // before the model is read
     std::printf("quantize %s: %s\n", a->model.c_str(), api::describe(o).c_str());
     std::fflush(stdout);
-    const api::QuantizeReport r = api::quantize(a->model, a->out, o, [](const api::QuantizeProgress& p) {
+    // Progress per block with the time left, from the mean time per block of this stage so far.
+    auto stage_start = std::chrono::steady_clock::now();
+    auto last_stage = api::QuantizeProgress::Stage::Blocks;
+    int first_done = -1;
+    const api::QuantizeReport r = api::quantize(a->model, a->out, o, [&](const api::QuantizeProgress& p) {
+      const auto now = std::chrono::steady_clock::now();
+      if (first_done < 0 || p.stage != last_stage || p.done < first_done) {
+        stage_start = now;
+        first_done = p.done;
+        last_stage = p.stage;
+      }
+      const double secs = std::chrono::duration<double>(now - stage_start).count();
+      std::string eta;
+      if (p.done > first_done && p.done < p.total) {
+        const int left = static_cast<int>(secs / (p.done - first_done) * (p.total - p.done));
+        eta = ", " + std::to_string(left / 60) + "m" + std::to_string(left % 60) + "s left";
+      }
       if (p.stage == api::QuantizeProgress::Stage::Sensitivity)
-        progress_line("fisher", p.done, p.total, "calibration windows (forward + backward)");
+        progress_line("fisher", p.done, p.total, "block passes (forward, backward)" + eta);
       else
-        progress_line("quantize", p.done, p.total, "blocks");
+        progress_line("quantize", p.done, p.total, "blocks" + eta);
     });
     print_report(r, o);
   });

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# GPU quantization on the lent machine: tests, the SmolLM2 GPU-vs-CPU table, and Llama-shaped timings. On this
+# machine first: scripts/device/bundle.sh. Then, back to back (the machine keeps /tmp between warm calls), each call
+# carrying the files named and running `OUT=$OUT bash scripts/device/quantize.sh PART`:
+#   tests   (.devbundle/pkg.tar.xz, .devbundle/shared)   the GPU quantizer tests (GPTQ/RTN/QUIK, 2/4/16, Fisher, driver)
+#   smollm2 (.devbundle/smollm2.part00..02, .sha256)     every SmolLM2 configuration quantized on the GPU (all 16 cores
+#                                                        free), then on the CPU (8 jobs x 2 threads), each file scored
+#                                                        over the full WikiText-2 test by tools/hf_ppl.py
+#   eval                                                 scores whatever `smollm2` left unscored
+#   7b, 7b-more, 70b                                     random:llama2-7b / random:llama2-70b?layers=10 timings
+# Logs land in $OUT, one file per step.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT="${OUT:-/tmp/out}"
+mkdir -p "$OUT"
+bash scripts/device/eval.sh stage
+source scripts/device/env.sh
+export LOWBIT_SHARED_DIR="$LB/shared" LOWBIT_SOURCE_DIR="$PWD"
+B="$LB/pkg/lowbit"; M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"
+Q=/tmp/qg; LOGS=/tmp/qglogs
+mkdir -p "$Q" "$LOGS"
+CAL=(--calib "$C" --calib-samples 128 --calib-seqlen 512)
+# name | quantize arguments | hf_ppl variants (--bits for anyprec, --abits for quik)
+CONFIGS=(
+  "rtn-w4g128|--method rtn --bits 4 --group 128|"
+  "gptq-w3g128|--method gptq --bits 3 --group 128 ${CAL[*]}|"
+  "gptq-w4g128-ao|--method gptq --bits 4 --group 128 --act-order ${CAL[*]}|"
+  "anyprec-3to8|--method anyprec --calib $C|--bits 3,4,8"
+  "mixed24|--method mixed24 ${CAL[*]}|"
+  "quik-w4a8|--method quik --wbits 4 --abits 8 ${CAL[*]}|--abits 8"
+  "quik-w8a8|--method quik --wbits 8 --abits 8 ${CAL[*]}|--abits 8"
+)
+
+step() {   # step NAME TIMEOUT CMD...: CMD into $OUT/NAME.txt, headed by the command, the GPU and the date
+  local name=$1 limit=$2
+  shift 2
+  { echo "# \$ $*"; echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader), $(date -u +%FT%TZ)"; } > "$OUT/$name.txt"
+  local t0=$SECONDS
+  timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
+  local rc=$?
+  echo "# exit $rc after $((SECONDS - t0)) s" >> "$OUT/$name.txt"
+  echo "$name: exit $rc after $((SECONDS - t0)) s"
+}
+
+score() {   # score NAME DEVICE: full WikiText-2 perplexity of $Q/NAME-DEVICE.lowbit into $LOGS/summary.txt
+  local name=$1 dev=$2 variants=$3 f="$Q/$1-$2.lowbit"
+  grep -q "^$name $dev " "$LOGS/summary.txt" 2>/dev/null && return
+  [ -f "$f" ] || { echo "$name $dev | missing" >> "$LOGS/summary.txt"; return; }
+  local ppl
+  ppl=$(python3 tools/hf_ppl.py --lowbit "$f" --hf-dir /tmp/hf --text "$W" $variants 2>&1 | grep -E "ppl|Error" | tr '\n' ';')
+  local q
+  q=$(grep -E "^  time:|average bits|time by stage|peak" "$LOGS/quant-$name-$dev.log" | tr -s ' ' | tr '\n' ';')
+  echo "$name $dev | $ppl | $q" >> "$LOGS/summary.txt"
+  cp "$LOGS/summary.txt" "$OUT/"
+}
+
+case "${1:-}" in
+  tests)
+    for t in test_gptq_gpu test_mixed24_gpu test_fisher_gpu test_quantize_gpu; do step "$t" 300 "$LB/pkg/$t"; done
+    grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^# exit|budget|Hessian k=|mean NLL" "$OUT"/test_*.txt | head -80
+    ;;
+  smollm2)
+    [ -d /tmp/hf ] || "$B" convert "$M" /tmp/hf > /dev/null
+    for entry in "${CONFIGS[@]}"; do   # the GPU runs one at a time with the whole machine
+      IFS='|' read -r name args variants <<<"$entry"
+      [ -f "$Q/$name-gpu.lowbit" ] && continue
+      /usr/bin/time -f "wall %e s, max RSS %M KB" "$B" quantize "$M" $args --device cuda -o "$Q/$name-gpu.lowbit" \
+        > "$LOGS/quant-$name-gpu.log" 2>&1
+      cp "$LOGS/quant-$name-gpu.log" "$OUT/"
+    done
+    for entry in "${CONFIGS[@]}"; do   # then the CPU reference, 2 threads per job, in the background
+      IFS='|' read -r name args variants <<<"$entry"
+      [ -f "$Q/$name-cpu.lowbit" ] && continue
+      ( /usr/bin/time -f "wall %e s, max RSS %M KB" env OMP_NUM_THREADS=2 "$B" quantize "$M" $args --device cpu \
+          -o "$Q/$name-cpu.lowbit" > "$LOGS/quant-$name-cpu.log" 2>&1; cp "$LOGS/quant-$name-cpu.log" "$OUT/" ) &
+    done
+    for entry in "${CONFIGS[@]}"; do
+      IFS='|' read -r name args variants <<<"$entry"
+      score "$name" gpu "$variants"
+    done
+    wait
+    cat "$LOGS/summary.txt"
+    ;;
+  eval)
+    [ -d /tmp/hf ] || "$B" convert "$M" /tmp/hf > /dev/null
+    for entry in "${CONFIGS[@]}"; do
+      IFS='|' read -r name args variants <<<"$entry"
+      score "$name" gpu "$variants"; score "$name" cpu "$variants"
+    done
+    cat "$LOGS/summary.txt"
+    ;;
+  7b)
+    S="random:llama2-7b"
+    step q7b-rtn 120 "$B" quantize "$S" --method rtn --bits 4 --group 128 --device cuda -o /tmp/q7b.lowbit
+    step q7b-gptq 420 "$B" quantize "$S" --method gptq --bits 4 --group 128 --act-order --device cuda -o /tmp/q7b.lowbit
+    rm -f /tmp/q7b.lowbit
+    grep -hE "^  time|time by stage|peak|^# exit" "$OUT"/q7b-*.txt
+    ;;
+  7b-more)
+    S="random:llama2-7b"
+    step q7b-anyprec 400 "$B" quantize "$S" --method anyprec --device cuda -o /tmp/q7b.lowbit
+    rm -f /tmp/q7b.lowbit
+    step q7b-quik 400 "$B" quantize "$S" --method quik --wbits 4 --abits 8 --device cuda -o /tmp/q7b.lowbit
+    rm -f /tmp/q7b.lowbit
+    grep -hE "^  time|time by stage|peak|^# exit" "$OUT"/q7b-*.txt
+    ;;
+  7b-mixed)
+    step q7b-mixed24 580 "$B" quantize random:llama2-7b --method mixed24 --device cuda -o /tmp/q7b.lowbit
+    rm -f /tmp/q7b.lowbit
+    grep -hE "^  time|time by stage|peak|^# exit" "$OUT"/q7b-*.txt
+    ;;
+  70b)
+    S="random:llama2-70b?layers=10"
+    step q70b-gptq 580 "$B" quantize "$S" --method gptq --bits 4 --group 128 --device cuda -o /tmp/q70b.lowbit
+    rm -f /tmp/q70b.lowbit
+    grep -hE "^  time|time by stage|peak|^# exit|^quantize" "$OUT"/q70b-*.txt
+    ;;
+  *) echo "usage: $0 tests | smollm2 | eval | 7b | 7b-more | 7b-mixed | 70b" >&2; exit 2 ;;
+esac
