@@ -89,6 +89,16 @@ case "${1:-}" in
     done
     cat "$LOGS/summary.txt"
     ;;
+  first)   # the driver's GPU tests, then the Llama-2-7B shape at RTN and GPTQ (what one short device session affords)
+    step test_quantize_gpu 150 "$LB/pkg/test_quantize_gpu"
+    grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^# exit|Hessian k=|mean NLL" "$OUT"/test_quantize_gpu.txt
+    S="random:llama2-7b"
+    step q7b-rtn 90 "$B" quantize "$S" --method rtn --bits 4 --group 128 --device cuda -o /tmp/q7b.lowbit
+    rm -f /tmp/q7b.lowbit
+    step q7b-gptq 330 "$B" quantize "$S" --method gptq --bits 4 --group 128 --act-order --device cuda -o /tmp/q7b.lowbit
+    rm -f /tmp/q7b.lowbit
+    grep -hE "^  time|time by stage|peak|device:|^# exit|error" "$OUT"/q7b-*.txt
+    ;;
   7b)
     S="random:llama2-7b"
     step q7b-rtn 120 "$B" quantize "$S" --method rtn --bits 4 --group 128 --device cuda -o /tmp/q7b.lowbit
@@ -115,5 +125,5 @@ case "${1:-}" in
     rm -f /tmp/q70b.lowbit
     grep -hE "^  time|time by stage|peak|^# exit|^quantize" "$OUT"/q70b-*.txt
     ;;
-  *) echo "usage: $0 tests | smollm2 | eval | 7b | 7b-more | 7b-mixed | 70b" >&2; exit 2 ;;
+  *) echo "usage: $0 first | tests | smollm2 | eval | 7b | 7b-more | 7b-mixed | 70b" >&2; exit 2 ;;
 esac

@@ -306,12 +306,19 @@ AnyPrecQuantized anyprec_quantize(const float* w, const float* sens, int64_t n, 
 }
 
 double anyprec_weighted_error(const float* w, const float* sens, const AnyPrecQuantized& q, int b) {
-  double e = 0;
-  for (int64_t r = 0; r < q.n; ++r)
+  // Per-row sums in parallel, added in row order: the same total for any thread count.
+  std::vector<double> rows(static_cast<size_t>(q.n), 0.0);
+#pragma omp parallel for schedule(static) if (q.n * q.k > 65536)
+  for (int64_t r = 0; r < q.n; ++r) {
+    double e = 0;
     for (int64_t c = 0; c < q.k; ++c) {
       const double d = static_cast<double>(w[r * q.k + c]) - q.value(r, c, b);
       e += sens[r * q.k + c] * d * d;
     }
+    rows[static_cast<size_t>(r)] = e;
+  }
+  double e = 0;
+  for (double v : rows) e += v;
   return e;
 }
 

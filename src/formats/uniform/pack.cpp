@@ -55,9 +55,15 @@ PackedWeight pack_uniform(const UniformQuantized& q, std::vector<std::shared_ptr
                q.symmetric ? " (symmetric)" : "");
   LOWBIT_CHECK(q.g_idx.empty() || static_cast<int64_t>(q.g_idx.size()) == q.k, "pack_uniform: g_idx has ",
                q.g_idx.size(), " entries, need 0 or k = ", q.k);
-  for (size_t i = 0; i < q.codes.size(); ++i)
-    LOWBIT_CHECK(q.codes[i] < levels, "pack_uniform: code ", int{q.codes[i]}, " at index ", i, " needs more than ",
-                 q.bits, " bits");
+  // A 7B model packs 6.5e9 codes: the range check and the bit packing run over rows in parallel.
+  const int64_t count = static_cast<int64_t>(q.codes.size());
+  int top = 0;
+#pragma omp parallel for reduction(max : top) if (count > 65536)
+  for (int64_t i = 0; i < count; ++i) top = std::max(top, int{q.codes[static_cast<size_t>(i)]});
+  if (static_cast<uint32_t>(top) >= levels)
+    for (size_t i = 0; i < q.codes.size(); ++i)
+      LOWBIT_CHECK(q.codes[i] < levels, "pack_uniform: code ", int{q.codes[i]}, " at index ", i, " needs more than ",
+                   q.bits, " bits");
 
   PackedWeight w;
   w.format = FormatId::Uniform;
@@ -69,6 +75,7 @@ PackedWeight pack_uniform(const UniformQuantized& q, std::vector<std::shared_ptr
 
   const int64_t words_per_row = uniform_part_shape("qweight", q.n, q.k, w.params)[1];
   std::vector<uint32_t> words(static_cast<size_t>(q.n * words_per_row), 0u);
+#pragma omp parallel for if (q.n * q.k > 65536)
   for (int64_t r = 0; r < q.n; ++r) {
     uint32_t* row = words.data() + r * words_per_row;
     for (int64_t c = 0; c < q.k; ++c) put_bits(row, c * q.bits, q.bits, q.codes[static_cast<size_t>(r * q.k + c)]);
