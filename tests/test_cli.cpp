@@ -212,6 +212,24 @@ TEST(Cli, QuantizeRefusesOptionsOfOtherMethods) {
                      "--tokenizer applies to llama2.c checkpoints only");
 }
 
+// Synthetic random: sources quantize like a model file (timing at real shapes); misuse is refused in one line.
+TEST(Cli, QuantizeRandomSourcesAndDevice) {
+  const std::string dir = test::temp_dir();
+  std::string out;
+  ASSERT_EQ(test::run_cli("quantize random:tiny?layers=1 --method gptq --calib-samples 2 --calib-seqlen 32 "
+                          "--device cpu -o " + dir + "/t.lowbit", &out), 0) << out;
+  EXPECT_NE(out.find("device: cpu"), std::string::npos) << out;
+  EXPECT_TRUE(test::file_exists(dir + "/t.lowbit"));
+  test::expect_cli_refuses({
+      {"quantize random:nope --method rtn -o " + dir + "/x.lowbit", "presets: tiny, smollm2-135m, llama2-7b"},
+      {"quantize random:tiny --method rtn --device cpu --resume -o " + dir + "/x.lowbit",
+       "--resume continues a GPU run's checkpoint"},
+      {"quantize random:tiny --method rtn --tokenizer " + dir + "/t.lowbit -o " + dir + "/x.lowbit",
+       "has no tokenizer"},
+      {"convert random:tiny " + dir + "/conv", "there is no model to convert"},
+  }, dir + "/x.lowbit");
+}
+
 // A .jsonl text is counted in documents, not as the one text they are joined into.
 TEST(Cli, PplCountsJsonlDocuments) {
   LOWBIT_REQUIRE_FILE(stories(), "stories260K");
