@@ -7,7 +7,8 @@
 #                                                        free), then on the CPU (8 jobs x 2 threads), each file scored
 #                                                        over the full WikiText-2 test by tools/hf_ppl.py
 #   eval                                                 scores whatever `smollm2` left unscored
-#   7b, 7b-more, 70b                                     random:llama2-7b / random:llama2-70b?layers=10 timings
+#   first                                                the driver's tests, then Llama-2-7B RTN and GPTQ
+#   7b, 7b-mixed, 70b                                    random:llama2-7b / random:llama2-70b?layers=10 timings
 # Logs land in $OUT, one file per step.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -99,31 +100,26 @@ case "${1:-}" in
     rm -f /tmp/q7b.lowbit
     grep -hE "^  time|time by stage|peak|device:|^# exit|error" "$OUT"/q7b-*.txt
     ;;
-  7b)
+  7b)        # the Llama-2-7B shape: any-precision and QUIK W4A8
     S="random:llama2-7b"
-    step q7b-rtn 120 "$B" quantize "$S" --method rtn --bits 4 --group 128 --device cuda -o /tmp/q7b.lowbit
-    step q7b-gptq 420 "$B" quantize "$S" --method gptq --bits 4 --group 128 --act-order --device cuda -o /tmp/q7b.lowbit
+    step q7b-anyprec 330 "$B" quantize "$S" --method anyprec --device cuda -o /tmp/q7b.lowbit
     rm -f /tmp/q7b.lowbit
-    grep -hE "^  time|time by stage|peak|^# exit" "$OUT"/q7b-*.txt
+    step q7b-quik 330 "$B" quantize "$S" --method quik --wbits 4 --abits 8 --device cuda -o /tmp/q7b.lowbit
+    rm -f /tmp/q7b.lowbit
+    grep -hE "^  time|time by stage|peak|^# exit|error" "$OUT"/q7b-*.txt
     ;;
-  7b-more)
-    S="random:llama2-7b"
-    step q7b-anyprec 400 "$B" quantize "$S" --method anyprec --device cuda -o /tmp/q7b.lowbit
-    rm -f /tmp/q7b.lowbit
-    step q7b-quik 400 "$B" quantize "$S" --method quik --wbits 4 --abits 8 --device cuda -o /tmp/q7b.lowbit
-    rm -f /tmp/q7b.lowbit
-    grep -hE "^  time|time by stage|peak|^# exit" "$OUT"/q7b-*.txt
-    ;;
-  7b-mixed)
+  7b-mixed)  # the Llama-2-7B shape: 2/4/16
     step q7b-mixed24 580 "$B" quantize random:llama2-7b --method mixed24 --device cuda -o /tmp/q7b.lowbit
     rm -f /tmp/q7b.lowbit
-    grep -hE "^  time|time by stage|peak|^# exit" "$OUT"/q7b-*.txt
+    grep -hE "^  time|time by stage|peak|^# exit|error" "$OUT"/q7b-*.txt
     ;;
-  70b)
+  70b)       # the Llama-2-70B shape, 10 of its 80 blocks (per-block progress lines kept to show the time is flat)
     S="random:llama2-70b?layers=10"
-    step q70b-gptq 580 "$B" quantize "$S" --method gptq --bits 4 --group 128 --device cuda -o /tmp/q70b.lowbit
+    step q70b-gptq 300 "$B" quantize "$S" --method gptq --bits 4 --group 128 --device cuda -o /tmp/q70b.lowbit
     rm -f /tmp/q70b.lowbit
-    grep -hE "^  time|time by stage|peak|^# exit|^quantize" "$OUT"/q70b-*.txt
+    step q70b-anyprec 280 "$B" quantize "$S" --method anyprec --device cuda -o /tmp/q70b.lowbit
+    rm -f /tmp/q70b.lowbit
+    grep -hE "^  time|time by stage|peak|^# exit|error" "$OUT"/q70b-*.txt
     ;;
-  *) echo "usage: $0 first | tests | smollm2 | eval | 7b | 7b-more | 7b-mixed | 70b" >&2; exit 2 ;;
+  *) echo "usage: $0 first | tests | smollm2 | eval | 7b | 7b-mixed | 70b" >&2; exit 2 ;;
 esac

@@ -279,7 +279,9 @@ void register_quantize(CLI::App& app, Common& common) {
         last_stage = p.stage;
       }
       const double secs = std::chrono::duration<double>(now - stage_start).count();
-      std::string eta;
+      char at[32];
+      std::snprintf(at, sizeof at, ", at %.1f s", secs);
+      std::string eta = at;   // logs show each block's time as the difference of two lines
       if (p.done > first_done && p.done < p.total) {
         const int left = static_cast<int>(secs / (p.done - first_done) * (p.total - p.done));
         eta = ", " + std::to_string(left / 60) + "m" + std::to_string(left % 60) + "s left";

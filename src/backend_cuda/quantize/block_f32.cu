@@ -222,7 +222,7 @@ void swiglu_f32(const float* g, const float* u, int64_t ld, float* out, int rows
 }
 
 void block_forward_f32(const BlockWeightsF32& w, float* x, int T, BlockWorkspace& ws, cudaStream_t stream,
-                       const BlockCaptureFn* capture) {
+                       const BlockCaptureFn* capture, bool need_output) {
   const ModelConfig& c = ws.config();
   LOWBIT_CHECK(T > 0 && T <= ws.max_t(), "block_forward_f32: window of ", T, " tokens, workspace holds ", ws.max_t());
   const int dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim, hd = c.head_dim;
@@ -284,6 +284,7 @@ void block_forward_f32(const BlockWeightsF32& w, float* x, int T, BlockWorkspace
   linear(cb, xn2, T, w.wu, hid, dim, u);
   swiglu_f32(g, u, hid, act, T, hid, stream);
   if (capture) (*capture)(LinearSlot::Down, act, T, hid);
+  if (!need_output) return;
   linear(cb, act, T, w.wd, dim, hid, ws.tmp);
   add_kernel<<<grid_for(tt * dim), kThreads, 0, stream>>>(x, ws.tmp, tt * dim);
   LOWBIT_CUDA_CHECK(cudaGetLastError());

@@ -91,8 +91,10 @@ using BlockCaptureFn = std::function<void(LinearSlot slot, const float* x, int r
 
 // x [T, dim] (device) <- block(x) for one window at positions 0..T-1 (T <= ws.max_t()). With ws.saves() the
 // intermediates of this window are left in ws.saved().
+// need_output = false: a capture-only pass (its x is thrown away): stops after the down slot's capture, skipping the
+// down projection (a fifth of the block's FLOPs); x is then left at the block's midpoint.
 void block_forward_f32(const BlockWeightsF32& w, float* x, int T, BlockWorkspace& ws, cudaStream_t stream,
-                       const BlockCaptureFn* capture = nullptr);
+                       const BlockCaptureFn* capture = nullptr, bool need_output = true);
 
 // The element-wise steps, exposed for the backward pass and tests.
 // y = x / rms(x) * w per row (sum of squares in double, as the CPU forward).

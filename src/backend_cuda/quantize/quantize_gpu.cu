@@ -492,7 +492,7 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
           float* x = X.acquire(s2, stream);
           if (opts.sequential) {   // the full-precision outputs are not needed: run a copy
             LOWBIT_CUDA_CHECK(cudaMemcpyAsync(work.get(), x, work.bytes(), cudaMemcpyDeviceToDevice, stream));
-            cuda::block_forward_f32(blk.view(), work.get(), T, bw, stream, &cap);
+            cuda::block_forward_f32(blk.view(), work.get(), T, bw, stream, &cap, /*need_output=*/false);
           } else {
             cuda::block_forward_f32(blk.view(), x, T, bw, stream, &cap);
             X.release(s2, true, stream);
