@@ -57,7 +57,7 @@ score() {   # score NAME DEVICE: full WikiText-2 perplexity of $Q/NAME-DEVICE.lo
 
 case "${1:-}" in
   tests)
-    for t in test_gptq_gpu test_mixed24_gpu test_fisher_gpu test_quantize_gpu; do step "$t" 300 "$LB/pkg/$t"; done
+    for t in test_gptq_gpu test_mixed24_gpu test_fisher_gpu test_quantize_gpu test_anyprec_gpu; do step "$t" 300 "$LB/pkg/$t"; done
     grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^# exit|budget|Hessian k=|mean NLL" "$OUT"/test_*.txt | head -80
     ;;
   smollm2)

@@ -38,7 +38,7 @@ uint32_t anyprec_width_mask(const AnyPrecOptions& o);
 struct KMeans1D {
   std::vector<int64_t> start;
   std::vector<double> centroids;
-  std::vector<double> objective;   // Σ w (x - c)^2 after initialisation and after every Lloyd iteration
+  std::vector<double> objective;   // Σ w (x - c)^2 after initialisation and every Lloyd iteration (the first 4096)
   int iterations = 0;
 };
 KMeans1D weighted_kmeans_1d(const float* x_sorted, const double* w_sorted, int64_t m, int clusters, int max_iter,
@@ -49,6 +49,12 @@ inline constexpr int kAnyPrecExactMaxClusters = 16;
 // Quantizes W [n, k] with sensitivities s [n, k].
 AnyPrecQuantized anyprec_quantize(const float* w, const float* sensitivity, int64_t n, int64_t k,
                                   const AnyPrecOptions& o);
+
+// anyprec_quantize with the GPU twin's division of each row's searches over a warp's 32 lanes emulated on the CPU
+// (quantize/anyprec_row.h): the same result by construction; the tests check the twin's combination of partial minima
+// with it.
+AnyPrecQuantized anyprec_quantize_emulating_warp(const float* w, const float* sensitivity, int64_t n, int64_t k,
+                                                 const AnyPrecOptions& o);
 
 // Σ s (w - ŵ_b)^2 of the b-bit view: the objective the seed and the splits minimise.
 double anyprec_weighted_error(const float* w, const float* sensitivity, const AnyPrecQuantized& q, int b);

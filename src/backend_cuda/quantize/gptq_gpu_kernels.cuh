@@ -20,35 +20,15 @@
 #include <cstdint>
 #include <cstring>
 
-#ifndef LOWBIT_HD
-#ifdef __CUDACC__
-#define LOWBIT_HD __host__ __device__ __forceinline__
-#else
-#define LOWBIT_HD inline
-#endif
-#endif
+#include "core/half_hd.h"
+
 
 namespace lowbit::cuda::gptq_twin {
 
-LOWBIT_HD uint32_t float_bits(float f) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-
-LOWBIT_HD float bits_float(uint32_t u) {
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+using hd::bits_float;
+using hd::f16_to_f32;
+using hd::f32_to_f16;
+using hd::float_bits;
 
 // Single-rounding float operations that the device compiler may not fuse.
 LOWBIT_HD float mul_rn(float a, float b) {
@@ -98,53 +78,6 @@ LOWBIT_HD float round_even(float x) {   // std::nearbyint in the default roundin
 // static_cast<int>(float) as x86 computes it: out-of-range values and NaN give INT_MIN.
 LOWBIT_HD int float_to_int_x86(float v) {
   return (v >= -2147483648.0f && v < 2147483648.0f) ? static_cast<int>(v) : INT_MIN;
-}
-
-// core/half.h, bit for bit.
-LOWBIT_HD float f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {
-      exp = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      mant &= 0x3ffu;
-      u = sign | (exp << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  return bits_float(u);
-}
-
-LOWBIT_HD uint16_t f32_to_f16(float f) {
-  const uint32_t u = float_bits(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return sign | 0x7e00u;
-  if (absu >= 0x477ff000u) return sign | 0x7c00u;
-  if (absu < 0x38800000u) {
-    if (absu < 0x33000000u) return sign;
-    const uint32_t e = absu >> 23;
-    const uint32_t m = (absu & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;
-    uint32_t q = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return static_cast<uint16_t>(sign | q);
-  }
-  const uint32_t r = absu + 0xfffu + ((absu >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (((r >> 13) - ((127 - 15) << 10)) & 0x7fffu));
 }
 
 // std::min(a, b) / std::max(a, b) of libstdc++ (the first argument wins ties, so +0/-0 follow the CPU).

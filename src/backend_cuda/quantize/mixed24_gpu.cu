@@ -49,6 +49,7 @@
 #include "backend_cuda/dense/dense.h"
 #include "backend_cuda/quantize/gptq_gpu.h"
 #include "core/error.h"
+#include "core/half_hd.h"
 
 namespace lowbit::cuda {
 
@@ -61,52 +62,9 @@ constexpr int kKeyPasses = 12;                               // 96-bit keys, 8 b
 static_assert(kGroup == 16 && kRows == 16, "the solver maps one 16-row block to a CTA and a group to 16 lanes");
 static_assert(kMixed24GpuMaxBlock % kGroup == 0, "blocks hold whole groups");
 
-// core/half.h's conversions, bit for bit (round to nearest even, subnormals, overflow to inf).
-__device__ __forceinline__ uint16_t f16_bits(float f) {
-  const uint32_t u = __float_as_uint(f);
-  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-  const uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return sign | 0x7e00u;
-  if (absu >= 0x477ff000u) return sign | 0x7c00u;
-  if (absu < 0x38800000u) {
-    if (absu < 0x33000000u) return sign;
-    const uint32_t e = absu >> 23;
-    const uint32_t m = (absu & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;
-    uint32_t q = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1u);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return static_cast<uint16_t>(sign | q);
-  }
-  const uint32_t r = absu + 0xfffu + ((absu >> 13) & 1u);
-  return static_cast<uint16_t>(sign | (((r >> 13) - ((127 - 15) << 10)) & 0x7fffu));
-}
-
-__device__ __forceinline__ float f16_value(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {
-      exp = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      mant &= 0x3ffu;
-      u = sign | (exp << 23) | (mant << 13);
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  return __uint_as_float(u);
-}
+// core/half.h's conversions, bit for bit (core/half_hd.h).
+__device__ __forceinline__ uint16_t f16_bits(float f) { return hd::f32_to_f16(f); }
+__device__ __forceinline__ float f16_value(uint16_t h) { return hd::f16_to_f32(h); }
 
 struct Params {
   float scale = 0;   // the fp32 value of the stored fp16 scale
