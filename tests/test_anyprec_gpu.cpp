@@ -139,22 +139,6 @@ TEST(AnyPrecRow, WarpPartitionOfTheSearchesChangesNothing) {
   }
 }
 
-// The shared core's fp16 conversions are core/half.h's: every half, and floats around every rounding boundary.
-TEST(AnyPrecRow, Fp16ConversionsMatchCoreHalf) {
-  for (uint32_t h = 0; h < 65536; ++h) {
-    const float a = anyprec_row::f16_to_f32(static_cast<uint16_t>(h)), b = f16_to_f32(static_cast<uint16_t>(h));
-    ASSERT_EQ(anyprec_row::float_bits(a), anyprec_row::float_bits(b)) << h;
-  }
-  std::mt19937 rng(5);
-  for (int i = 0; i < 2000000; ++i) {
-    // Random patterns, then a sweep of every exponent with random low mantissa bits (the rounding boundaries).
-    const uint32_t u =
-        i < 1000000 ? static_cast<uint32_t>(rng()) : (static_cast<uint32_t>(i) * 4099u) ^ (rng() & 0x1fffu);
-    const float f = anyprec_row::bits_float(u);
-    ASSERT_EQ(anyprec_row::f32_to_f16(f), f32_to_f16(f)) << std::hex << u;
-  }
-}
-
 TEST(AnyPrecRow, KMeansMatchesRecordedChecksums) {
   std::mt19937 rng(11);
   std::student_t_distribution<float> heavy(3.0f);

@@ -102,16 +102,55 @@ double rel_diff(double a, double b) { return std::fabs(a - b) / std::max(std::fa
 // ------------------------------------------------------------------------------------------------------------------
 // The shared scalar arithmetic, on the CPU
 
-TEST(GptqGpuTwin, Fp16ConversionsMatchCoreHalf) {
+// core/half.h's fp16 conversions, which the CPU quantizers and their GPU twins share, against the IEEE definition:
+// every half decodes to sign · mantissa · 2^exponent, and a float rounds to the nearest half, ties to an even
+// mantissa, overflowing to infinity at 65520.
+TEST(GptqGpuTwin, Fp16ConversionsAreIeee) {
+  const auto exact = [](uint32_t h) {   // the value of a finite half, in double
+    const double mag = ((h >> 10) & 0x1fu) == 0 ? std::ldexp(static_cast<double>(h & 0x3ffu), -24)
+                                                : std::ldexp(static_cast<double>(1024 + (h & 0x3ffu)),
+                                                             static_cast<int>((h >> 10) & 0x1fu) - 25);
+    return (h & 0x8000u) ? -mag : mag;
+  };
   for (uint32_t h = 0; h < 65536; ++h) {
-    const float a = cuda::gptq_twin::f16_to_f32(static_cast<uint16_t>(h)), b = f16_to_f32(static_cast<uint16_t>(h));
-    ASSERT_EQ(std::memcmp(&a, &b, 4), 0) << h;
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    if (((h >> 10) & 0x1fu) == 0x1fu) {
+      EXPECT_EQ(std::isnan(f), (h & 0x3ffu) != 0) << h;
+      if ((h & 0x3ffu) == 0) {
+        EXPECT_EQ(f, (h & 0x8000u) ? -INFINITY : INFINITY) << h;
+      }
+      continue;
+    }
+    ASSERT_EQ(static_cast<double>(f), exact(h)) << h;
+    ASSERT_EQ(std::signbit(f), (h & 0x8000u) != 0) << h;
+    ASSERT_EQ(f32_to_f16(f), h) << h;   // exactly representable values map back to themselves
   }
   for (uint64_t u = 0; u < (1ull << 32); u += 4099) {   // every 4099th float bit pattern, NaNs and infinities included
     float f;
     const uint32_t u32 = static_cast<uint32_t>(u);
     std::memcpy(&f, &u32, 4);
-    ASSERT_EQ(cuda::gptq_twin::f32_to_f16(f), f32_to_f16(f)) << u;
+    const uint16_t h = f32_to_f16(f);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(f16_to_f32(h))) << u;
+      continue;
+    }
+    ASSERT_EQ((h & 0x8000u) != 0, std::signbit(f)) << u;
+    const double a = std::fabs(static_cast<double>(f));
+    const uint32_t mag = h & 0x7fffu;
+    if (a >= 65520.0) {
+      ASSERT_EQ(mag, 0x7c00u) << u;
+      continue;
+    }
+    ASSERT_LT(mag, 0x7c00u) << u;
+    const double err = std::fabs(exact(mag) - a);
+    if (mag > 0) {
+      ASSERT_LE(err, std::fabs(exact(mag - 1) - a)) << u;
+    }
+    const double up = mag + 1 < 0x7c00u ? std::fabs(exact(mag + 1) - a) : INFINITY;
+    ASSERT_LE(err, up) << u;
+    if ((mag > 0 && err == std::fabs(exact(mag - 1) - a)) || err == up) {   // a tie
+      ASSERT_EQ(mag & 1u, 0u) << u;
+    }
   }
 }
 

@@ -29,21 +29,6 @@ mkdir -p /tmp/lbcache/models
 [ -f "$LB/smollm2.gguf" ] && ln -sf "$LB/smollm2.gguf" /tmp/lbcache/models/SmolLM2-135M-Instruct.Q4_1.gguf
 export LOWBIT_CACHE=/tmp/lbcache
 
-# step NAME TIMEOUT CMD...: runs CMD into $OUT/NAME.txt, headed by the command, the GPU and the date.
-step() {
-  local name=$1 limit=$2
-  shift 2
-  {
-    echo "# \$ $*"
-    echo "# $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader), $(date -u +%FT%TZ)"
-  } > "$OUT/$name.txt"
-  local t0=$SECONDS
-  timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
-  local rc=$?
-  echo "# exit $rc after $((SECONDS - t0)) s" >> "$OUT/$name.txt"
-  echo "$name: exit $rc after $((SECONDS - t0)) s"
-}
-
 case "${1:-}" in
   tests)
     step tests-model 150 "$LB/pkg/test_cuda_model" --gtest_filter='-CudaModel.SmolLM2*'

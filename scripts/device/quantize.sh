@@ -32,17 +32,6 @@ CONFIGS=(
   "quik-w8a8|--method quik --wbits 8 --abits 8 ${CAL[*]}|--abits 8"
 )
 
-step() {   # step NAME TIMEOUT CMD...: CMD into $OUT/NAME.txt, headed by the command, the GPU and the date
-  local name=$1 limit=$2
-  shift 2
-  { echo "# \$ $*"; echo "# $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader), $(date -u +%FT%TZ)"; } > "$OUT/$name.txt"
-  local t0=$SECONDS
-  timeout "$limit" "$@" >> "$OUT/$name.txt" 2>&1
-  local rc=$?
-  echo "# exit $rc after $((SECONDS - t0)) s" >> "$OUT/$name.txt"
-  echo "$name: exit $rc after $((SECONDS - t0)) s"
-}
-
 score() {   # score NAME DEVICE: full WikiText-2 perplexity of $Q/NAME-DEVICE.lowbit into $LOGS/summary.txt
   local name=$1 dev=$2 variants=$3 f="$Q/$1-$2.lowbit"
   grep -q "^$name $dev " "$LOGS/summary.txt" 2>/dev/null && return

@@ -1,7 +1,10 @@
-// IEEE fp16 and bfloat16 <-> fp32 conversions (exact, round-to-nearest-even on the way down).
+// IEEE fp16 and bfloat16 <-> fp32 conversions (exact, round-to-nearest-even on the way down). The fp16 ones also run on
+// the GPU (LOWBIT_HD): the quantizers' GPU twins round scales and centroids through the very same code.
 #pragma once
 #include <cstdint>
 #include <cstring>
+
+#include "core/host_device.h"
 
 namespace lowbit {
 
@@ -20,7 +23,7 @@ inline uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>(u >> 16);
 }
 
-inline float f16_to_f32(uint16_t h) {
+LOWBIT_HD float f16_to_f32(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -42,14 +45,11 @@ inline float f16_to_f32(uint16_t h) {
   } else {
     u = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return hd::bits_float(u);
 }
 
-inline uint16_t f32_to_f16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
+LOWBIT_HD uint16_t f32_to_f16(float f) {
+  const uint32_t u = hd::float_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t absu = u & 0x7fffffffu;
   if (absu > 0x7f800000u) return sign | 0x7e00u;            // NaN
@@ -66,7 +66,7 @@ inline uint16_t f32_to_f16(float f) {
     if (rem > half || (rem == half && (q & 1u))) ++q;
     return static_cast<uint16_t>(sign | q);
   }
-  uint32_t r = absu + 0xfffu + ((absu >> 13) & 1u);         // round to nearest even at bit 13
+  const uint32_t r = absu + 0xfffu + ((absu >> 13) & 1u);   // round to nearest even at bit 13
   return static_cast<uint16_t>(sign | (((r >> 13) - ((127 - 15) << 10)) & 0x7fffu));
 }
 

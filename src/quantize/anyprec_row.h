@@ -3,12 +3,11 @@
 // operations in the same order and agree bit for bit by construction:
 //   - no std:: algorithms: binary searches, clamps and max are spelled out as the ternaries libstdc++ uses (a binary
 //     search over sorted data has one answer whatever its probing order);
-//   - every double +, -, *, / goes through dadd/dsub/dmul/ddiv: on the device the __d*_rn intrinsics, which nvcc
-//     never contracts into an FMA; on the host plain operators, which is only exact because the one host translation
-//     unit that runs this code (quantize/anyprec.cpp) is compiled with -ffp-contract=off (CMakeLists.txt). Other
-//     host code must call it through anyprec.h, never directly;
-//   - fp16 conversions are core/half.h's, bit for bit (tests/test_anyprec_gpu.cpp checks every half and a sweep of
-//     floats).
+//   - every double +, -, *, / goes through dadd_rn/dsub_rn/dmul_rn/ddiv_rn (core/host_device.h): on the device the
+//     __d*_rn intrinsics, which nvcc never contracts into an FMA; on the host plain operators, which is only exact
+//     because the one host translation unit that runs this code (quantize/anyprec.cpp) is compiled with
+//     -ffp-contract=off (CMakeLists.txt). Other host code must call it through anyprec.h, never directly;
+//   - fp16 conversions are core/half.h's own, which compile for both sides.
 // All memory is the caller's (RowScratch): the CPU passes per-thread vectors, the GPU slices of one global buffer.
 // Positions are int64 as in the CPU's vectors; the DP argmin table is int32 (k < 2^31 is checked at the entry points).
 #pragma once
@@ -16,7 +15,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/half_hd.h"
+#include "core/half.h"
+#include "core/host_device.h"
 
 
 namespace lowbit::anyprec_row {
@@ -26,38 +26,13 @@ inline constexpr int kMaxClusters = 1 << kMaxBits;
 inline constexpr int kExactMaxClusters = 16;      // = kAnyPrecExactMaxClusters: exact DP seed up to 4 bits
 inline constexpr int kStackDepth = 64;            // DP divide and conquer: holds <= tree depth + 1 <= 34 for m < 2^31
 
-LOWBIT_HD double dadd(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-LOWBIT_HD double dsub(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-LOWBIT_HD double dmul(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-LOWBIT_HD double ddiv(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __ddiv_rn(a, b);
-#else
-  return a / b;
-#endif
-}
-
+using hd::dadd_rn;
+using hd::ddiv_rn;
+using hd::dmul_rn;
+using hd::dsub_rn;
 using hd::bits_float;
-using hd::f16_to_f32;
-using hd::f32_to_f16;
+using ::lowbit::f16_to_f32;
+using ::lowbit::f32_to_f16;
 using hd::float_bits;
 
 // The searches that dominate the work (the DP's argmin over split points, the 2-means cut scan) are "first minimum"
@@ -135,17 +110,17 @@ struct Prefix {
     w[0] = wx[0] = wxx[0] = 0.0;
     for (int64_t i = 0; i < m; ++i) {
       const double xi = static_cast<double>(x[i]);
-      w[i + 1] = dadd(w[i], wt[i]);
-      wx[i + 1] = dadd(wx[i], dmul(wt[i], xi));
-      wxx[i + 1] = dadd(wxx[i], dmul(dmul(wt[i], xi), xi));
+      w[i + 1] = dadd_rn(w[i], wt[i]);
+      wx[i + 1] = dadd_rn(wx[i], dmul_rn(wt[i], xi));
+      wxx[i + 1] = dadd_rn(wxx[i], dmul_rn(dmul_rn(wt[i], xi), xi));
     }
   }
-  LOWBIT_HD double mean(int64_t a, int64_t b) const { return ddiv(dsub(wx[b], wx[a]), dsub(w[b], w[a])); }
+  LOWBIT_HD double mean(int64_t a, int64_t b) const { return ddiv_rn(dsub_rn(wx[b], wx[a]), dsub_rn(w[b], w[a])); }
   // Σ w (x - c)^2 over [a, b), clamped at 0 against cancellation.
   LOWBIT_HD double cost(int64_t a, int64_t b, double c) const {
     if (b <= a) return 0.0;
-    const double v = dadd(dsub(dsub(wxx[b], wxx[a]), dmul(dmul(2.0, c), dsub(wx[b], wx[a]))),
-                          dmul(dmul(c, c), dsub(w[b], w[a])));
+    const double v = dadd_rn(dsub_rn(dsub_rn(wxx[b], wxx[a]), dmul_rn(dmul_rn(2.0, c), dsub_rn(wx[b], wx[a]))),
+                          dmul_rn(dmul_rn(c, c), dsub_rn(w[b], w[a])));
     return 0.0 < v ? v : 0.0;
   }
   LOWBIT_HD double sse(int64_t a, int64_t b) const { return b > a ? cost(a, b, mean(a, b)) : 0.0; }
@@ -157,7 +132,7 @@ template <typename Par>
 LOWBIT_HD int64_t best_cut(const float* x, const Prefix& P, int64_t a, int64_t b) {
   return Par::first_min(a + 1, b, [&](int64_t p, double* c) {
            if (x[p - 1] == x[p]) return false;
-           *c = dadd(P.sse(a, p), P.sse(p, b));
+           *c = dadd_rn(P.sse(a, p), P.sse(p, b));
            return true;
          }).index;
 }
@@ -201,7 +176,7 @@ LOWBIT_HD void fill_empty_clusters(const float* x, const Prefix& P, int64_t* sta
 
 LOWBIT_HD double total_cost(const Prefix& P, const int64_t* start, const double* c, int K) {
   double s = 0;
-  for (int j = 0; j < K; ++j) s = dadd(s, P.cost(start[j], start[j + 1], c[j]));
+  for (int j = 0; j < K; ++j) s = dadd_rn(s, P.cost(start[j], start[j + 1], c[j]));
   return s;
 }
 
@@ -221,7 +196,7 @@ LOWBIT_HD void assign_nearest(const float* x, int64_t m, const double* c, int K,
   start[0] = 0;
   start[K] = m;
   for (int j = 1; j < K; ++j) {
-    const double mid = dmul(0.5, dadd(c[j - 1], c[j]));
+    const double mid = dmul_rn(0.5, dadd_rn(c[j - 1], c[j]));
     const int64_t s = upper_bound(x, m, mid);
     start[j] = s < start[j - 1] ? start[j - 1] : s;
   }
@@ -258,7 +233,7 @@ LOWBIT_HD void optimal_partition(const Prefix& P, int64_t m, int K, DpScratch s,
       const int64_t mid = (nd.lo + nd.hi) / 2;
       const int64_t last = mid < nd.ohi ? mid : nd.ohi;   // olo <= last: the range is never empty
       Candidate best = Par::first_min(nd.olo, last + 1, [&](int64_t i, double* v) {
-        *v = dadd(prev[i], P.sse(i, mid));
+        *v = dadd_rn(prev[i], P.sse(i, mid));
         return true;
       });
       if (best.index < 0) best = {INFINITY, nd.olo};
@@ -293,7 +268,7 @@ LOWBIT_HD int kmeans(const float* x, const Prefix& P, int64_t m, int K, int max_
   } else {
     // Weighted-quantile initialisation: cluster j starts where the cumulative weight reaches j/K of the total.
     for (int j = 1; j < K; ++j) {
-      const double target = ddiv(dmul(P.w[m], static_cast<double>(j)), static_cast<double>(K));
+      const double target = ddiv_rn(dmul_rn(P.w[m], static_cast<double>(j)), static_cast<double>(K));
       int64_t lo = 0, hi = m + 1;   // std::lower_bound over P.w[0 .. m]
       while (lo < hi) {
         const int64_t mid = lo + (hi - lo) / 2;
@@ -354,15 +329,15 @@ LOWBIT_HD void quantize_row(const float* wr, const float* sr, const int32_t* ord
   // every range has a positive weight (all zero: plain k-means).
   double mean = 0, smean = 0;
   for (int64_t i = 0; i < m; ++i) {
-    mean = dadd(mean, static_cast<double>(wr[order[i]]));
-    smean = dadd(smean, static_cast<double>(sr[order[i]]));
+    mean = dadd_rn(mean, static_cast<double>(wr[order[i]]));
+    smean = dadd_rn(smean, static_cast<double>(sr[order[i]]));
   }
-  mean = m > 0 ? ddiv(mean, static_cast<double>(m)) : 0.0;
-  smean = m > 0 ? ddiv(smean, static_cast<double>(m)) : 0.0;
-  const double floor = dmul(1e-9, smean);
+  mean = m > 0 ? ddiv_rn(mean, static_cast<double>(m)) : 0.0;
+  smean = m > 0 ? ddiv_rn(smean, static_cast<double>(m)) : 0.0;
+  const double floor = dmul_rn(1e-9, smean);
   Par::for_each(0, m, [&](int64_t i) {
     const int32_t c = order[i];
-    s.xs[i] = static_cast<float>(dsub(static_cast<double>(wr[c]), mean));
+    s.xs[i] = static_cast<float>(dsub_rn(static_cast<double>(wr[c]), mean));
     const double sc = static_cast<double>(sr[c]);
     s.ws[i] = smean > 0 ? (sc < floor ? floor : sc) : 1.0;
   });
@@ -382,8 +357,8 @@ LOWBIT_HD void quantize_row(const float* wr, const float* sr, const int32_t* ord
   if (m > 0) {
     kmeans<Par>(xs, P, m, K, p.max_iter, K <= kExactMaxClusters, s.dp, start, next, s.centroids, nullptr);
     for (int j = 0; j < K; ++j) {
-      lut[j] = f32_to_f16(static_cast<float>(dadd(s.centroids[j], mean)));
-      s.c16[j] = dsub(static_cast<double>(f16_to_f32(lut[j])), mean);
+      lut[j] = f32_to_f16(static_cast<float>(dadd_rn(s.centroids[j], mean)));
+      s.c16[j] = dsub_rn(static_cast<double>(f16_to_f32(lut[j])), mean);
     }
     Par::sync();
     assign_nearest(xs, m, s.c16, K, start);
@@ -404,8 +379,8 @@ LOWBIT_HD void quantize_row(const float* wr, const float* sr, const int32_t* ord
       if (cut < 0) cut = e;   // nothing to split: the upper child stays empty
       next[2 * j] = a;
       next[2 * j + 1] = cut;
-      next_lut[2 * j] = cut > a ? f32_to_f16(static_cast<float>(dadd(P.mean(a, cut), mean))) : lut[j];
-      next_lut[2 * j + 1] = e > cut ? f32_to_f16(static_cast<float>(dadd(P.mean(cut, e), mean))) : lut[j];
+      next_lut[2 * j] = cut > a ? f32_to_f16(static_cast<float>(dadd_rn(P.mean(a, cut), mean))) : lut[j];
+      next_lut[2 * j + 1] = e > cut ? f32_to_f16(static_cast<float>(dadd_rn(P.mean(cut, e), mean))) : lut[j];
     }
     next[2 * K] = m;
     Par::sync();   // the next level overwrites this level's boundaries

@@ -31,11 +31,8 @@ std::vector<int32_t> quik_outlier_columns(const std::vector<double>& score, int6
   return idx;
 }
 
-QuikQuantized quik_quantize(const float* w_in, int64_t n, int64_t k, const std::vector<double>& h,
-                            const std::vector<int32_t>& outlier_cols, int wbits, int abits, bool act_fp8, bool clip,
-                            double percdamp, QuikStats* stats) {
-  check_weights_finite(w_in, n * k, "quik");
-  LOWBIT_CHECK(h.size() == static_cast<size_t>(k * k), "quik: needs the [k, k] Hessian");
+QuikQuantized quik_layout(int64_t n, int64_t k, const std::vector<int32_t>& outlier_cols, int wbits, int abits,
+                          bool act_fp8) {
   QuikQuantized q;
   q.n = n;
   q.k = k;
@@ -46,6 +43,15 @@ QuikQuantized quik_quantize(const float* w_in, int64_t n, int64_t k, const std::
   for (size_t i = 0; i < outlier_cols.size(); ++i)
     LOWBIT_CHECK(outlier_cols[i] >= 0 && outlier_cols[i] < k && (i == 0 || outlier_cols[i] > outlier_cols[i - 1]),
                  "quik: outlier columns must be increasing and inside [0, k)");
+  return q;
+}
+
+QuikQuantized quik_quantize(const float* w_in, int64_t n, int64_t k, const std::vector<double>& h,
+                            const std::vector<int32_t>& outlier_cols, int wbits, int abits, bool act_fp8, bool clip,
+                            double percdamp, QuikStats* stats) {
+  check_weights_finite(w_in, n * k, "quik");
+  LOWBIT_CHECK(h.size() == static_cast<size_t>(k * k), "quik: needs the [k, k] Hessian");
+  QuikQuantized q = quik_layout(n, k, outlier_cols, wbits, abits, act_fp8);
   const std::vector<int64_t> base = q.base_columns();
   const int64_t kb = q.base(), no = q.outliers();
   // Processing order: base columns, then the outlier columns.

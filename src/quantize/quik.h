@@ -38,6 +38,10 @@ struct QuikStats {
 void validate_quik_options(const QuikOptions& o);
 // The `count` columns with the largest score (ties: lower index), increasing.
 std::vector<int32_t> quik_outlier_columns(const std::vector<double>& score, int64_t count);
+// The QuikQuantized of a W [n, k] before any weight is set: shape, widths and the outlier columns, which must be
+// increasing and inside [0, k) (the CPU quantizer and its GPU twin both start from it).
+QuikQuantized quik_layout(int64_t n, int64_t k, const std::vector<int32_t>& outlier_cols, int wbits, int abits,
+                          bool act_fp8);
 // h: [k, k] calibration Hessian in the original order.
 QuikQuantized quik_quantize(const float* w, int64_t n, int64_t k, const std::vector<double>& h,
                             const std::vector<int32_t>& outlier_cols, int wbits, int abits, bool act_fp8, bool clip,

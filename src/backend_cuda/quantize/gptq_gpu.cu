@@ -405,12 +405,32 @@ void check_finite(const float* w, int64_t count, const char* what, cudaStream_t 
   }
 }
 
-void gather_columns(const float* w, int64_t n, int64_t k, const std::vector<int64_t>& src, float* out,
-                    cudaStream_t stream) {
+// out [n, k] = W's columns in `order` (processing index -> original column), dead columns zeroed.
+void gather_live_columns(const float* w, int64_t n, int64_t k, const std::vector<int64_t>& order,
+                         const std::vector<char>& dead, float* out, cudaStream_t stream) {
+  std::vector<int64_t> src(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t c = order[static_cast<size_t>(i)];
+    src[static_cast<size_t>(i)] = dead[static_cast<size_t>(c)] ? -1 : c;
+  }
   StreamBuffer<int64_t> d_src(src, stream);
   const dim3 grid(blocks_for(k, 256, 64), static_cast<unsigned>(std::min<int64_t>(n, 65535)));
   gather_columns_kernel<<<grid, 256, 0, stream>>>(w, n, k, d_src.get(), out);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+// The solve arguments every mode shares: the permuted weight, the factor, the error scratch, the optional output.
+SolveArgs solve_args(const float* wp, int64_t n, int64_t k, const GpuGptqFactor& f, float* err, float* deq) {
+  SolveArgs a;
+  a.wp = wp;
+  a.n = n;
+  a.k = k;
+  a.u = f.u;
+  a.u_diag = f.u_diag;
+  a.perm = f.d_perm;
+  a.err = err;
+  a.deq = deq;
+  return a;
 }
 
 void uniform_groups(const float* w, int64_t n, int64_t k, int64_t gs, const UniformSpec& s, uint8_t* codes,
@@ -583,27 +603,14 @@ UniformQuantized gptq_quantize_gpu(const float* w, int64_t n, int64_t k, const G
   }
 
   if (o.static_groups) {   // parameters from the original order (dead columns zeroed), before any update
-    std::vector<int64_t> src(static_cast<size_t>(k));
-    for (int64_t c = 0; c < k; ++c) src[static_cast<size_t>(c)] = f.dead[static_cast<size_t>(c)] ? -1 : c;
-    gather_columns(w, n, k, src, wp.get(), stream);
+    std::vector<int64_t> identity(static_cast<size_t>(k));
+    for (int64_t c = 0; c < k; ++c) identity[static_cast<size_t>(c)] = c;
+    gather_live_columns(w, n, k, identity, f.dead, wp.get(), stream);
     uniform_groups(wp.get(), n, k, gs, s, nullptr, scales.get(), zeros.get(), nullptr, stream);
   }
-  std::vector<int64_t> src(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t c = f.perm[static_cast<size_t>(i)];
-    src[static_cast<size_t>(i)] = f.dead[static_cast<size_t>(c)] ? -1 : c;
-  }
-  gather_columns(w, n, k, src, wp.get(), stream);
+  gather_live_columns(w, n, k, f.perm, f.dead, wp.get(), stream);
 
-  SolveArgs a;
-  a.wp = wp.get();
-  a.n = n;
-  a.k = k;
-  a.u = f.u;
-  a.u_diag = f.u_diag;
-  a.perm = f.d_perm;
-  a.err = err.get();
-  a.deq = deq;
+  SolveArgs a = solve_args(wp.get(), n, k, f, err.get(), deq);
   a.spec = twin_of(s);
   a.gs = gs;
   a.G = G;
@@ -663,16 +670,7 @@ QuikQuantized quik_quantize_gpu(const float* w, int64_t n, int64_t k, const doub
   LOWBIT_CHECK(wbits == 4 || wbits == 8, "quik: --wbits must be 4 or 8");
   check_finite(w, n * k, "quik", stream);
   LOWBIT_CHECK(h != nullptr, "quik: needs the [k, k] Hessian");
-  QuikQuantized q;
-  q.n = n;
-  q.k = k;
-  q.wbits = wbits;
-  q.abits = abits;
-  q.act_fp8 = act_fp8;
-  q.outlier_idx = outlier_cols;
-  for (size_t i = 0; i < outlier_cols.size(); ++i)
-    LOWBIT_CHECK(outlier_cols[i] >= 0 && outlier_cols[i] < k && (i == 0 || outlier_cols[i] > outlier_cols[i - 1]),
-                 "quik: outlier columns must be increasing and inside [0, k)");
+  QuikQuantized q = quik_layout(n, k, outlier_cols, wbits, abits, act_fp8);
   const std::vector<int64_t> base = q.base_columns();
   const int64_t kb = q.base(), no = q.outliers();
   std::vector<int64_t> order(base);   // processing order: base columns, then the outlier columns
@@ -691,27 +689,14 @@ QuikQuantized quik_quantize_gpu(const float* w, int64_t n, int64_t k, const doub
     own_deq.emplace(static_cast<size_t>(n * k), stream);
     deq = own_deq->get();
   }
-  std::vector<int64_t> src(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t c = order[static_cast<size_t>(i)];
-    src[static_cast<size_t>(i)] = f.dead[static_cast<size_t>(c)] ? -1 : c;
-  }
-  gather_columns(w, n, k, src, wp.get(), stream);
+  gather_live_columns(w, n, k, order, f.dead, wp.get(), stream);
 
   const int qmax = (1 << (wbits - 1)) - 1;
   quik_row_scale_kernel<<<static_cast<unsigned>((n + 7) / 8), 256, 0, stream>>>(wp.get(), n, k, kb, qmax, clip,
                                                                                  scale_f16.get(), row_scale.get());
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 
-  SolveArgs a;
-  a.wp = wp.get();
-  a.n = n;
-  a.k = k;
-  a.u = f.u;
-  a.u_diag = f.u_diag;
-  a.perm = f.d_perm;
-  a.err = err.get();
-  a.deq = deq;
+  SolveArgs a = solve_args(wp.get(), n, k, f, err.get(), deq);
   a.row_scale = row_scale.get();
   a.qmax = qmax;
   a.kb = kb;

@@ -20,52 +20,22 @@
 #include <cstdint>
 #include <cstring>
 
-#include "core/half_hd.h"
+#include "core/half.h"
+#include "core/host_device.h"
 
 
 namespace lowbit::cuda::gptq_twin {
 
 using hd::bits_float;
-using hd::f16_to_f32;
-using hd::f32_to_f16;
+using ::lowbit::f16_to_f32;
+using ::lowbit::f32_to_f16;
 using hd::float_bits;
 
-// Single-rounding float operations that the device compiler may not fuse.
-LOWBIT_HD float mul_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-LOWBIT_HD float add_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-LOWBIT_HD float sub_rn(float a, float b) {
-#ifdef __CUDA_ARCH__
-  return __fsub_rn(a, b);
-#else
-  return a - b;
-#endif
-}
-LOWBIT_HD double dmul_rn(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-LOWBIT_HD double dadd_rn(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
+using hd::add_rn;
+using hd::dadd_rn;
+using hd::dmul_rn;
+using hd::mul_rn;
+using hd::sub_rn;
 
 LOWBIT_HD float round_even(float x) {   // std::nearbyint in the default rounding mode
 #ifdef __CUDA_ARCH__

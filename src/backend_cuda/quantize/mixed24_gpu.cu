@@ -49,7 +49,7 @@
 #include "backend_cuda/dense/dense.h"
 #include "backend_cuda/quantize/gptq_gpu.h"
 #include "core/error.h"
-#include "core/half_hd.h"
+#include "core/half.h"
 
 namespace lowbit::cuda {
 
@@ -61,10 +61,6 @@ constexpr int kSolveThreads = kRows * 32;                    // one warp per row
 constexpr int kKeyPasses = 12;                               // 96-bit keys, 8 bits per radix-select pass
 static_assert(kGroup == 16 && kRows == 16, "the solver maps one 16-row block to a CTA and a group to 16 lanes");
 static_assert(kMixed24GpuMaxBlock % kGroup == 0, "blocks hold whole groups");
-
-// core/half.h's conversions, bit for bit (core/half_hd.h).
-__device__ __forceinline__ uint16_t f16_bits(float f) { return hd::f32_to_f16(f); }
-__device__ __forceinline__ float f16_value(uint16_t h) { return hd::f16_to_f32(h); }
 
 struct Params {
   float scale = 0;   // the fp32 value of the stored fp16 scale
@@ -79,8 +75,8 @@ __device__ Params range_params(float xmin, float xmax, int maxq) {
   }
   const float raw = fmaxf(__fdiv_rn(__fsub_rn(xmax, xmin), static_cast<float>(maxq)), 6.0e-8f);
   Params p;
-  p.scale = f16_value(f16_bits(raw));
-  if (p.scale == 0.0f) p.scale = f16_value(1);
+  p.scale = ::lowbit::f16_to_f32(::lowbit::f32_to_f16(raw));
+  if (p.scale == 0.0f) p.scale = ::lowbit::f16_to_f32(1);
   if (isinf(p.scale)) p.scale = 65504.0f;
   p.zero = static_cast<int>(rintf(__fdiv_rn(-xmin, p.scale)));
   p.zero = min(max(p.zero, 0), maxq);
@@ -351,8 +347,8 @@ __global__ void __launch_bounds__(kSolveThreads) solve_block_kernel(SolveArgs a)
     if (lane < rc) lo = hi = s_scale[lane];
     lo = warp_min(lo);
     hi = warp_max(hi);
-    const uint16_t sm16 = f16_bits(lo), ss16 = f16_bits(__fdiv_rn(__fsub_rn(hi, lo), static_cast<float>(top)));
-    const float m = f16_value(sm16), st = f16_value(ss16);
+    const uint16_t sm16 = ::lowbit::f32_to_f16(lo), ss16 = ::lowbit::f32_to_f16(__fdiv_rn(__fsub_rn(hi, lo), static_cast<float>(top)));
+    const float m = ::lowbit::f16_to_f32(sm16), st = ::lowbit::f16_to_f32(ss16);
     if (threadIdx.x == 0) {
       a.ss[static_cast<int64_t>(blockIdx.x) * G + p] = ss16;
       a.sm[static_cast<int64_t>(blockIdx.x) * G + p] = sm16;
@@ -396,7 +392,7 @@ __global__ void __launch_bounds__(kSolveThreads) solve_block_kernel(SolveArgs a)
       int code;
       float value;
       if ((skip >> j) & 1u) {   // kept in fp16 at its updated value; the dense code encodes 0 there
-        value = f16_value(f16_bits(x));
+        value = ::lowbit::f16_to_f32(::lowbit::f32_to_f16(x));
         code = zero;
       } else {
         code = scale > 0.0f ? quantize_code(x, scale, zero, maxq) : zero;
@@ -450,7 +446,7 @@ __global__ void outlier_fill_kernel(const uint8_t* mask, const float* what, int6
     if (m) {
       const int32_t pos = at + __popc(b & ((1u << lane) - 1u));
       col[pos] = static_cast<uint16_t>(j);
-      val[pos] = f16_bits(what[r * k + j]);
+      val[pos] = ::lowbit::f32_to_f16(what[r * k + j]);
     }
     at += __popc(b);
   }
