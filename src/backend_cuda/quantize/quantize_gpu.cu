@@ -209,6 +209,36 @@ std::vector<double> download(const double* d, int64_t n, cudaStream_t s) {
   return h;
 }
 
+// X <- the embedding rows of every calibration window (ids checked against the vocabulary); frees the host copy of the
+// embedding table after.
+void embed_windows(const WeightSet& ws, const std::vector<std::vector<int32_t>>& calib, int T, Activations& X,
+                   std::vector<float>& scratch, cudaStream_t stream) {
+  const ModelConfig& c = ws.config;
+  const float* emb = tensor_as_f32(ws, "model.embed_tokens.weight", {c.vocab_size, c.dim}, false, scratch);
+  std::vector<float> rows(static_cast<size_t>(T) * c.dim);
+  for (size_t s = 0; s < calib.size(); ++s) {
+    for (int t = 0; t < T; ++t) {
+      const int32_t id = calib[s][static_cast<size_t>(t)];
+      LOWBIT_CHECK(id >= 0 && id < c.vocab_size, "calibration token id ", id, " out of range [0, ", c.vocab_size, ")");
+      std::memcpy(rows.data() + static_cast<size_t>(t) * c.dim, emb + static_cast<int64_t>(id) * c.dim,
+                  static_cast<size_t>(c.dim) * sizeof(float));
+    }
+    X.upload(static_cast<int>(s), rows.data(), stream);
+  }
+  scratch.clear();
+  scratch.shrink_to_fit();
+}
+
+// The statistics of a block's four linear inputs (q/k/v, o, gate/up, down).
+std::map<LinearSlot, cuda::GpuInputStats> slot_stats(const ModelConfig& c, bool full_hessian) {
+  std::map<LinearSlot, cuda::GpuInputStats> stats;
+  stats.emplace(LinearSlot::Qkv, cuda::GpuInputStats(c.dim, full_hessian));
+  stats.emplace(LinearSlot::O, cuda::GpuInputStats(c.q_dim(), full_hessian));
+  stats.emplace(LinearSlot::GateUp, cuda::GpuInputStats(c.dim, full_hessian));
+  stats.emplace(LinearSlot::Down, cuda::GpuInputStats(c.hidden_dim, full_hessian));
+  return stats;
+}
+
 // Device bytes one calibrated block needs besides the activations: its weights twice (original and quantized), the
 // four inputs' statistics, the forward's workspace, and the solver's largest linear (W, its working copy, the fp64
 // Hessian copy and fp32 factor of the widest input).
@@ -364,24 +394,10 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
       const int T = opts.calib.seqlen, N = static_cast<int>(calib.size());
       cuda::BlockWorkspace bw(c, T, false);
       Activations X(N, static_cast<int64_t>(T) * c.dim, true);
-      {
-        const float* emb = tensor_as_f32(ws, "model.embed_tokens.weight", {c.vocab_size, c.dim}, false, scratch);
-        std::vector<float> rows(static_cast<size_t>(T) * c.dim);
-        for (int s = 0; s < N; ++s) {
-          for (int t = 0; t < T; ++t)
-            std::memcpy(rows.data() + static_cast<size_t>(t) * c.dim,
-                        emb + static_cast<int64_t>(calib[static_cast<size_t>(s)][static_cast<size_t>(t)]) * c.dim,
-                        static_cast<size_t>(c.dim) * sizeof(float));
-          X.upload(s, rows.data(), stream);
-        }
-      }
+      embed_windows(ws, calib, T, X, scratch, stream);
       for (int l = 0; l < L; ++l) {
         const cuda::DeviceBlock blk = cuda::load_block_f32(ws, l, scratch, stream);
-        std::map<LinearSlot, cuda::GpuInputStats> stats;
-        stats.emplace(LinearSlot::Qkv, cuda::GpuInputStats(c.dim, false));
-        stats.emplace(LinearSlot::O, cuda::GpuInputStats(c.q_dim(), false));
-        stats.emplace(LinearSlot::GateUp, cuda::GpuInputStats(c.dim, false));
-        stats.emplace(LinearSlot::Down, cuda::GpuInputStats(c.hidden_dim, false));
+        std::map<LinearSlot, cuda::GpuInputStats> stats = slot_stats(c, /*full_hessian=*/false);
         const cuda::BlockCaptureFn cap = [&](LinearSlot slot, const float* x, int rows, int64_t) {
           stats.at(slot).add(x, rows, bw.cublas(), stream);
         };
@@ -424,20 +440,7 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
     Activations X(N, static_cast<int64_t>(T) * c.dim, x_on_device);
     {
       Stage s(st, "embed", stream);
-      const float* emb = tensor_as_f32(ws, "model.embed_tokens.weight", {c.vocab_size, c.dim}, false, scratch);
-      std::vector<float> rows(static_cast<size_t>(T) * c.dim);
-      for (int s2 = 0; s2 < N; ++s2) {
-        const std::vector<int32_t>& win = calib[static_cast<size_t>(s2)];
-        for (int t = 0; t < T; ++t) {
-          LOWBIT_CHECK(win[static_cast<size_t>(t)] >= 0 && win[static_cast<size_t>(t)] < c.vocab_size,
-                       "calibration token id out of range");
-          std::memcpy(rows.data() + static_cast<size_t>(t) * c.dim, emb + static_cast<int64_t>(win[static_cast<size_t>(t)]) * c.dim,
-                      static_cast<size_t>(c.dim) * sizeof(float));
-        }
-        X.upload(s2, rows.data(), stream);
-      }
-      scratch.clear();
-      scratch.shrink_to_fit();
+      embed_windows(ws, calib, T, X, scratch, stream);
     }
     cuda::BlockWorkspace bw(c, T, false);
     DeviceF32 work(static_cast<size_t>(T) * c.dim);
@@ -473,11 +476,7 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
         notify(l + 1, L, "block " + std::to_string(l));
         continue;
       }
-      std::map<LinearSlot, cuda::GpuInputStats> stats;
-      stats.emplace(LinearSlot::Qkv, cuda::GpuInputStats(c.dim, true));
-      stats.emplace(LinearSlot::O, cuda::GpuInputStats(c.q_dim(), true));
-      stats.emplace(LinearSlot::GateUp, cuda::GpuInputStats(c.dim, true));
-      stats.emplace(LinearSlot::Down, cuda::GpuInputStats(c.hidden_dim, true));
+      std::map<LinearSlot, cuda::GpuInputStats> stats = slot_stats(c, /*full_hessian=*/true);
       double hessian_s = 0;
       const cuda::BlockCaptureFn cap = [&](LinearSlot slot, const float* x, int rows, int64_t) {
         LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream));
