@@ -3,11 +3,15 @@
 # machine first: scripts/device/bundle.sh. Then, back to back (the machine keeps /tmp between warm calls), each call
 # carrying the files named and running `OUT=$OUT bash scripts/device/quantize.sh PART`:
 #   tests   (.devbundle/pkg.tar.xz, .devbundle/shared)   the GPU quantizer tests (GPTQ/RTN/QUIK, 2/4/16, Fisher, driver)
-#   smollm2 (.devbundle/smollm2.part00..02, .sha256)     every SmolLM2 configuration quantized on the GPU (all 16 cores
-#                                                        free), then on the CPU (8 jobs x 2 threads), each file scored
-#                                                        over the full WikiText-2 test by tools/hf_ppl.py
+#   smollm2 (.devbundle/smollm2.part00..02, .sha256)     every SmolLM2 configuration quantized on GPU 0 and, alongside,
+#                                                        on the CPU (one job per configuration, the cores split
+#                                                        between them), each file scored over the full WikiText-2
+#                                                        test by tools/hf_ppl.py on the other GPUs (a multi-GPU kind
+#                                                        fits it in one call)
 #   eval                                                 scores whatever `smollm2` left unscored
 #   first                                                the driver's tests, then Llama-2-7B RTN and GPTQ
+#   check, timings                                       on a multi-GPU kind: the tests beside the 7B any-precision
+#                                                        timing; the QUIK, 2/4/16 and 70B timings side by side
 #   7b, 7b-mixed, 70b                                    random:llama2-7b / random:llama2-70b?layers=10 timings
 # Logs land in $OUT, one file per step.
 set -uo pipefail
@@ -49,27 +53,32 @@ case "${1:-}" in
     for t in test_gptq_gpu test_mixed24_gpu test_fisher_gpu test_quantize_gpu test_anyprec_gpu; do step "$t" 300 "$LB/pkg/$t"; done
     grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^# exit|budget|Hessian k=|mean NLL" "$OUT"/test_*.txt | head -80
     ;;
-  smollm2)
+  smollm2)   # one GPU quantizes (the others score); the CPU reference runs alongside, the cores split between its jobs
     [ -d /tmp/hf ] || "$B" convert "$M" /tmp/hf > /dev/null
-    for entry in "${CONFIGS[@]}"; do   # the GPU runs one at a time with the whole machine
+    NG=$(nvidia-smi -L | wc -l); NC=$(nproc); JOBS=${#CONFIGS[@]}
+    THREADS=$(( (NC - 4) / JOBS )); [ "$THREADS" -lt 1 ] && THREADS=1
+    echo "smollm2: $NG GPUs, $NC cores, CPU reference $JOBS jobs x $THREADS threads"
+    gpu_for_scoring() { [ "$NG" -gt 1 ] && echo $(( 1 + $1 % (NG - 1) )) || echo 0; }
+    i=0
+    for entry in "${CONFIGS[@]}"; do   # the CPU reference: quantize, then score, per configuration in the background
       IFS='|' read -r name args variants <<<"$entry"
-      [ -f "$Q/$name-gpu.lowbit" ] && continue
-      /usr/bin/time -f "wall %e s, max RSS %M KB" "$B" quantize "$M" $args --device cuda -o "$Q/$name-gpu.lowbit" \
-        > "$LOGS/quant-$name-gpu.log" 2>&1
+      g=$(gpu_for_scoring $i); i=$((i + 1))
+      ( [ -f "$Q/$name-cpu.lowbit" ] || /usr/bin/time -f "wall %e s, max RSS %M KB" env OMP_NUM_THREADS=$THREADS \
+          "$B" quantize "$M" $args --device cpu -o "$Q/$name-cpu.lowbit" > "$LOGS/quant-$name-cpu.log" 2>&1
+        cp "$LOGS/quant-$name-cpu.log" "$OUT/"
+        CUDA_VISIBLE_DEVICES=$g score "$name" cpu "$variants" ) &
+    done
+    i=0
+    for entry in "${CONFIGS[@]}"; do   # the GPU quantizations one at a time on GPU 0, each scored in the background
+      IFS='|' read -r name args variants <<<"$entry"
+      g=$(gpu_for_scoring $i); i=$((i + 1))
+      [ -f "$Q/$name-gpu.lowbit" ] || /usr/bin/time -f "wall %e s, max RSS %M KB" env CUDA_VISIBLE_DEVICES=0 \
+        "$B" quantize "$M" $args --device cuda -o "$Q/$name-gpu.lowbit" > "$LOGS/quant-$name-gpu.log" 2>&1
       cp "$LOGS/quant-$name-gpu.log" "$OUT/"
-    done
-    for entry in "${CONFIGS[@]}"; do   # then the CPU reference, 2 threads per job, in the background
-      IFS='|' read -r name args variants <<<"$entry"
-      [ -f "$Q/$name-cpu.lowbit" ] && continue
-      ( /usr/bin/time -f "wall %e s, max RSS %M KB" env OMP_NUM_THREADS=2 "$B" quantize "$M" $args --device cpu \
-          -o "$Q/$name-cpu.lowbit" > "$LOGS/quant-$name-cpu.log" 2>&1; cp "$LOGS/quant-$name-cpu.log" "$OUT/" ) &
-    done
-    for entry in "${CONFIGS[@]}"; do
-      IFS='|' read -r name args variants <<<"$entry"
-      score "$name" gpu "$variants"
+      ( CUDA_VISIBLE_DEVICES=$g score "$name" gpu "$variants" ) &
     done
     wait
-    cat "$LOGS/summary.txt"
+    sort "$LOGS/summary.txt"
     ;;
   eval)
     [ -d /tmp/hf ] || "$B" convert "$M" /tmp/hf > /dev/null
@@ -88,6 +97,35 @@ case "${1:-}" in
     step q7b-gptq 330 "$B" quantize "$S" --method gptq --bits 4 --group 128 --act-order --device cuda -o /tmp/q7b.lowbit
     rm -f /tmp/q7b.lowbit
     grep -hE "^  time|time by stage|peak|device:|^# exit|error" "$OUT"/q7b-*.txt
+    ;;
+  check)     # a multi-GPU kind: the GPU quantizer tests then the 7B any-precision timing on GPU 0; the kernel tests on
+             # GPU 1; the model and API tests on GPU 2
+    ( export CUDA_VISIBLE_DEVICES=1; step test_cuda_kernels 420 "$LB/pkg/test_cuda_kernels" ) &
+    ( export CUDA_VISIBLE_DEVICES=2; step test_cuda_model 300 "$LB/pkg/test_cuda_model"; step test_api 200 "$LB/pkg/test_api" ) &
+    export CUDA_VISIBLE_DEVICES=0
+    for t in test_gptq_gpu test_mixed24_gpu test_fisher_gpu test_quantize_gpu test_anyprec_gpu; do step "$t" 300 "$LB/pkg/$t"; done
+    if grep -q "^# exit 0" "$OUT/test_anyprec_gpu.txt"; then
+      step q7b-anyprec 330 "$B" quantize random:llama2-7b --method anyprec --device cuda -o /tmp/q7b.lowbit
+      rm -f /tmp/q7b.lowbit
+    fi
+    wait
+    grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^# exit|budget|Hessian k=|mean NLL|anyprec 3..8" "$OUT"/test_*.txt | head -80
+    grep -hE "^  time|time by stage|peak|^# exit|error" "$OUT"/q7b-*.txt 2>/dev/null
+    ;;
+  timings)   # a multi-GPU kind, one run per GPU at once: 7B QUIK W4A8, 7B 2/4/16, 70B-shaped GPTQ then any-precision
+    ( export CUDA_VISIBLE_DEVICES=0
+      step q7b-quik 330 "$B" quantize random:llama2-7b --method quik --wbits 4 --abits 8 --device cuda -o /tmp/q7b-quik.lowbit
+      rm -f /tmp/q7b-quik.lowbit ) &
+    ( export CUDA_VISIBLE_DEVICES=1
+      step q7b-mixed24 580 "$B" quantize random:llama2-7b --method mixed24 --device cuda -o /tmp/q7b-mixed.lowbit
+      rm -f /tmp/q7b-mixed.lowbit ) &
+    ( export CUDA_VISIBLE_DEVICES=2; S="random:llama2-70b?layers=10"
+      step q70b-gptq 280 "$B" quantize "$S" --method gptq --bits 4 --group 128 --device cuda -o /tmp/q70b.lowbit
+      rm -f /tmp/q70b.lowbit
+      step q70b-anyprec 280 "$B" quantize "$S" --method anyprec --device cuda -o /tmp/q70b.lowbit
+      rm -f /tmp/q70b.lowbit ) &
+    wait
+    grep -hE "^  time|time by stage|peak|^# exit|error" "$OUT"/q7*.txt
     ;;
   7b)        # the Llama-2-7B shape: any-precision and QUIK W4A8
     S="random:llama2-7b"
@@ -110,5 +148,5 @@ case "${1:-}" in
     rm -f /tmp/q70b.lowbit
     grep -hE "^  time|time by stage|peak|^# exit|error" "$OUT"/q70b-*.txt
     ;;
-  *) echo "usage: $0 first | tests | smollm2 | eval | 7b | 7b-mixed | 70b" >&2; exit 2 ;;
+  *) echo "usage: $0 first | tests | check | smollm2 | eval | timings | 7b | 7b-mixed | 70b" >&2; exit 2 ;;
 esac

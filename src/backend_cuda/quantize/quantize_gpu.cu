@@ -11,10 +11,10 @@
 //   checkpointed (quantize/checkpoint.h); the device weights are replaced by exactly what the packed weights encode
 //   sequential: X <- quantized block(X), so the next block calibrates on what the quantized model computes
 // Any-precision: the Fisher diagonal by a backward pass streamed block by block (fisher_gpu.h), or the Hessian
-// diagonal from a capture pass; the k-means seed and the upscaling run on all CPU cores (OpenMP over rows, the CPU
-// twin itself) while the GPU computes the next block's sensitivities: per row it is a sort and a small dynamic
-// program, branchy work with little arithmetic, and overlapped with the GPU it costs no wall time as long as it
-// keeps up.
+// diagonal from a capture pass; a worker thread quantizes block l (k-means seed and upscaling on the GPU, on its own
+// stream: anyprec_gpu.h, bit-identical to the CPU twin) and packs and checkpoints it while the sensitivity pass
+// computes block l + 1. The CPU twin on all 16 cores of the lent machine could not keep up with the Fisher pass
+// (docs/QUANTIZE.md has both timings).
 // The final file is assembled from the checkpoint's block files (memory-mapped) and the dense tensors converted from
 // the source one at a time, and written atomically.
 #include <array>
@@ -29,6 +29,7 @@
 
 #include "backend_cuda/common/common.h"
 #include "backend_cuda/quantize/block_f32.h"
+#include "backend_cuda/quantize/anyprec_gpu.h"
 #include "backend_cuda/quantize/block_loader.h"
 #include "backend_cuda/quantize/fisher_gpu.h"
 #include "backend_cuda/quantize/gptq_gpu.h"
@@ -345,9 +346,19 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
       notify(l + 1, L, "block " + std::to_string(l));
     }
   } else if (method == QuantMethod::AnyPrec) {
-    // k-means of one block on the CPU (all cores) while the GPU produces the next block's sensitivities.
-    std::future<void> kmeans;
+    // k-means of one block on the GPU, in a worker thread on its own stream, while the sensitivity pass produces
+    // the next block's sensitivities on the main stream.
     double kmeans_s = 0, ckpt_s = 0, wait_s = 0;
+    cudaStream_t kstream = nullptr;
+    LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&kstream, cudaStreamNonBlocking));
+    struct KStreamGuard {
+      cudaStream_t s;
+      ~KStreamGuard() { cudaStreamDestroy(s); }
+    } kstream_guard{kstream};
+    DeviceF32 dw, ds;   // the worker's device copies of one linear's weights and sensitivities, reused
+    // Declared after everything the worker touches: on an exception its destructor waits for the worker before
+    // those go.
+    std::future<void> kmeans;
     auto quantize_block = [&](int l, std::map<std::string, std::vector<float>> sens) {
       std::map<std::string, PackedWeight> packed;
       std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
@@ -359,9 +370,16 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
         const std::vector<float>& s = sens.at(names[i]);
         const std::vector<int64_t> shape = linear_shape(c, i);
         const int64_t n = shape[0], k = shape[1];
-        LOWBIT_CHECK(static_cast<int64_t>(s.size()) == n * k, names[i], ": sensitivity of ", s.size(), " values");
+        const size_t nk = static_cast<size_t>(n * k);
+        LOWBIT_CHECK(s.size() == nk, names[i], ": sensitivity of ", s.size(), " values");
         const float* w = tensor_as_f32(ws, names[i], {n, k}, i < 2, wbuf);
-        const AnyPrecQuantized q = anyprec_quantize(w, s.data(), n, k, opts.anyprec);
+        if (dw.size() < nk) {
+          dw = DeviceF32(nk);
+          ds = DeviceF32(nk);
+        }
+        LOWBIT_CUDA_CHECK(cudaMemcpyAsync(dw.get(), w, nk * sizeof(float), cudaMemcpyHostToDevice, kstream));
+        LOWBIT_CUDA_CHECK(cudaMemcpyAsync(ds.get(), s.data(), nk * sizeof(float), cudaMemcpyHostToDevice, kstream));
+        const AnyPrecQuantized q = cuda::anyprec_quantize_gpu(dw.get(), ds.get(), n, k, opts.anyprec, kstream);
         for (int b = 0; b < 32; ++b)
           if ((width_mask >> b) & 1u) figures["werr" + std::to_string(b)] += anyprec_weighted_error(w, s.data(), q, b);
         packed[names[i]] = pack_anyprec(q, storage);
@@ -418,7 +436,7 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
     const double tw = now_s();
     if (kmeans.valid()) kmeans.get();
     wait_s += now_s() - tw;
-    // The sensitivity pass's own time: the wall time less the waits for the CPU k-means of earlier blocks.
+    // The sensitivity pass's own time: the wall time less the waits for the k-means of earlier blocks.
     rep.sensitivity_seconds = now_s() - ts - wait_s;
     st[opts.sensitivity == Sensitivity::Fisher ? "fisher" : "capture"] += rep.sensitivity_seconds;
     st["kmeans"] += kmeans_s;
