@@ -41,7 +41,7 @@ score() {   # score NAME DEVICE: full WikiText-2 perplexity of $Q/NAME-DEVICE.lo
   grep -q "^$name $dev " "$LOGS/summary.txt" 2>/dev/null && return
   [ -f "$f" ] || { echo "$name $dev | missing" >> "$LOGS/summary.txt"; return; }
   local ppl
-  ppl=$(python3 tools/hf_ppl.py --lowbit "$f" --hf-dir /tmp/hf --text "$W" $variants 2>&1 | grep -E "ppl|Error" | tr '\n' ';')
+  ppl=$(OMP_NUM_THREADS=4 python3 tools/hf_ppl.py --lowbit "$f" --hf-dir /tmp/hf --text "$W" $variants 2>&1 | grep -E "ppl|Error" | tr '\n' ';')
   local q
   q=$(grep -E "^  time:|average bits|time by stage|peak" "$LOGS/quant-$name-$dev.log" | tr -s ' ' | tr '\n' ';')
   echo "$name $dev | $ppl | $q" >> "$LOGS/summary.txt"
@@ -56,7 +56,7 @@ case "${1:-}" in
   smollm2)   # one GPU quantizes (the others score); the CPU reference runs alongside, the cores split between its jobs
     [ -d /tmp/hf ] || "$B" convert "$M" /tmp/hf > /dev/null
     NG=$(nvidia-smi -L | wc -l); NC=$(nproc); JOBS=${#CONFIGS[@]}
-    THREADS=$(( (NC - 4) / JOBS )); [ "$THREADS" -lt 1 ] && THREADS=1
+    THREADS=$(( (NC - 8) / JOBS )); [ "$THREADS" -lt 1 ] && THREADS=1
     echo "smollm2: $NG GPUs, $NC cores, CPU reference $JOBS jobs x $THREADS threads"
     gpu_for_scoring() { [ "$NG" -gt 1 ] && echo $(( 1 + $1 % (NG - 1) )) || echo 0; }
     i=0
@@ -72,7 +72,7 @@ case "${1:-}" in
     for entry in "${CONFIGS[@]}"; do   # the GPU quantizations one at a time on GPU 0, each scored in the background
       IFS='|' read -r name args variants <<<"$entry"
       g=$(gpu_for_scoring $i); i=$((i + 1))
-      [ -f "$Q/$name-gpu.lowbit" ] || /usr/bin/time -f "wall %e s, max RSS %M KB" env CUDA_VISIBLE_DEVICES=0 \
+      [ -f "$Q/$name-gpu.lowbit" ] || /usr/bin/time -f "wall %e s, max RSS %M KB" env CUDA_VISIBLE_DEVICES=0 OMP_NUM_THREADS=4 \
         "$B" quantize "$M" $args --device cuda -o "$Q/$name-gpu.lowbit" > "$LOGS/quant-$name-gpu.log" 2>&1
       cp "$LOGS/quant-$name-gpu.log" "$OUT/"
       ( CUDA_VISIBLE_DEVICES=$g score "$name" gpu "$variants" ) &

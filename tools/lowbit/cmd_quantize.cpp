@@ -1,8 +1,8 @@
 // lowbit quantize MODEL --method rtn|gptq --bits B [--group G] ... -o OUT.lowbit
 // lowbit quantize MODEL --method anyprec --seed-bits 3 --parent-bits 8 [--widths 3,4,8] ... -o OUT.lowbit
 // An option that does not apply to the chosen method is refused, naming the method it belongs to.
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -267,23 +267,23 @@ void register_quantize(CLI::App& app, Common& common) {
     api::validate(o);   // before the model is read
     std::printf("quantize %s: %s\n", a->model.c_str(), api::describe(o).c_str());
     std::fflush(stdout);
-    // Progress per block with the time left, from the mean time per block of this stage so far.
-    auto stage_start = std::chrono::steady_clock::now();
-    auto last_stage = api::QuantizeProgress::Stage::Blocks;
-    int first_done = -1;
+    // Progress per block with the time left, from the mean time per block of each stage so far (a GPU any-precision
+    // run interleaves its sensitivity passes with the blocks the k-means has finished).
+    struct StageClock {
+      std::chrono::steady_clock::time_point start;
+      int first_done = -1;
+    };
+    std::map<api::QuantizeProgress::Stage, StageClock> clocks;
     const api::QuantizeReport r = api::quantize(a->model, a->out, o, [&](const api::QuantizeProgress& p) {
       const auto now = std::chrono::steady_clock::now();
-      if (first_done < 0 || p.stage != last_stage || p.done < first_done) {
-        stage_start = now;
-        first_done = p.done;
-        last_stage = p.stage;
-      }
-      const double secs = std::chrono::duration<double>(now - stage_start).count();
+      StageClock& c = clocks[p.stage];
+      if (c.first_done < 0 || p.done < c.first_done) c = {now, p.done};
+      const double secs = std::chrono::duration<double>(now - c.start).count();
       char at[32];
       std::snprintf(at, sizeof at, ", at %.1f s", secs);
       std::string eta = at;   // logs show each block's time as the difference of two lines
-      if (p.done > first_done && p.done < p.total) {
-        const int left = static_cast<int>(secs / (p.done - first_done) * (p.total - p.done));
+      if (p.done > c.first_done && p.done < p.total) {
+        const int left = static_cast<int>(secs / (p.done - c.first_done) * (p.total - p.done));
         eta = ", " + std::to_string(left / 60) + "m" + std::to_string(left % 60) + "s left";
       }
       if (p.stage == api::QuantizeProgress::Stage::Sensitivity)

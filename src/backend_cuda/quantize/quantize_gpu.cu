@@ -348,7 +348,8 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
   } else if (method == QuantMethod::AnyPrec) {
     // k-means of one block on the GPU, in a worker thread on its own stream, while the sensitivity pass produces
     // the next block's sensitivities on the main stream.
-    double kmeans_s = 0, ckpt_s = 0, wait_s = 0;
+    // Written by the one worker in flight; read after its future is joined.
+    double kmeans_s = 0, werr_s = 0, pack_s = 0, ckpt_s = 0, wait_s = 0;
     cudaStream_t kstream = nullptr;
     LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&kstream, cudaStreamNonBlocking));
     struct KStreamGuard {
@@ -365,8 +366,8 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
       std::map<std::string, double> figures;
       std::vector<float> wbuf;
       const std::array<std::string, 7> names = cuda::block_linear_names(l);
-      const double tk = now_s();
       for (size_t i = 0; i < 7; ++i) {
+        const double tk = now_s();
         const std::vector<float>& s = sens.at(names[i]);
         const std::vector<int64_t> shape = linear_shape(c, i);
         const int64_t n = shape[0], k = shape[1];
@@ -380,23 +381,33 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
         LOWBIT_CUDA_CHECK(cudaMemcpyAsync(dw.get(), w, nk * sizeof(float), cudaMemcpyHostToDevice, kstream));
         LOWBIT_CUDA_CHECK(cudaMemcpyAsync(ds.get(), s.data(), nk * sizeof(float), cudaMemcpyHostToDevice, kstream));
         const AnyPrecQuantized q = cuda::anyprec_quantize_gpu(dw.get(), ds.get(), n, k, opts.anyprec, kstream);
+        const double te = now_s();
         for (int b = 0; b < 32; ++b)
           if ((width_mask >> b) & 1u) figures["werr" + std::to_string(b)] += anyprec_weighted_error(w, s.data(), q, b);
+        const double tp = now_s();
         packed[names[i]] = pack_anyprec(q, storage);
+        kmeans_s += te - tk;
+        werr_s += tp - te;
+        pack_s += now_s() - tp;
       }
-      const double tp = now_s();
+      const double tc = now_s();
       ckpt.save_block(l, packed, figures);
-      // Written by the one worker in flight; read after its future is joined.
-      kmeans_s += tp - tk;
-      ckpt_s += now_s() - tp;
+      ckpt_s += now_s() - tc;
+    };
+    int in_flight = -1;   // the block the worker is quantizing
+    auto join = [&] {
+      const double tw = now_s();
+      if (kmeans.valid()) kmeans.get();
+      wait_s += now_s() - tw;
+      if (in_flight >= 0) notify(in_flight + 1, L, "block " + std::to_string(in_flight));
+      in_flight = -1;
     };
     auto hand_over = [&](int l, std::map<std::string, std::vector<float>> sens) {
-      const double tw = now_s();
-      if (kmeans.valid()) kmeans.get();   // at most one block in flight: bounds host memory to two blocks' sensitivities
-      wait_s += now_s() - tw;
+      join();   // at most one block in flight: bounds host memory to two blocks' sensitivities
       peaks.sample();
-      if (ckpt.has_block(l)) return;
+      if (ckpt.has_block(l)) return notify(l + 1, L, "block " + std::to_string(l));
       kmeans = std::async(std::launch::async, quantize_block, l, std::move(sens));
+      in_flight = l;
     };
     const double ts = now_s();
     if (opts.sensitivity == Sensitivity::Fisher) {
@@ -430,16 +441,15 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
             for (int64_t j = 0; j < k; ++j) s[static_cast<size_t>(r * k + j)] = static_cast<float>(2.0 * ms[static_cast<size_t>(j)]);
         }
         hand_over(l, std::move(sens));
-        notify(l + 1, L, "block " + std::to_string(l));
       }
     }
-    const double tw = now_s();
-    if (kmeans.valid()) kmeans.get();
-    wait_s += now_s() - tw;
+    join();
     // The sensitivity pass's own time: the wall time less the waits for the k-means of earlier blocks.
     rep.sensitivity_seconds = now_s() - ts - wait_s;
     st[opts.sensitivity == Sensitivity::Fisher ? "fisher" : "capture"] += rep.sensitivity_seconds;
     st["kmeans"] += kmeans_s;
+    st["kmeans error"] += werr_s;
+    st["pack"] += pack_s;
     st["kmeans wait"] += wait_s;
     st["checkpoint"] += ckpt_s;
   } else {
