@@ -280,6 +280,38 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
         }
       }
     }
+    if (o.uniform) {
+      // GPTQ / RTN w4 and w3, groups of 128, asymmetric: the formats users bring most.
+      for (int ub : {4, 3}) {
+        const int rot = rotation(static_cast<uint64_t>(n * k) * static_cast<uint64_t>(ub) / 8);
+        std::vector<DevicePackedWeight> w;
+        for (int i = 0; i < rot; ++i) w.push_back(DevicePackedWeight::random_uniform(n, k, ub, 128, 90 + static_cast<uint64_t>(i)));
+        const std::string uf = "uniform w" + std::to_string(ub) + " g128";
+        const uint64_t ubytes = w[0].bytes();
+        {
+          __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
+          dequant_row(uf, ubytes, [&](int i) { uniform_dequant_f16(w[static_cast<size_t>(i % rot)].uniform(), wd, s); });
+        }
+        for (size_t bi = 0; bi < o.batches.size(); ++bi) {
+          const int64_t m = o.batches[bi];
+          const Kernel choice = print_choice(uf, {FormatId::Uniform, n, k, m, 0, kPreSplitInRuntime}, out).kernel;
+          if (m <= kMaxGemvBatch) {
+            const double us = median_us(o.iters, [&](int i) {
+              uniform_gemv(w[static_cast<size_t>(i % rot)].uniform(), xf.get(), static_cast<int>(m), yf.get(), s);
+            });
+            path_row(uf, uf + (uniform_gemv_chunked(w[0].uniform()) ? " (CUDA cores, chunked)" : " (CUDA cores, per column)"),
+                     choice == Kernel::UniformGemv, m, us, base[bi], ubytes);
+          } else {
+            __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
+            const double us = median_us(o.iters, [&](int i) {
+              uniform_dequant_f16(w[static_cast<size_t>(i % rot)].uniform(), wd, s);
+              dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
+            });
+            path_row(uf, uf + " (dequant+cuBLAS)", choice == Kernel::DequantCublas, m, us, base[bi], ubytes);
+          }
+        }
+      }
+    }
     if (o.mixed24a && k % 64 == 0) {
       const int rot = rotation(static_cast<uint64_t>(n * k) * 3 / 8);
       std::vector<DevicePackedWeight> w;

@@ -1,5 +1,5 @@
 // The CUDA kernels against their CPU reference twins on the same packed bytes: the any-precision bitplane GEMV
-// (every width 2..8 from one parent, batch 1..8, outliers fused or as a SpMV), the mixed24a GEMV, the
+// (every width 2..8 from one parent, batch 1..8, outliers fused or as a SpMV), the mixed24a GEMV, the uniform GEMV, the
 // dequantize kernels (bit-exact), and the large-batch path (dequantize + cuBLAS). Outputs are poisoned with NaN
 // before every launch, so an element a kernel fails to write fails the test. Without a GPU every test skips and
 // says why.
@@ -21,6 +21,7 @@
 #include "backend_cuda/dispatch/packed.h"
 #include "backend_cuda/ops/sampling.h"
 #include "formats/format_table.h"
+#include "formats/uniform/layout.h"
 #include "packed_fixtures.h"
 
 namespace lowbit {
@@ -557,6 +558,88 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
     }
 }
 
+// A random uniform weight: codes, fp16 scales in [2^-10, 2^-6), zeros in [0, 2^bits) unless symmetric, and with
+// act-order a g_idx from a random column order (groups contiguous in that order, as GPTQ's act-order stores them).
+UniformQuantized uniform_weight(int64_t n, int64_t k, int bits, int64_t group, bool symmetric, bool act_order, uint32_t seed) {
+  std::mt19937 rng(seed);
+  UniformQuantized q;
+  q.bits = bits;
+  q.n = n;
+  q.k = k;
+  q.group_size = group > 0 ? std::min(group, k) : k;
+  q.symmetric = symmetric;
+  const int64_t G = q.groups();
+  q.codes.resize(static_cast<size_t>(n * k));
+  for (uint8_t& c : q.codes) c = static_cast<uint8_t>(rng() & ((1u << bits) - 1u));
+  q.scales.resize(static_cast<size_t>(n * G));
+  for (uint16_t& sc : q.scales) sc = f32_to_f16(std::ldexp(1.0f + static_cast<float>(rng() % 1024) / 1024.0f, -10 + static_cast<int>(rng() % 4)));
+  if (!symmetric) {
+    q.zeros.resize(static_cast<size_t>(n * G));
+    for (uint8_t& z : q.zeros) z = static_cast<uint8_t>(rng() & ((1u << bits) - 1u));
+  }
+  if (act_order) {
+    std::vector<int64_t> order(static_cast<size_t>(k));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    q.g_idx.resize(static_cast<size_t>(k));
+    for (int64_t j = 0; j < k; ++j) q.g_idx[static_cast<size_t>(order[static_cast<size_t>(j)])] = static_cast<int32_t>(j / q.group_size);
+  }
+  return q;
+}
+
+// The uniform GEMV (batch 1..8) against the format's reference forward on the same packed bytes, every width 2..8:
+// the chunked form (k a multiple of 32; groups of 32 / 128 / a whole row, or g_idx) and the per-column form (k = 1100,
+// 172, or groups of 48), symmetric and not, n of 1, a part CTA and several waves; through packed_matmul too.
+TEST(CudaKernels, UniformGemvMatchesCpuTwin) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t n, k, group;
+    bool symmetric, act_order;
+  };
+  const Case cases[] = {{1, 32, 32, false, false},      {5, 64, 0, true, false},      {33, 576, 128, false, false},
+                        {17, 1100, 128, false, false},  {300, 172, 32, false, true},  {40, 1536, 48, true, false},
+                        {64, 4096, 128, false, true},   {3, 11008, 128, false, false}, {2000, 256, 64, true, true}};
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  cudaStream_t st;
+  LOWBIT_CUDA_CHECK(cudaStreamCreate(&st));
+  {
+    cuda::GemmContext ctx(st);
+    uint32_t seed = 500;
+    for (const Case& c : cases)
+      for (int bits = 2; bits <= 8; ++bits) {
+        const UniformQuantized q = uniform_weight(c.n, c.k, bits, c.group, c.symmetric, c.act_order, seed++);
+        const PackedWeight pw = pack_uniform(q, storage);
+        validate_packed(pw, "t");
+        const cuda::DevicePackedWeight dw(pw);
+        const auto ref = make_packed_linear(pw, nullptr, "t");
+        std::vector<float> wd(static_cast<size_t>(c.n * c.k));
+        q.dequantize(wd.data());
+        const std::string what = "uniform w" + std::to_string(bits) + " " + std::to_string(c.n) + "x" + std::to_string(c.k) +
+                                 " g" + std::to_string(c.group) + (c.symmetric ? " sym" : "") + (c.act_order ? " act-order" : "") +
+                                 (cuda::uniform_gemv_chunked(dw.uniform()) ? " chunked" : " per-column");
+        for (int m = 1; m <= 8; ++m) {
+          if (m > 2 && m < 8 && bits != 4 && bits != 3) continue;   // every batch at 3 and 4 bits; 1, 2, 8 at the others
+          const std::vector<float> x = random_x(m, c.k, seed++);
+          std::vector<float> want(static_cast<size_t>(m * c.n));
+          ref->forward_ref(x.data(), m, want.data(), 0);
+          const std::vector<double> scale = abs_scale(x, wd, m, c.n, c.k);
+          const auto got = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
+            cuda::uniform_gemv(dw.uniform(), xd, m, yd, nullptr);
+          });
+          expect_close(got, want, scale, kGemvBudget, what + " m" + std::to_string(m));
+          if (m == 1 || m == 8) {
+            const auto via = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
+              cuda::packed_matmul(dw, 0, xd, m, yd, ctx);
+              LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+            });
+            EXPECT_EQ(via, got) << what << " m" << m << ": packed_matmul runs the same kernel";
+          }
+        }
+      }
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
 // The benchmarks' cuSPARSE baseline for the 2/4/16 outliers (cusparse_outliers.h): the dense GEMV on the weight
 // without its outliers, then cuSPARSE's y += A x over the CSR outliers (columns mapped through the permutation), equals
 // the format's reference within kGemvBudget at batch 1 (SpMV) and above (SpMM); a weight without outliers is refused.
@@ -843,6 +926,20 @@ TEST(CudaKernels, DequantizeKernelsAreBitExact) {
     for (size_t i = 0; i < want.size(); ++i) bad += __half_as_ushort(got[i]) != f32_to_f16(want[i]);
     EXPECT_EQ(bad, 0) << "mixed24a " << sh.n << "x" << sh.k;
   }
+  for (int bits = 2; bits <= 8; ++bits)
+    for (bool act_order : {false, true}) {
+      const UniformQuantized q = uniform_weight(19, 1100, bits, 128, bits % 2 == 0, act_order, 40 + bits);
+      const cuda::DevicePackedWeight dw(pack_uniform(q, storage));
+      cuda::DeviceBuffer<__half> out(static_cast<size_t>(19 * 1100));
+      LOWBIT_CUDA_CHECK(cudaMemset(out.get(), 0xFF, out.bytes()));
+      cuda::uniform_dequant_f16(dw.uniform(), out.get(), nullptr);
+      const std::vector<__half> got = out.download();
+      std::vector<float> want(static_cast<size_t>(19 * 1100));
+      q.dequantize(want.data());
+      int bad = 0;
+      for (size_t i = 0; i < want.size(); ++i) bad += __half_as_ushort(got[i]) != f32_to_f16(want[i]);
+      EXPECT_EQ(bad, 0) << "uniform w" << bits << (act_order ? " act-order" : "");
+    }
 }
 
 // Batches above 8: dequantize + cuBLAS, within fp16 rounding of the CPU reference.
@@ -880,6 +977,18 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
         LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
       });
       expect_close(got, want, abs_scale(x, wd, m, 80, 640), kCublasBudget, "mixed24a cuBLAS m" + std::to_string(m));
+      const UniformQuantized qu = uniform_weight(72, 1100, 4, 128, false, true, static_cast<uint32_t>(m));
+      const PackedWeight pu = pack_uniform(qu, storage);
+      const cuda::DevicePackedWeight du(pu);
+      const auto xu = random_x(m, 1100, static_cast<uint32_t>(m + 7));
+      std::vector<float> want_u(static_cast<size_t>(m * 72)), wdu(72 * 1100);
+      make_packed_linear(pu, nullptr, "t")->forward_ref(xu.data(), m, want_u.data(), 0);
+      qu.dequantize(wdu.data());
+      const auto got_u = run_poisoned(xu, m * 72, [&](const float* xd, float* yd) {
+        cuda::packed_matmul(du, 0, xd, m, yd, ctx);
+        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
+      });
+      expect_close(got_u, want_u, abs_scale(xu, wdu, m, 72, 1100), kCublasBudget, "uniform cuBLAS m" + std::to_string(m));
     }
   }
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));

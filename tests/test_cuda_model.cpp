@@ -14,6 +14,7 @@
 #include <cmath>
 #include <functional>
 #include <utility>
+#include <vector>
 
 #include "backend_cuda/model/cuda_backend.h"
 #include "backend_cuda/ops/gpu_ops.h"
@@ -577,22 +578,27 @@ TEST(CudaModel, Stories260KPerplexityMatchesCpuFp32AndAnyPrec) {
                      "--bits 2 is not a width this model serves (3,4,5,6,7,8)");
 }
 
-// Formats without a GPU kernel yet (RTN/GPTQ integers) run as an fp16 copy of exactly what they encode.
-TEST(CudaModel, GptqModelRunsThroughTheFp16Fallback) {
+// RTN/GPTQ integers run packed (the uniform GEMV over the stored bit streams, no fp16 copy): stories260K's 64-wide
+// inputs take the chunked form, its 172-wide down projection the per-column one; act-order adds g_idx.
+TEST(CudaModel, GptqModelRunsPacked) {
   SKIP_WITHOUT_GPU();
   const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
   LOWBIT_REQUIRE_FILE(bin, "stories260K");
   LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
   auto base = Model::load(bin);
-  QuantizeOptions o;
-  o.method = QuantMethod::Gptq;
-  o.gptq.spec.bits = 4;
-  o.gptq.spec.group_size = 32;
-  auto q = quantized(*base, o, 4);
-  cuda::GpuModel gpu(q->weights());
-  EXPECT_EQ(gpu.dequantized_linears(), 7 * q->config().n_layers);
-  expect_file_load_equals_cpu_upload(*q, gpu, 0, "stories260K GPTQ w4 g32 (fp16 fallback)");
-  expect_forward_matches(*q, gpu, some_ids(*q, 64), 0, "stories260K GPTQ w4 g32 (fp16 fallback)");
+  for (const auto& [bits, act_order] : std::vector<std::pair<int, bool>>{{4, false}, {3, true}}) {
+    QuantizeOptions o;
+    o.method = QuantMethod::Gptq;
+    o.gptq.spec.bits = bits;
+    o.gptq.spec.group_size = 32;
+    o.gptq.act_order = act_order;
+    auto q = quantized(*base, o, 4);
+    cuda::GpuModel gpu(q->weights());
+    EXPECT_EQ(gpu.dequantized_linears(), 0);
+    const std::string what = "stories260K GPTQ w" + std::to_string(bits) + " g32" + (act_order ? " act-order" : "");
+    expect_file_load_equals_cpu_upload(*q, gpu, 0, what);
+    expect_forward_matches(*q, gpu, some_ids(*q, 64), 0, what);
+  }
 }
 
 TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {

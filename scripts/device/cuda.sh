@@ -6,6 +6,7 @@
 #   scripts/device/cuda.sh e2e [ARGS]   lowbit bench --e2e ARGS; $OUT/bench-e2e.txt
 #   scripts/device/cuda.sh all          test, bench (defaults), e2e (Llama-2-7B and Llama-3-8B shapes), sanitize
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
+#   scripts/device/cuda.sh uniform      the packed uniform (RTN / GPTQ) kernels: tests, sanitizer, kernel and 7B timings
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 OUT="${OUT:-/tmp/out}"
@@ -44,5 +45,16 @@ case "${1:-}" in
     bash "$0" e2e --model-shapes llama2-7b,llama3-8b
     bash "$0" sanitize --gtest_filter='CudaKernels.*'
     ;;
-  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all" >&2; exit 2 ;;
+  uniform)   # the packed uniform (RTN / GPTQ) path: its tests, sanitizer, kernel and end-to-end timings, SmolLM2 GPU vs CPU
+    step uniform-tests 300 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Uniform*:CudaKernels.Dequantize*:CudaKernels.LargeBatch*'
+    step uniform-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.GptqModelRunsPacked'
+    step uniform-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+      --gtest_filter='CudaKernels.Uniform*'
+    step uniform-bench 300 "$LB/pkg/lowbit" bench --kernels --formats uniform,anyprec --kernel-bits 3,4 --batch 1,2,4,8,16,512 \
+      --shapes 4096x4096,11008x4096,4096x11008,8192x8192,28672x8192,8192x28672
+    step uniform-e2e 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights uniform-w4g128,uniform-w3g128,anyprec \
+      --kernel-bits 3,4 --decode-batches 1,8
+    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|uniform w[34] g128 .*\*|^llama2-7b \| (uniform|anyprec)" "$OUT"/uniform-*.txt | head -80
+    ;;
+  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform" >&2; exit 2 ;;
 esac

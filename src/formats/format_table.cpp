@@ -112,7 +112,8 @@ constexpr PackedPart kQuikParts[] = {
 
 constexpr PackedFormat kPackedFormats[] = {
     {FormatId::Uniform, format_name(FormatId::Uniform), kUniformParams, kUniformParts, &uniform_part_shape,
-     &uniform_check_values, &make_uniform_linear, GpuSupport::Dequantized, "fp16 copy: dense GEMV / cuBLAS"},
+     &uniform_check_values, &make_uniform_linear, GpuSupport::Packed,
+     "backend_cuda/uniform: CUDA-core GEMV over the stored bit streams (every width), dequantize + cuBLAS"},
     {FormatId::AnyPrec, format_name(FormatId::AnyPrec), kAnyPrecParams, kAnyPrecParts, &anyprec_part_shape,
      &anyprec_check_values, &make_anyprec_linear, GpuSupport::Packed,
      "backend_cuda/anyprec: bitplane GEMVs (int8 / fp16 tensor cores, CUDA cores), fused GEMMs, dequantize + cuBLAS"},

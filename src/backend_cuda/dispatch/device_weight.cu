@@ -18,7 +18,7 @@ namespace lowbit::cuda {
 DevicePackedWeight::DevicePackedWeight(const PackedWeight& w)
     : format_(w.format), n_(w.shape.at(0)), k_(w.shape.at(1)), params_(w.params) {
   LOWBIT_CHECK(packed_format(format_).gpu == GpuSupport::Packed, "CUDA backend: packed format '", format_name(format_),
-               "' has no GPU kernel yet (anyprec and mixed24a do; QUIK models run with --device cpu)");
+               "' has no GPU kernel yet (uniform, anyprec and mixed24a do; QUIK models run with --device cpu)");
   for (const auto& [name, view] : w.parts) parts_.emplace(name, DeviceBuffer<uint8_t>(view.data, view.nbytes));
   if (format_ == FormatId::AnyPrec) derive_int8_tables();
 }
@@ -99,6 +99,22 @@ Mixed24ADevice DevicePackedWeight::mixed24a() const {
   d.ss4 = reinterpret_cast<const __half*>(part("ss4"));
   d.sm4 = reinterpret_cast<const __half*>(part("sm4"));
   view_outliers(d);
+  return d;
+}
+
+UniformDevice DevicePackedWeight::uniform() const {
+  LOWBIT_CHECK(format_ == FormatId::Uniform, "CUDA backend: a uniform view of a ", format_name(format_), " weight");
+  UniformDevice d;
+  d.n = n_;
+  d.k = k_;
+  d.bits = static_cast<int>(params_.at("bits"));
+  d.words = (k_ * d.bits + 31) / 32;
+  d.gs = params_.at("group_size");
+  d.G = (k_ + d.gs - 1) / d.gs;
+  d.qweight = reinterpret_cast<const uint32_t*>(part("qweight"));
+  d.scales = reinterpret_cast<const __half*>(part("scales"));
+  if (params_.at("symmetric") == 0) d.zeros = part("zeros");
+  if (params_.at("act_order") == 1) d.g_idx = reinterpret_cast<const int32_t*>(part("g_idx"));
   return d;
 }
 
@@ -267,6 +283,24 @@ std::unique_ptr<DevicePackedWeight> DevicePackedWeight::concat_rows(const std::v
   }
   out->derive_int8_tables();
   return out;
+}
+
+DevicePackedWeight DevicePackedWeight::random_uniform(int64_t n, int64_t k, int bits, int64_t group, uint64_t seed) {
+  LOWBIT_CHECK(bits >= 2 && bits <= 8 && group >= 1, "random uniform weight: ", bits, " bits, group ", group);
+  DevicePackedWeight w;
+  w.format_ = FormatId::Uniform;
+  w.n_ = n;
+  w.k_ = k;
+  const int64_t gs = std::min(group, k), G = (k + gs - 1) / gs, words = (k * bits + 31) / 32;
+  w.params_ = {{"bits", bits}, {"group_size", gs}, {"symmetric", 0}, {"act_order", 0}};
+  uint64_t sd = seed;
+  for (const auto& [name, bytes] : std::vector<std::pair<std::string, int64_t>>{{"qweight", 4 * n * words}, {"zeros", n * G}}) {
+    auto& b = w.parts_.emplace(name, DeviceBuffer<uint8_t>(static_cast<size_t>(bytes))).first->second;
+    fill_random_bytes(b.get(), bytes, ++sd);
+  }
+  auto& s = w.parts_.emplace("scales", DeviceBuffer<uint8_t>(static_cast<size_t>(2 * n * G))).first->second;
+  fill_random_half(reinterpret_cast<__half*>(s.get()), n * G, ++sd, 1e-4f, 1e-3f);
+  return w;
 }
 
 DevicePackedWeight DevicePackedWeight::random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed) {

@@ -1,5 +1,5 @@
 // Packed weights on the device, stored exactly as in the file (no dequantized copy is kept): DevicePackedWeight owns
-// the parts, and hands each format's kernels their view (AnyPrecDevice, Mixed24ADevice). Formats whose row in the
+// the parts, and hands each format's kernels their view (AnyPrecDevice, Mixed24ADevice, UniformDevice). Formats whose row in the
 // format table (formats/format_table.h) says GpuSupport::Packed are served; others are refused with their name.
 #pragma once
 #include <cuda_fp16.h>
@@ -52,6 +52,17 @@ struct Mixed24ADevice {
   int64_t nnz = 0;
 };
 
+struct UniformDevice {
+  int64_t n = 0, k = 0;
+  int bits = 0;
+  int64_t words = 0;                        // 32-bit words per row of qweight: ceil(k * bits / 32)
+  int64_t gs = 0, G = 0;                    // group size (k: per channel) and groups per row
+  const uint32_t* qweight = nullptr;        // [n, words] each row's codes as one little-endian bit stream
+  const __half* scales = nullptr;           // [n, G]
+  const uint8_t* zeros = nullptr;           // [n, G], or null (symmetric: z = 2^(bits-1))
+  const int32_t* g_idx = nullptr;           // [k] group of each column (act-order), or null (group = c / gs)
+};
+
 // The parts of a packed weight copied to the device as stored (validated on the host first by the reader).
 class DevicePackedWeight {
  public:
@@ -61,6 +72,8 @@ class DevicePackedWeight {
   // a random group permutation and `outlier_frac` fp16 outliers per row (k a multiple of 64).
   static DevicePackedWeight random_anyprec(int64_t n, int64_t k, uint64_t seed);
   static DevicePackedWeight random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed);
+  // A uniform weight of `bits` (2..8) with groups of `group` columns, asymmetric, without g_idx.
+  static DevicePackedWeight random_uniform(int64_t n, int64_t k, int bits, int64_t group, uint64_t seed);
   // The rows of several anyprec weights stacked into one (q/k/v or gate/up as one GEMV, outputs side by side): the
   // same input width, parent, served widths and outlier presence required, else null. Planes [P, sum n, W], LUTs and
   // the CSR outliers concatenated in order.
@@ -76,6 +89,7 @@ class DevicePackedWeight {
   uint64_t outlier_bytes() const;           // bytes of the CSR outlier parts (0 without)
   AnyPrecDevice anyprec() const;            // throws unless format() == FormatId::AnyPrec
   Mixed24ADevice mixed24a() const;          // throws unless format() == FormatId::Mixed24A
+  UniformDevice uniform() const;            // throws unless format() == FormatId::Uniform
 
  private:
   DevicePackedWeight() = default;

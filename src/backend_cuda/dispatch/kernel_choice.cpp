@@ -176,6 +176,8 @@ constexpr KernelCandidate kMixed24aGemv[] = {
     {Kernel::Mixed24aCudaCores, &always},
 };
 constexpr KernelCandidate kMixed24aGemm[] = {{Kernel::Mixed24aTwoTiles, &mx_two_tiles_cannot}, {Kernel::DequantCublas, &always}};
+constexpr KernelCandidate kUniformGemv[] = {{Kernel::UniformGemv, &always}};
+constexpr KernelCandidate kDequantCublas[] = {{Kernel::DequantCublas, &always}};
 
 }  // namespace
 
@@ -194,6 +196,7 @@ const char* kernel_name(Kernel k) {
     case Kernel::Mixed24aTcStream: return "2/4/16 fp16 tensor-core GEMV (streamed)";
     case Kernel::Mixed24aTc: return "2/4/16 fp16 tensor-core GEMV";
     case Kernel::Mixed24aCudaCores: return "2/4/16 CUDA-core GEMV";
+    case Kernel::UniformGemv: return "uniform CUDA-core GEMV";
     case Kernel::AnyPrecTwoTiles: return "anyprec two-tile GEMV";
     case Kernel::AnyPrecWgmmaWs: return "anyprec warp-specialized wgmma GEMM";
     case Kernel::AnyPrecStaged: return "anyprec staged mma.sync GEMM";
@@ -214,6 +217,8 @@ std::span<const KernelCandidate> kernel_candidates(const LinearProblem& p) {
       if (is_gemv(p)) return kMixed24aGemv;
       return kMixed24aGemm;
     case FormatId::Uniform:
+      if (is_gemv(p)) return kUniformGemv;
+      return kDequantCublas;
     case FormatId::Mixed24:
     case FormatId::Quik:
       break;
@@ -264,6 +269,7 @@ std::string kernel_choice_table(const GpuInfo& gpu, bool reasons) {
       row("fp16", 0, n, k, m, {std::nullopt, n, k, m, 0, true});
       for (int bits = 2; bits <= 8; ++bits) row("anyprec", bits, n, k, m, {FormatId::AnyPrec, n, k, m, bits, true});
       row("mixed24a", 0, n, k, m, {FormatId::Mixed24A, n, k, m, 0, true});
+      row("uniform", 0, n, k, m, {FormatId::Uniform, n, k, m, 0, true});
     }
   return out.str();
 }

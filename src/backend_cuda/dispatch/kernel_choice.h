@@ -66,6 +66,8 @@ enum class Kernel : uint8_t {
   Mixed24aTcStream,         // fp16 mma.sync, streamed
   Mixed24aTc,               // fp16 mma.sync
   Mixed24aCudaCores,        // CUDA-core FMAs
+  // uniform (RTN / GPTQ) GEMV, batch 1..8 (backend_cuda/uniform/).
+  UniformGemv,              // CUDA-core FMAs over the stored bit streams, every width 2..8
   // Above batch 8.
   AnyPrecTwoTiles,          // the tensor-core GEMVs over two batch tiles, batch 9..16
   AnyPrecWgmmaWs,           // warp-specialized wgmma GEMM (Hopper), 2..4 bits

@@ -44,6 +44,7 @@ GemvPath gemv_path_of(Kernel k) {
     case Kernel::Mixed24aTcStream: return GemvPath::TensorCoreStream;
     case Kernel::Mixed24aTc: return GemvPath::TensorCore;
     case Kernel::Mixed24aCudaCores: return GemvPath::Scalar;
+    case Kernel::UniformGemv:
     case Kernel::DenseGemv:
     case Kernel::Cublas:
     case Kernel::AnyPrecTwoTiles:
@@ -135,6 +136,7 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
       mixed24a_gemv(w.mixed24a(), x, mi, y, ctx.stream(), mode, path, xfrag, x_max);
       return;
     }
+    case Kernel::UniformGemv: return uniform_gemv(w.uniform(), x, mi, y, ctx.stream());
     case Kernel::AnyPrecTwoTiles: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::TwoTiles);
     case Kernel::AnyPrecWgmmaWs: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::WgmmaWs);
     case Kernel::AnyPrecStaged: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::Staged);
@@ -142,8 +144,13 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
       return mixed24a_gemv_two_tiles(w.mixed24a(), x, mi, y, ctx.stream(), ctx.act_scratch((mixed24a_xfrag_bytes(w.k()) + 1) / 2));
     case Kernel::DequantCublas: {
       __half* wh = ctx.weight_scratch(static_cast<size_t>(w.n() * w.k()));
-      if (w.format() == FormatId::AnyPrec) anyprec_dequant_f16(w.anyprec(), b, wh, ctx.stream());
-      else mixed24a_dequant_f16(w.mixed24a(), wh, ctx.stream());
+      switch (w.format()) {
+        case FormatId::AnyPrec: anyprec_dequant_f16(w.anyprec(), b, wh, ctx.stream()); break;
+        case FormatId::Mixed24A: mixed24a_dequant_f16(w.mixed24a(), wh, ctx.stream()); break;
+        case FormatId::Uniform: uniform_dequant_f16(w.uniform(), wh, ctx.stream()); break;
+        case FormatId::Mixed24:
+        case FormatId::Quik: fail("packed_matmul: no fp16 decoder for a ", format_name(w.format()), " weight");
+      }
       return dense_f16_matmul(wh, w.n(), w.k(), x, m, y, ctx);
     }
     case Kernel::DenseGemv:

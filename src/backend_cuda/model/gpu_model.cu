@@ -11,7 +11,6 @@
 #include "backend_cuda/ops/gpu_ops.h"
 #include "formats/format_table.h"
 #include "formats/mixed24/layout.h"
-#include "formats/uniform/layout.h"
 #include "model/weight_convert.h"
 #include "core/knobs.h"
 
@@ -72,8 +71,8 @@ void release_file_pages(const WeightSet& ws, const uint8_t* p, uint64_t n) {
 // The weights a packed weight encodes, [n, k] fp32, for a format the GPU runs as an fp16 copy (GpuSupport::Dequantized).
 void dequantize_packed(const PackedWeight& w, const std::string& where, float* out) {
   switch (w.format) {
-    case FormatId::Uniform: unpack_uniform(w, where).dequantize(out); return;
     case FormatId::Mixed24: unpack_mixed24(w, where).dequantize(out); return;
+    case FormatId::Uniform:
     case FormatId::AnyPrec:
     case FormatId::Mixed24A:
     case FormatId::Quik: break;
@@ -311,6 +310,9 @@ GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c)
     l.k = k;
     if (kind == RandomKind::AnyPrec) l.packed = std::make_unique<DevicePackedWeight>(DevicePackedWeight::random_anyprec(n, k, ++sd));
     else if (kind == RandomKind::Mixed24a) l.packed = std::make_unique<DevicePackedWeight>(DevicePackedWeight::random_mixed24a(n, k, 0.0035, ++sd));
+    else if (kind == RandomKind::UniformW4G128 || kind == RandomKind::UniformW3G128)
+      l.packed = std::make_unique<DevicePackedWeight>(
+          DevicePackedWeight::random_uniform(n, k, kind == RandomKind::UniformW4G128 ? 4 : 3, 128, ++sd));
     else l.dense = f16(n * k, 1.0f / std::sqrt(static_cast<float>(k)));
   };
   emb_ = f16(V * dim, 1.0f);

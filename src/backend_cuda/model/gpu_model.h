@@ -39,9 +39,9 @@ class GpuModel {
   // fp32 in one scratch buffer (model/weight_convert.h: the conversion Model::load makes, q/k rows permuted alike),
   // uploaded and made fp16 on the device, and its file pages are dropped from the process's resident set (they stay
   // in the page cache), so host memory peaks at about one tensor's fp32 copy whatever the model's size. Packed
-  // weights go by their format's GPU support (formats/format_table.h): Packed formats (anyprec, mixed24a) are
-  // uploaded as stored and run their kernels over the packed bytes; Dequantized ones (uniform RTN/GPTQ, generic
-  // mixed24) run as an fp16 copy of exactly the weights they encode (counted by dequantized_linears()); a format
+  // weights go by their format's GPU support (formats/format_table.h): Packed formats (uniform, anyprec, mixed24a)
+  // are uploaded as stored and run their kernels over the packed bytes; Dequantized ones (the generic mixed24 layout)
+  // run as an fp16 copy of exactly the weights they encode (counted by dequantized_linears()); a format
   // without a GPU path (QUIK) is refused, naming the tensor. after_tensor (optional) is called after each tensor's
   // upload while its scratch is still held (load_stats samples host memory there).
   explicit GpuModel(const WeightSet& ws, const std::function<void()>& after_tensor = {});
@@ -49,9 +49,9 @@ class GpuModel {
   // converted from the file: what a test compares the file path against.
   explicit GpuModel(const Model& cpu);
   // A model with this config and random weights generated on the device (benchmarks of shapes that are not on
-  // disk): fp16 everywhere, or every linear as a random anyprec (8-bit parent, widths 2..8) or mixed24a weight
-  // (0.35% outliers).
-  enum class RandomKind { Fp16, AnyPrec, Mixed24a };
+  // disk): fp16 everywhere, or every linear as a random anyprec (8-bit parent, widths 2..8), mixed24a (0.35%
+  // outliers) or uniform (4 or 3 bits, groups of 128, asymmetric) weight.
+  enum class RandomKind { Fp16, AnyPrec, Mixed24a, UniformW4G128, UniformW3G128 };
   GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed);
   ~GpuModel();
 
