@@ -601,6 +601,28 @@ TEST(CudaModel, GptqModelRunsPacked) {
   }
 }
 
+// QUIK models with integer activations run on the GPU (per-token int8 activations, exact int32 sums); a code can
+// still flip where the GPU's own fp32 forward gives an activation a hair away from the CPU's, so the logits are held
+// to the same budget as the other formats rather than bit for bit.
+TEST(CudaModel, QuikModelRunsOnTheGpu) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  LOWBIT_REQUIRE_FILE(default_calibration_file(), "C4 calibration sample");
+  auto base = Model::load(bin);
+  for (int wbits : {8, 4}) {
+    QuantizeOptions o;
+    o.method = QuantMethod::Quik;
+    o.quik.wbits = wbits;
+    o.quik.abits = 8;
+    auto q = quantized(*base, o, 4);
+    cuda::GpuModel gpu(q->weights());
+    EXPECT_EQ(gpu.dequantized_linears(), 0);
+    const std::string what = "stories260K QUIK W" + std::to_string(wbits) + "A8";
+    expect_forward_matches(*q, gpu, some_ids(*q, 64), 0, what);
+  }
+}
+
 TEST(CudaModel, SmolLM2Fp16AndMixed24aMatchCpu) {
   SKIP_WITHOUT_GPU();
   const std::string gguf = test::smollm2_gguf();

@@ -80,6 +80,8 @@ TEST(KernelChoice, KnownChoices) {
   EXPECT_EQ(choose_kernel({FormatId::Uniform, 28672, 8192, 1, 0, true}, h).kernel, Kernel::UniformGemv);
   EXPECT_EQ(choose_kernel({FormatId::Uniform, 576, 576, 8, 0, true}, h).kernel, Kernel::UniformGemv);
   EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 9, 0, true}, h).kernel, Kernel::DequantCublas);
+  EXPECT_EQ(choose_kernel({FormatId::Quik, 4096, 4096, 8, 0, true}, h).kernel, Kernel::QuikGemv);
+  EXPECT_EQ(choose_kernel({FormatId::Quik, 4096, 4096, 9, 0, true}, h).kernel, Kernel::QuikInt8Cublas);
   EXPECT_EQ(fp(4096, 4096, 1), Kernel::DenseGemv);
   EXPECT_EQ(fp(4096, 4096, 3), Kernel::Cublas);
   EXPECT_EQ(choose_kernel({FormatId::AnyPrec, 4096, 4096, 512, 4, true}, ampere()).kernel, Kernel::DequantCublas);
@@ -103,7 +105,7 @@ TEST(KernelChoice, KnobsMoveTheChoice) {
 
 // Formats without packed GPU kernels are refused by name, with the way they run.
 TEST(KernelChoice, FormatsWithoutPackedKernelsAreRefused) {
-  for (FormatId f : {FormatId::Mixed24, FormatId::Quik}) {
+  for (FormatId f : {FormatId::Mixed24}) {
     try {
       choose_kernel({f, 64, 64, 1, 4, true}, hopper());
       ADD_FAILURE() << format_name(f);

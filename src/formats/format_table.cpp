@@ -110,20 +110,31 @@ constexpr PackedPart kQuikParts[] = {
     {"outlier_w", DType::F16, "[n, outliers]", "", 0, 0},
 };
 
+// The QUIK GPU kernels run integer activations (abits 4 / 8); FP8 and unquantized (A16) activations run on the CPU.
+const char* quik_gpu_refuses(const PackedParams& p) {
+  if (p.at("act_fp8") == 1) return "FP8 activations run on the CPU";
+  if (p.at("abits") == 16) return "unquantized (A16) activations run on the CPU";
+  return nullptr;
+}
+
 constexpr PackedFormat kPackedFormats[] = {
     {FormatId::Uniform, format_name(FormatId::Uniform), kUniformParams, kUniformParts, &uniform_part_shape,
      &uniform_check_values, &make_uniform_linear, GpuSupport::Packed,
-     "backend_cuda/uniform: CUDA-core GEMV over the stored bit streams (every width), dequantize + cuBLAS"},
+     "backend_cuda/uniform: CUDA-core GEMV over the stored bit streams (every width), dequantize + cuBLAS", nullptr},
     {FormatId::AnyPrec, format_name(FormatId::AnyPrec), kAnyPrecParams, kAnyPrecParts, &anyprec_part_shape,
      &anyprec_check_values, &make_anyprec_linear, GpuSupport::Packed,
-     "backend_cuda/anyprec: bitplane GEMVs (int8 / fp16 tensor cores, CUDA cores), fused GEMMs, dequantize + cuBLAS"},
+     "backend_cuda/anyprec: bitplane GEMVs (int8 / fp16 tensor cores, CUDA cores), fused GEMMs, dequantize + cuBLAS",
+     nullptr},
     {FormatId::Mixed24, format_name(FormatId::Mixed24), kMixed24Params, kMixed24Parts, &mixed24_part_shape,
-     &mixed24_check_values, &make_mixed24_linear, GpuSupport::Dequantized, "fp16 copy: dense GEMV / cuBLAS"},
+     &mixed24_check_values, &make_mixed24_linear, GpuSupport::Dequantized, "fp16 copy: dense GEMV / cuBLAS", nullptr},
     {FormatId::Mixed24A, format_name(FormatId::Mixed24A), kMixed24AParams, kMixed24AParts, &mixed24a_part_shape,
      &mixed24a_check_values, &make_mixed24a_linear, GpuSupport::Packed,
-     "backend_cuda/mixed24a: integer-dot and int8 / fp16 tensor-core GEMVs, two-tile GEMV, dequantize + cuBLAS"},
+     "backend_cuda/mixed24a: integer-dot and int8 / fp16 tensor-core GEMVs, two-tile GEMV, dequantize + cuBLAS",
+     nullptr},
     {FormatId::Quik, format_name(FormatId::Quik), kQuikParams, kQuikParts, &quik_part_shape, &quik_check_values,
-     &make_quik_linear, GpuSupport::None, ""},
+     &make_quik_linear, GpuSupport::Packed,
+     "backend_cuda/quik: per-token int8 activations, dp4a GEMV, cuBLAS int8 GEMM (exact int32) + fused epilogue",
+     &quik_gpu_refuses},
 };
 static_assert(std::size(kPackedFormats) == kFormatCount, "one row per FormatId");
 
@@ -212,6 +223,12 @@ const PackedFormat& packed_format(FormatId id) {
   const auto i = static_cast<size_t>(id);
   LOWBIT_CHECK(i < std::size(kPackedFormats), "invalid packed weight format id ", i, " (known: ", known_formats(), ")");
   return kPackedFormats[i];
+}
+
+const char* gpu_refusal(const PackedWeight& w) {
+  const PackedFormat& f = packed_format(w.format);
+  if (f.gpu == GpuSupport::None) return "its format has no GPU kernels";
+  return f.gpu_refuses != nullptr ? f.gpu_refuses(w.params) : nullptr;
 }
 
 const PackedFormat& packed_format_named(std::string_view name, const std::string& where) {

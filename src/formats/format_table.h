@@ -76,7 +76,13 @@ struct PackedFormat {
   std::unique_ptr<LinearOp> (*make_linear)(const PackedWeight& w, const float* bias, const std::string& where);
   GpuSupport gpu;
   std::string_view gpu_kernels;   // the GPU kernel family that runs it (for docs, `inspect` and messages)
+  // For a Packed format whose GPU kernels serve only some of its parameter settings: why a weight with these
+  // (range-checked) params stays on the CPU, or nullptr when the GPU runs it. nullptr hook: every setting runs.
+  const char* (*gpu_refuses)(const PackedParams& params);
 };
+// Why the GPU does not run this weight (its format has no GPU path, or its row's gpu_refuses names a setting), or
+// nullptr when it does.
+const char* gpu_refusal(const PackedWeight& w);
 
 // Every packed format, indexed by FormatId.
 std::span<const PackedFormat> packed_formats();

@@ -36,7 +36,7 @@ std::unique_ptr<Backend> open_cpu_backend(WeightSet ws, const BackendOptions& op
 
 std::string first_cpu_only_weight(const WeightSet& ws) {
   for (const auto& [name, pw] : ws.packed)
-    if (packed_format(pw.format).gpu == GpuSupport::None) return name;
+    if (gpu_refusal(pw) != nullptr) return name;
   return "";
 }
 
@@ -54,8 +54,8 @@ std::unique_ptr<Backend> open_backend_with(const std::string& path, const Backen
   if (opts.device == Device::Cuda) {
     if (!cpu_only.empty()) {
       const PackedWeight& pw = ws.packed.at(cpu_only);
-      fail("--device cuda: ", path, ": ", cpu_only, " is stored as ", format_name(pw.format),
-           ", which has no GPU kernels yet (--device cpu runs it)");
+      fail("--device cuda: ", path, ": ", cpu_only, " is stored as ", format_name(pw.format), ", and ", gpu_refusal(pw),
+           " (--device cpu runs it)");
     }
     gpu = true;
   } else if (opts.device == Device::Auto) {

@@ -117,7 +117,7 @@ std::unique_ptr<Backend> open_backend(const std::string& path, const BackendOpti
 
 // The CPU backend over a model file (what open_backend gives for Device::Cpu).
 std::unique_ptr<Backend> open_cpu_backend(WeightSet ws, const BackendOptions& opts);
-// The packed weight of ws that keeps it off the GPU (a format with GpuSupport::None), or "" when every one runs there.
+// The packed weight of ws that keeps it off the GPU (formats/format_table.h gpu_refusal), or "" when every one runs there.
 std::string first_cpu_only_weight(const WeightSet& ws);
 
 // How open_backend reaches the CUDA backend, which lives in a library of its own (lowbit_cuda): a build with CUDA

@@ -18,7 +18,12 @@ namespace lowbit::cuda {
 DevicePackedWeight::DevicePackedWeight(const PackedWeight& w)
     : format_(w.format), n_(w.shape.at(0)), k_(w.shape.at(1)), params_(w.params) {
   LOWBIT_CHECK(packed_format(format_).gpu == GpuSupport::Packed, "CUDA backend: packed format '", format_name(format_),
-               "' has no GPU kernel yet (uniform, anyprec and mixed24a do; QUIK models run with --device cpu)");
+               "' has no GPU kernel yet (uniform, anyprec, mixed24a and quik do)");
+  if (const char* why = gpu_refusal(w)) fail("CUDA backend: this ", format_name(format_), " weight stays on the CPU: ", why);
+  if (format_ == FormatId::Quik) {
+    upload_quik(w);
+    return;
+  }
   for (const auto& [name, view] : w.parts) parts_.emplace(name, DeviceBuffer<uint8_t>(view.data, view.nbytes));
   if (format_ == FormatId::AnyPrec) derive_int8_tables();
 }
@@ -115,6 +120,51 @@ UniformDevice DevicePackedWeight::uniform() const {
   d.scales = reinterpret_cast<const __half*>(part("scales"));
   if (params_.at("symmetric") == 0) d.zeros = part("zeros");
   if (params_.at("act_order") == 1) d.g_idx = reinterpret_cast<const int32_t*>(part("g_idx"));
+  return d;
+}
+
+void DevicePackedWeight::upload_quik(const PackedWeight& w) {
+  const int64_t no = params_.at("outliers"), kb = k_ - no, kbp = (kb + 31) / 32 * 32;
+  const int wbits = static_cast<int>(params_.at("wbits"));
+  for (const auto& [name, view] : w.parts)
+    if (name != "qweight8" && name != "qweight4") parts_.emplace(name, DeviceBuffer<uint8_t>(view.data, view.nbytes));
+  // Rows padded with zero codes (a zero weight code adds nothing to the integer sums).
+  const int64_t row_in = wbits == 8 ? kb : (kb + 1) / 2, row_out = wbits == 8 ? kbp : kbp / 2;
+  const uint8_t* src = w.parts.at(wbits == 8 ? "qweight8" : "qweight4").data;
+  std::vector<uint8_t> padded(static_cast<size_t>(n_ * row_out), 0);
+  for (int64_t r = 0; r < n_; ++r)
+    std::copy(src + r * row_in, src + (r + 1) * row_in, padded.begin() + r * row_out);
+  parts_.emplace("derived_wq", DeviceBuffer<uint8_t>(padded));
+  // The base columns: the complement of the (increasing) outlier columns.
+  std::vector<int32_t> base;
+  base.reserve(static_cast<size_t>(kb));
+  const int32_t* out = reinterpret_cast<const int32_t*>(w.parts.at("outlier_idx").data);
+  for (int64_t c = 0, o = 0; c < k_; ++c) {
+    if (o < no && out[o] == c) { ++o; continue; }
+    base.push_back(static_cast<int32_t>(c));
+  }
+  parts_.emplace("derived_base_idx", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(base.data()), base.size() * 4));
+}
+
+QuikDevice DevicePackedWeight::quik() const {
+  LOWBIT_CHECK(format_ == FormatId::Quik, "CUDA backend: a quik view of a ", format_name(format_), " weight");
+  QuikDevice d;
+  d.n = n_;
+  d.k = k_;
+  d.no = params_.at("outliers");
+  d.kb = k_ - d.no;
+  d.kbp = (d.kb + 31) / 32 * 32;
+  d.wbits = static_cast<int>(params_.at("wbits"));
+  d.abits = static_cast<int>(params_.at("abits"));
+  if (d.wbits == 8) d.wq8 = reinterpret_cast<const int8_t*>(part("derived_wq"));
+  else d.wq4 = part("derived_wq");
+  d.scale = reinterpret_cast<const __half*>(part("scale"));
+  d.wreduced = reinterpret_cast<const float*>(part("wreduced"));
+  if (d.kb > 0) d.base_idx = reinterpret_cast<const int32_t*>(part("derived_base_idx"));
+  if (d.no > 0) {
+    d.outlier_idx = reinterpret_cast<const int32_t*>(part("outlier_idx"));
+    d.outlier_w = reinterpret_cast<const __half*>(part("outlier_w"));
+  }
   return d;
 }
 

@@ -1,5 +1,5 @@
 // Packed weights on the device, stored exactly as in the file (no dequantized copy is kept): DevicePackedWeight owns
-// the parts, and hands each format's kernels their view (AnyPrecDevice, Mixed24ADevice, UniformDevice). Formats whose row in the
+// the parts, and hands each format's kernels their view (AnyPrecDevice, Mixed24ADevice, UniformDevice, QuikDevice). Formats whose row in the
 // format table (formats/format_table.h) says GpuSupport::Packed are served; others are refused with their name.
 #pragma once
 #include <cuda_fp16.h>
@@ -63,6 +63,21 @@ struct UniformDevice {
   const int32_t* g_idx = nullptr;           // [k] group of each column (act-order), or null (group = c / gs)
 };
 
+// QUIK (formats/quik/layout.h), integer activations. The codes are re-laid at upload with each row padded to kbp
+// (a multiple of 32) so that every row starts 16-byte aligned: the same bytes per row plus the padding (zero codes),
+// not a second copy.
+struct QuikDevice {
+  int64_t n = 0, k = 0, kb = 0, kbp = 0, no = 0;   // kb base columns, padded to kbp; no outlier columns
+  int wbits = 8, abits = 8;
+  const int8_t* wq8 = nullptr;              // wbits 8: [n, kbp]
+  const uint8_t* wq4 = nullptr;             // wbits 4: [n, kbp / 2], base column 2j in the low nibble of byte j
+  const __half* scale = nullptr;            // [n] sw
+  const float* wreduced = nullptr;          // [n]
+  const int32_t* base_idx = nullptr;        // [kb] original index of each base column (increasing)
+  const int32_t* outlier_idx = nullptr;     // [no]
+  const __half* outlier_w = nullptr;        // [n, no]
+};
+
 // The parts of a packed weight copied to the device as stored (validated on the host first by the reader).
 class DevicePackedWeight {
  public:
@@ -90,6 +105,7 @@ class DevicePackedWeight {
   AnyPrecDevice anyprec() const;            // throws unless format() == FormatId::AnyPrec
   Mixed24ADevice mixed24a() const;          // throws unless format() == FormatId::Mixed24A
   UniformDevice uniform() const;            // throws unless format() == FormatId::Uniform
+  QuikDevice quik() const;                  // throws unless format() == FormatId::Quik
 
  private:
   DevicePackedWeight() = default;
@@ -99,6 +115,9 @@ class DevicePackedWeight {
   // anyprec: the int8 tables of the served widths 2..4 (parts "derived_lut8_<b>", "derived_lut8s_<b>") from the fp16
   // LUTs; rebuilt, never concatenated, by concat_rows (their rows are padded to 16).
   void derive_int8_tables();
+  // quik: the codes with rows padded to a multiple of 32 columns ("derived_wq"; the stored qweight part is not
+  // uploaded) and the base columns' indices ("derived_base_idx").
+  void upload_quik(const PackedWeight& w);
   FormatId format_ = FormatId::AnyPrec;
   int64_t n_ = 0, k_ = 0;
   std::map<std::string, int64_t> params_;

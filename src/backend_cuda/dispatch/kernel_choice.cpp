@@ -178,6 +178,8 @@ constexpr KernelCandidate kMixed24aGemv[] = {
 constexpr KernelCandidate kMixed24aGemm[] = {{Kernel::Mixed24aTwoTiles, &mx_two_tiles_cannot}, {Kernel::DequantCublas, &always}};
 constexpr KernelCandidate kUniformGemv[] = {{Kernel::UniformGemv, &always}};
 constexpr KernelCandidate kDequantCublas[] = {{Kernel::DequantCublas, &always}};
+constexpr KernelCandidate kQuikGemv[] = {{Kernel::QuikGemv, &always}};
+constexpr KernelCandidate kQuikGemm[] = {{Kernel::QuikInt8Cublas, &always}};
 
 }  // namespace
 
@@ -197,6 +199,8 @@ const char* kernel_name(Kernel k) {
     case Kernel::Mixed24aTc: return "2/4/16 fp16 tensor-core GEMV";
     case Kernel::Mixed24aCudaCores: return "2/4/16 CUDA-core GEMV";
     case Kernel::UniformGemv: return "uniform CUDA-core GEMV";
+    case Kernel::QuikGemv: return "QUIK int8 dp4a GEMV";
+    case Kernel::QuikInt8Cublas: return "QUIK cuBLAS int8 GEMM + epilogue";
     case Kernel::AnyPrecTwoTiles: return "anyprec two-tile GEMV";
     case Kernel::AnyPrecWgmmaWs: return "anyprec warp-specialized wgmma GEMM";
     case Kernel::AnyPrecStaged: return "anyprec staged mma.sync GEMM";
@@ -219,8 +223,10 @@ std::span<const KernelCandidate> kernel_candidates(const LinearProblem& p) {
     case FormatId::Uniform:
       if (is_gemv(p)) return kUniformGemv;
       return kDequantCublas;
-    case FormatId::Mixed24:
     case FormatId::Quik:
+      if (is_gemv(p)) return kQuikGemv;
+      return kQuikGemm;
+    case FormatId::Mixed24:
       break;
   }
   fail("kernel choice: the ", format_name(*p.format), " format has no packed GPU kernels (",
@@ -270,6 +276,7 @@ std::string kernel_choice_table(const GpuInfo& gpu, bool reasons) {
       for (int bits = 2; bits <= 8; ++bits) row("anyprec", bits, n, k, m, {FormatId::AnyPrec, n, k, m, bits, true});
       row("mixed24a", 0, n, k, m, {FormatId::Mixed24A, n, k, m, 0, true});
       row("uniform", 0, n, k, m, {FormatId::Uniform, n, k, m, 0, true});
+      row("quik", 0, n, k, m, {FormatId::Quik, n, k, m, 0, true});
     }
   return out.str();
 }

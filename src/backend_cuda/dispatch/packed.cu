@@ -45,6 +45,8 @@ GemvPath gemv_path_of(Kernel k) {
     case Kernel::Mixed24aTc: return GemvPath::TensorCore;
     case Kernel::Mixed24aCudaCores: return GemvPath::Scalar;
     case Kernel::UniformGemv:
+    case Kernel::QuikGemv:
+    case Kernel::QuikInt8Cublas:
     case Kernel::DenseGemv:
     case Kernel::Cublas:
     case Kernel::AnyPrecTwoTiles:
@@ -137,6 +139,8 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
       return;
     }
     case Kernel::UniformGemv: return uniform_gemv(w.uniform(), x, mi, y, ctx.stream());
+    case Kernel::QuikGemv: return quik_gemv(w.quik(), x, mi, y, ctx);
+    case Kernel::QuikInt8Cublas: return quik_gemm_cublas(w.quik(), x, m, y, ctx);
     case Kernel::AnyPrecTwoTiles: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::TwoTiles);
     case Kernel::AnyPrecWgmmaWs: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::WgmmaWs);
     case Kernel::AnyPrecStaged: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::Staged);

@@ -9,6 +9,7 @@
 #include "backend_cuda/dispatch/device_weight.h"
 #include "backend_cuda/dispatch/kernel_choice.h"
 #include "backend_cuda/mixed24a/mixed24a.h"
+#include "backend_cuda/quik/quik.h"
 #include "backend_cuda/uniform/uniform.h"
 
 namespace lowbit::cuda {

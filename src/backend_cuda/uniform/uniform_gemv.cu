@@ -1,14 +1,17 @@
 // Uniform (RTN / GPTQ) GEMV and dequantize kernels (uniform.h).
 //
 // Design
-//   Memory bound at batch 1..8: the kernel reads each packed byte once. One warp per output row, 8 rows per CTA.
-//   Chunked form: lane L takes the 32-column chunks L, L + 32, ...; a chunk's 32 codes are exactly `bits` consecutive
-//   32-bit words of the row's stream (32 x bits bits), so a warp's step reads 32 x bits x 4 contiguous bytes (16-byte
-//   loads at 4 and 8 bits, 8-byte at 2), and the codes come out of registers with compile-time shifts (a code that
-//   straddles two words takes one funnel of the pair). Each weight is (float(q) - z) * scale, the format's one
-//   definition, then an fp32 FMA with x (read through the read-only cache: every warp of the GPU reads the same x).
-//   Without g_idx a chunk lies in one group (group size a multiple of 32), so its scale and zero are loaded once; with
-//   g_idx (act-order) each column's group is looked up, the scales of one row being a few cache lines.
+//   Memory bound at batch 1..8: the kernel reads each packed byte once.
+//   Chunked form: two rows per warp, 8 warps per CTA; lane L takes the 32-column chunks L, L + 32, ... of both rows,
+//   so each x element it loads (through the read-only cache: every warp of the GPU reads the same x) serves two rows.
+//   A chunk's 32 codes are exactly `bits` consecutive 32-bit words of the row's stream (32 x bits bits), so a warp's
+//   step reads 32 x bits x 4 contiguous bytes per row (16-byte loads at 4 and 8 bits, 8-byte at 2), and the codes come
+//   out of registers with compile-time shifts (a code that straddles two words takes one funnel of the pair). A code
+//   becomes a float by OR-ing it into the mantissa of 2^23 (exact; no int-to-float conversion, a quarter-rate
+//   instruction), and (2^23 + q) - (2^23 + z) is exactly float(q) - z. Without g_idx a chunk lies in one group (group
+//   size a multiple of 32): the lane sums (q - z) x over the chunk and multiplies by the scale once; with g_idx
+//   (act-order) each weight is (q - z) * scale, the format's definition, its group looked up per column (a row's
+//   scales are a few cache lines).
 //   Per-column form (k not a multiple of 32, or groups that are not): lane L takes columns L, L + 32, ..., each code
 //   read from the one or two words holding it.
 //   Each lane's partial sums are reduced across the warp with shuffles, in the same order for every batch row.
@@ -20,7 +23,7 @@
 namespace lowbit::cuda {
 namespace {
 
-constexpr int kWarps = 8;   // rows per CTA
+constexpr int kWarps = 8;   // warps per CTA
 
 __device__ __forceinline__ float group_scale(const UniformDevice& w, int64_t r, int64_t g) {
   return __half2float(w.scales[r * w.G + g]);
@@ -76,51 +79,89 @@ __device__ __forceinline__ void reduce_and_store(float (&acc)[M], int64_t r, int
     for (int b = 0; b < M; ++b) y[b * n + r] = acc[b];
 }
 
+// 2^23 + q as a float from the code's bits (q < 2^8): one OR in place of an int-to-float conversion, which runs at a
+// quarter of the FP32 rate. (2^23 + q) - (2^23 + z) is then exactly float(q) - z.
+constexpr uint32_t kMagic = 0x4B000000u;   // 2^23
+constexpr float kMagicF = 8388608.0f;
+
+// kRows rows per warp: each x element loaded is used for kRows rows (the x reads, not the weights, would otherwise
+// be most of the traffic from L1 at batch 1: 4 bytes of x per weight of half a byte).
+constexpr int kRows = 2;
+
 template <int BITS, int M, bool GIDX>
 __global__ void __launch_bounds__(kWarps * 32) uniform_gemv_chunked_kernel(UniformDevice w, const float* __restrict__ x,
                                                                            float* __restrict__ y) {
   const int lane = threadIdx.x & 31;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (r >= w.n) return;   // whole warps
-  const uint32_t* row = w.qweight + r * w.words;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRows;
+  if (r0 >= w.n) return;   // whole warps
+  const int rows = w.n - r0 < kRows ? static_cast<int>(w.n - r0) : kRows;
   const int64_t chunks = w.k >> 5;
-  float acc[M];
+  float acc[kRows][M];
 #pragma unroll
-  for (int b = 0; b < M; ++b) acc[b] = 0.0f;
+  for (int q = 0; q < kRows; ++q)
+#pragma unroll
+    for (int b = 0; b < M; ++b) acc[q][b] = 0.0f;
   for (int64_t j = lane; j < chunks; j += 32) {
-    uint32_t v[BITS];
-    load_chunk<BITS>(row + j * BITS, v);
     const int64_t c0 = j << 5;
-    float scale = 0.0f, zero = 0.0f;
-    if constexpr (!GIDX) {
-      const int64_t g = c0 / w.gs;
-      scale = group_scale(w, r, g);
-      zero = group_zero(w, r, g);
+    uint32_t v[kRows][BITS];
+    float scale[kRows], zero[kRows];   // zero: 2^23 + z
+#pragma unroll
+    for (int q = 0; q < kRows; ++q) {
+      const int64_t r = q < rows ? r0 + q : r0;   // a missing last row repeats the first (never stored)
+      load_chunk<BITS>(w.qweight + r * w.words + j * BITS, v[q]);
+      if constexpr (!GIDX) {
+        const int64_t g = c0 / w.gs;
+        scale[q] = group_scale(w, r, g);
+        zero[q] = kMagicF + group_zero(w, r, g);
+      }
     }
+    // Without g_idx the chunk is one group: sum (q - z) x over it, then one multiply by the scale.
+    float part[kRows][M];
+#pragma unroll
+    for (int q = 0; q < kRows; ++q)
+#pragma unroll
+      for (int b = 0; b < M; ++b) part[q][b] = 0.0f;
 #pragma unroll
     for (int q4 = 0; q4 < 8; ++q4) {   // 4 columns at a time: one 16-byte load of x per batch row
-      float wv[4];
+      float wv[kRows][4];
 #pragma unroll
       for (int t = 0; t < 4; ++t) {
         const int i = q4 * 4 + t;
-        if constexpr (GIDX) {
-          const int64_t g = __ldg(w.g_idx + c0 + i);
-          scale = group_scale(w, r, g);
-          zero = group_zero(w, r, g);
+        int64_t g = 0;
+        if constexpr (GIDX) g = __ldg(w.g_idx + c0 + i);
+#pragma unroll
+        for (int q = 0; q < kRows; ++q) {
+          const float qf = __uint_as_float(kMagic | chunk_code<BITS>(v[q], i));
+          if constexpr (GIDX) {
+            const int64_t r = q < rows ? r0 + q : r0;
+            wv[q][t] = (qf - (kMagicF + group_zero(w, r, g))) * group_scale(w, r, g);   // the format's value, exactly
+          } else {
+            wv[q][t] = qf - zero[q];
+          }
         }
-        wv[t] = (static_cast<float>(chunk_code<BITS>(v, i)) - zero) * scale;
       }
 #pragma unroll
       for (int b = 0; b < M; ++b) {
         const float4 xv = __ldg(reinterpret_cast<const float4*>(x + b * w.k + c0) + q4);
-        acc[b] = fmaf(wv[0], xv.x, acc[b]);
-        acc[b] = fmaf(wv[1], xv.y, acc[b]);
-        acc[b] = fmaf(wv[2], xv.z, acc[b]);
-        acc[b] = fmaf(wv[3], xv.w, acc[b]);
+#pragma unroll
+        for (int q = 0; q < kRows; ++q) {
+          float& a = GIDX ? acc[q][b] : part[q][b];
+          a = fmaf(wv[q][0], xv.x, a);
+          a = fmaf(wv[q][1], xv.y, a);
+          a = fmaf(wv[q][2], xv.z, a);
+          a = fmaf(wv[q][3], xv.w, a);
+        }
       }
     }
+    if constexpr (!GIDX)
+#pragma unroll
+      for (int q = 0; q < kRows; ++q)
+#pragma unroll
+        for (int b = 0; b < M; ++b) acc[q][b] = fmaf(scale[q], part[q][b], acc[q][b]);
   }
-  reduce_and_store<M>(acc, r, w.n, y);
+#pragma unroll
+  for (int q = 0; q < kRows; ++q)
+    if (q < rows) reduce_and_store<M>(acc[q], r0 + q, w.n, y);
 }
 
 template <int M>
@@ -154,7 +195,7 @@ __global__ void uniform_dequant_kernel(UniformDevice w, __half* __restrict__ out
 
 template <int BITS, int M>
 void launch_chunked(const UniformDevice& w, const float* x, float* y, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>((w.n + kWarps - 1) / kWarps));
+  const dim3 grid(static_cast<unsigned>((w.n + kWarps * kRows - 1) / (kWarps * kRows)));
   if (w.g_idx != nullptr) uniform_gemv_chunked_kernel<BITS, M, true><<<grid, kWarps * 32, 0, s>>>(w, x, y);
   else uniform_gemv_chunked_kernel<BITS, M, false><<<grid, kWarps * 32, 0, s>>>(w, x, y);
 }
