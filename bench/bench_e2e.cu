@@ -19,7 +19,9 @@ GpuModel::RandomKind random_kind(const std::string& name) {
   if (parse_format_name(name) == FormatId::Mixed24A) return GpuModel::RandomKind::Mixed24a;
   if (name == "uniform-w4g128") return GpuModel::RandomKind::UniformW4G128;
   if (name == "uniform-w3g128") return GpuModel::RandomKind::UniformW3G128;
-  fail("bench --e2e: unknown weights '", name, "' (fp16, anyprec, mixed24a, uniform-w4g128, uniform-w3g128)");
+  if (name == "quik-w4a8") return GpuModel::RandomKind::QuikW4A8;
+  if (name == "quik-w8a8") return GpuModel::RandomKind::QuikW8A8;
+  fail("bench --e2e: unknown weights '", name, "' (fp16, anyprec, mixed24a, uniform-w4g128, uniform-w3g128, quik-w4a8, quik-w8a8)");
 }
 
 ModelConfig shape_config(const std::string& name) {
@@ -178,7 +180,7 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
       size_t free_b = 0, total_b = 0;
       LOWBIT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       const double need = static_cast<double>(c.n_layers) * (4.0 * c.dim * c.dim + 3.0 * c.dim * c.hidden_dim) *
-                              (fp16 ? 2.0 : anyprec ? 1.0 : mixed ? 0.4 : 0.55) + 4.0 * c.vocab_size * c.dim;
+                              (fp16 ? 2.0 : anyprec ? 1.0 : mixed ? 0.4 : 1.1) + 4.0 * c.vocab_size * c.dim;
       if (need > 0.9 * static_cast<double>(free_b)) {
         std::snprintf(line, sizeof line, "%s | %s | - | %.1f needed | skipped: %.1f GB free\n", shape.c_str(), kind.c_str(),
                       need / 1e9, static_cast<double>(free_b) / 1e9);

@@ -312,6 +312,24 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
         }
       }
     }
+    if (o.quik) {
+      // QUIK W4A8 / W8A8 with k / 16 fp16 outlier columns, the per-token activation quantization included.
+      for (int wb : {4, 8}) {
+        const int rot = rotation(static_cast<uint64_t>(n * k) * static_cast<uint64_t>(wb) / 8);
+        std::vector<DevicePackedWeight> w;
+        for (int i = 0; i < rot; ++i) w.push_back(DevicePackedWeight::random_quik(n, k, wb, k / 16, 110 + static_cast<uint64_t>(i)));
+        const std::string qf = "QUIK W" + std::to_string(wb) + "A8";
+        for (size_t bi = 0; bi < o.batches.size(); ++bi) {
+          const int64_t m = o.batches[bi];
+          const Kernel choice = print_choice(qf, {FormatId::Quik, n, k, m, 0, kPreSplitInRuntime}, out).kernel;
+          const double us = median_us(o.iters, [&](int i) {
+            quik_matmul(w[static_cast<size_t>(i % rot)].quik(), xf.get(), m, yf.get(), ctx);
+          });
+          path_row(qf, qf + (m <= kMaxGemvBatch ? " (dp4a GEMV)" : " (cuBLAS int8 GEMM + epilogue)"),
+                   choice == Kernel::QuikGemv || choice == Kernel::QuikInt8Cublas, m, us, base[bi], w[0].bytes());
+        }
+      }
+    }
     if (o.mixed24a && k % 64 == 0) {
       const int rot = rotation(static_cast<uint64_t>(n * k) * 3 / 8);
       std::vector<DevicePackedWeight> w;

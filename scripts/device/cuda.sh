@@ -7,6 +7,7 @@
 #   scripts/device/cuda.sh all          test, bench (defaults), e2e (Llama-2-7B and Llama-3-8B shapes), sanitize
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
 #   scripts/device/cuda.sh uniform      the packed uniform (RTN / GPTQ) kernels: tests, sanitizer, kernel and 7B timings
+#   scripts/device/cuda.sh quik         the QUIK kernels (integer activations): the same
 set -uo pipefail
 source "$(dirname "$0")/env.sh"
 OUT="${OUT:-/tmp/out}"
@@ -56,5 +57,15 @@ case "${1:-}" in
       --kernel-bits 3,4 --decode-batches 1,8
     grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|uniform w[34] g128 .*\*|^llama2-7b \| (uniform|anyprec)" "$OUT"/uniform-*.txt | head -80
     ;;
-  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform" >&2; exit 2 ;;
+  quik)      # QUIK on the GPU: its tests, sanitizer, kernel and end-to-end timings
+    step quik-tests 300 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Quik*:CudaKernels.RefusesWhatItCannotRun'
+    step quik-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.QuikModelRunsOnTheGpu'
+    step quik-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+      --gtest_filter='CudaKernels.Quik*'
+    step quik-bench 300 "$LB/pkg/lowbit" bench --kernels --formats quik --batch 1,8,16,512,2048 \
+      --shapes 4096x4096,11008x4096,4096x11008,8192x8192,28672x8192,8192x28672
+    step quik-e2e 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,quik-w8a8,quik-w4a8 --decode-batches 1,8
+    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48]A8 .*\*|^llama2-7b \| (fp16|quik)" "$OUT"/quik-*.txt | head -80
+    ;;
+  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform | quik" >&2; exit 2 ;;
 esac

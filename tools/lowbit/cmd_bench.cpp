@@ -40,7 +40,7 @@ double median_seconds(int reps, F&& f) {
 }
 
 struct BenchArgs {
-  std::string model, device = "auto", formats = "fp16,anyprec,mixed24a,uniform";
+  std::string model, device = "auto", formats = "fp16,anyprec,mixed24a,uniform,quik";
   bool kernels = false, e2e = false;
   api::SpeedParams speed;
   std::vector<std::string> shapes = {"4096x4096",  "11008x4096", "4096x11008", "14336x4096",
@@ -132,10 +132,10 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--batch", a->batches, "--kernels: batch sizes (tokens)")->delimiter(',')->check(in_range(1, 65536));
   sub->add_option("--iters", a->iters, "--kernels: timed launches per point (median reported)")
       ->check(in_range(3, 10000));
-  sub->add_option("--formats", a->formats, "--kernels: anyprec, mixed24a, uniform, fp16 (comma-separated)");
+  sub->add_option("--formats", a->formats, "--kernels: anyprec, mixed24a, uniform, quik, fp16 (comma-separated)");
   sub->add_flag("--e2e", a->e2e, "GPU end-to-end prefill/decode on random-weight model shapes (no model)");
   sub->add_option("--model-shapes", a->e2e_shapes, "--e2e: llama2-7b, llama3-8b, llama2-70b")->delimiter(',');
-  sub->add_option("--weights", a->e2e_weights, "--e2e: fp16, anyprec, mixed24a, uniform-w4g128, uniform-w3g128")->delimiter(',');
+  sub->add_option("--weights", a->e2e_weights, "--e2e: fp16, anyprec, mixed24a, uniform-w4g128, uniform-w3g128, quik-w4a8, quik-w8a8")->delimiter(',');
   sub->add_option("--decode-batches", a->decode_batches, "--e2e: decode batch sizes (sequences)")
       ->delimiter(',')
       ->check(in_range(1, 256));
@@ -177,8 +177,9 @@ void register_bench(CLI::App& app, Common& common) {
       o.mixed24a = a->formats.find("mixed24a") != std::string::npos;
       o.fp16 = a->formats.find("fp16") != std::string::npos;
       o.uniform = a->formats.find("uniform") != std::string::npos;
-      if (!(o.anyprec || o.mixed24a || o.fp16 || o.uniform))
-        fail("--formats: expected anyprec, mixed24a, uniform and/or fp16, got '", a->formats, "'");
+      o.quik = a->formats.find("quik") != std::string::npos;
+      if (!(o.anyprec || o.mixed24a || o.fp16 || o.uniform || o.quik))
+        fail("--formats: expected anyprec, mixed24a, uniform, quik and/or fp16, got '", a->formats, "'");
       cuda::run_kernel_bench(o, std::cout);
 #endif
       return;

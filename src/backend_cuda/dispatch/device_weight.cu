@@ -353,6 +353,33 @@ DevicePackedWeight DevicePackedWeight::random_uniform(int64_t n, int64_t k, int 
   return w;
 }
 
+DevicePackedWeight DevicePackedWeight::random_quik(int64_t n, int64_t k, int wbits, int64_t outliers, uint64_t seed) {
+  LOWBIT_CHECK((wbits == 4 || wbits == 8) && outliers >= 0 && outliers <= k, "random quik weight: W", wbits, ", ",
+               outliers, " outliers of ", k);
+  DevicePackedWeight w;
+  w.format_ = FormatId::Quik;
+  w.n_ = n;
+  w.k_ = k;
+  w.params_ = {{"wbits", wbits}, {"abits", 8}, {"act_fp8", 0}, {"outliers", outliers}};
+  const int64_t kb = k - outliers, kbp = (kb + 31) / 32 * 32;
+  uint64_t sd = seed;
+  const int64_t code_bytes = wbits == 8 ? n * kbp : n * kbp / 2;
+  auto& q = w.parts_.emplace("derived_wq", DeviceBuffer<uint8_t>(static_cast<size_t>(code_bytes))).first->second;
+  fill_random_bytes(q.get(), code_bytes, ++sd);
+  auto& sc = w.parts_.emplace("scale", DeviceBuffer<uint8_t>(static_cast<size_t>(2 * n))).first->second;
+  fill_random_half(reinterpret_cast<__half*>(sc.get()), n, ++sd, 1e-3f, 2e-3f);
+  auto& wr = w.parts_.emplace("wreduced", DeviceBuffer<uint8_t>(static_cast<size_t>(4 * n))).first->second;
+  fill_random_float(reinterpret_cast<float*>(wr.get()), n, ++sd, -1.0f, 1.0f);
+  std::vector<int32_t> out(static_cast<size_t>(outliers)), base(static_cast<size_t>(kb));
+  std::iota(out.begin(), out.end(), 0);
+  std::iota(base.begin(), base.end(), static_cast<int32_t>(outliers));
+  w.parts_.emplace("outlier_idx", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(out.data()), out.size() * 4));
+  w.parts_.emplace("derived_base_idx", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(base.data()), base.size() * 4));
+  auto& ow = w.parts_.emplace("outlier_w", DeviceBuffer<uint8_t>(static_cast<size_t>(2 * n * outliers))).first->second;
+  fill_random_half(reinterpret_cast<__half*>(ow.get()), n * outliers, ++sd, -0.05f, 0.05f);
+  return w;
+}
+
 DevicePackedWeight DevicePackedWeight::random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed) {
   LOWBIT_CHECK(k % 64 == 0, "random mixed24a weight: k = ", k, " is not a multiple of 64");
   const int64_t U = k / 64, G = k / 16, RG = (n + 15) / 16;

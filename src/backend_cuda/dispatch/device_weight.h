@@ -89,6 +89,9 @@ class DevicePackedWeight {
   static DevicePackedWeight random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed);
   // A uniform weight of `bits` (2..8) with groups of `group` columns, asymmetric, without g_idx.
   static DevicePackedWeight random_uniform(int64_t n, int64_t k, int bits, int64_t group, uint64_t seed);
+  // A QUIK weight (wbits 4 or 8, abits 8) with `outliers` fp16 outlier columns (the first ones: where they are does
+  // not change the work).
+  static DevicePackedWeight random_quik(int64_t n, int64_t k, int wbits, int64_t outliers, uint64_t seed);
   // The rows of several anyprec weights stacked into one (q/k/v or gate/up as one GEMV, outputs side by side): the
   // same input width, parent, served widths and outlier presence required, else null. Planes [P, sum n, W], LUTs and
   // the CSR outliers concatenated in order.
