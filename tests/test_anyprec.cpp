@@ -198,6 +198,20 @@ TEST(AnyPrecQuantize, OutliersAreExactAndSharedByAllWidths) {
   const AnyPrecQuantized p = anyprec_quantize(rw.w.data(), rw.s.data(), n, k, plain);
   for (int b = 3; b <= 8; ++b)
     EXPECT_LT(anyprec_weighted_error(rw.w.data(), rw.s.data(), q, b), anyprec_weighted_error(rw.w.data(), rw.s.data(), p, b));
+  // The weighted error is its definition, bit for bit: Σ_r (Σ_c s (w - value(r, c, b))²), rows summed in order.
+  for (const AnyPrecQuantized* z : {&q, &p})
+    for (int b = 3; b <= 8; ++b) {
+      double want = 0;
+      for (int64_t r = 0; r < n; ++r) {
+        double e = 0;
+        for (int64_t c = 0; c < k; ++c) {
+          const double d = static_cast<double>(rw.w[static_cast<size_t>(r * k + c)]) - z->value(r, c, b);
+          e += rw.s[static_cast<size_t>(r * k + c)] * d * d;
+        }
+        want += e;
+      }
+      EXPECT_EQ(anyprec_weighted_error(rw.w.data(), rw.s.data(), *z, b), want) << b;
+    }
 }
 
 TEST(AnyPrecQuantize, ErrorFallsWithEveryWidthAndSensitivityIsHonoured) {

@@ -15,6 +15,7 @@
 #include "quantize/calibration.h"
 #include "quantize/gptq.h"
 #include "quantize/quik.h"
+#include "runtime/backend.h"
 #include "packed_fixtures.h"
 #include "test_util.h"
 
@@ -154,6 +155,25 @@ TEST(QuikGemm, ZeroPointCorrectionIsExact) {
     const double direct = a.sa * sw * unsigned_acc + a.mn * sw * sumw;
     EXPECT_NEAR(corrected, direct, 1e-12 * (1 + std::fabs(direct)));
   }
+}
+
+// Which QUIK weights the GPU runs (format_table's gpu_refuses): integer activations; FP8 and A16 stay on the CPU,
+// and a model holding one is kept off the GPU by --device auto (first_cpu_only_weight) with the reason named.
+TEST(QuikGpu, IntegerActivationsRunThereFp8AndA16StayOnTheCpu) {
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  EXPECT_EQ(gpu_refusal(pack_quik(test::random_quik(4, 64, 4, 8, false, 2, 1), storage)), nullptr);
+  EXPECT_EQ(gpu_refusal(pack_quik(test::random_quik(4, 64, 8, 4, false, 2, 1), storage)), nullptr);
+  const char* fp8 = gpu_refusal(pack_quik(test::random_quik(4, 64, 4, 8, true, 2, 1), storage));
+  ASSERT_NE(fp8, nullptr);
+  EXPECT_NE(std::string(fp8).find("FP8"), std::string::npos) << fp8;
+  const char* a16 = gpu_refusal(pack_quik(test::random_quik(4, 64, 8, 16, false, 2, 1), storage));
+  ASSERT_NE(a16, nullptr);
+  EXPECT_NE(std::string(a16).find("A16"), std::string::npos) << a16;
+  WeightSet ws;
+  ws.packed["model.layers.0.mlp.up_proj.weight"] = pack_quik(test::random_quik(4, 64, 8, 8, false, 2, 1), storage);
+  EXPECT_EQ(first_cpu_only_weight(ws), "");
+  ws.packed["model.layers.0.mlp.down_proj.weight"] = pack_quik(test::random_quik(4, 64, 4, 8, true, 2, 1), storage);
+  EXPECT_EQ(first_cpu_only_weight(ws), "model.layers.0.mlp.down_proj.weight");
 }
 
 TEST(QuikPack, RoundTripIsBitExactAndBitsFollowTheLayout) {

@@ -442,12 +442,13 @@ TEST(Backend, DeviceChoiceWithACudaBackendPresent) {
   test::expect_error([&](const std::string& p) { open_backend_with(p, o, nullptr); }, "--device cuda",
                      "built without CUDA");
 
-  // A format without a GPU path keeps a model on the CPU (auto) or is refused by name (cuda); the predicate on a
-  // weight set holding a QUIK weight beside a uniform one.
+  // A weight the GPU does not run keeps a model on the CPU (auto) or is refused by name (cuda); the predicate on a
+  // weight set holding a QUIK weight with FP8 activations beside a uniform one.
   WeightSet ws;
   PackedWeight uniform, quik;
   uniform.format = FormatId::Uniform;
   quik.format = FormatId::Quik;
+  quik.params = {{"wbits", 4}, {"abits", 8}, {"act_fp8", 1}, {"outliers", 0}};
   ws.packed["model.layers.0.mlp.up_proj.weight"] = uniform;
   EXPECT_EQ(first_cpu_only_weight(ws), "");
   ws.packed["model.layers.0.mlp.down_proj.weight"] = quik;

@@ -112,7 +112,12 @@ case "${1:-}" in
     grep -hE "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|^# exit|budget|Hessian k=|mean NLL|anyprec 3..8" "$OUT"/test_*.txt | head -80
     grep -hE "^  time|time by stage|peak|^# exit|error" "$OUT"/q7b-*.txt 2>/dev/null
     ;;
-  timings)   # a multi-GPU kind, one run per GPU at once: 7B QUIK W4A8, 7B 2/4/16, 70B-shaped GPTQ then any-precision
+  timings)   # a multi-GPU kind, one run per GPU at once: 7B QUIK W4A8, 7B 2/4/16, 70B-shaped GPTQ then any-precision,
+             # and on a fourth GPU the packed uniform and QUIK kernel checks (scripts/device/cuda.sh); 16 OpenMP threads
+             # each, so that the runs do not oversubscribe the cores
+    export OMP_NUM_THREADS=16
+    [ "$(nvidia-smi -L | wc -l)" -ge 4 ] && ( export CUDA_VISIBLE_DEVICES=3; bash scripts/device/cuda.sh uniform > /dev/null 2>&1
+                                              bash scripts/device/cuda.sh quik > /dev/null 2>&1 ) &
     ( export CUDA_VISIBLE_DEVICES=0
       step q7b-quik 330 "$B" quantize random:llama2-7b --method quik --wbits 4 --abits 8 --device cuda -o /tmp/q7b-quik.lowbit
       rm -f /tmp/q7b-quik.lowbit ) &
@@ -126,6 +131,7 @@ case "${1:-}" in
       rm -f /tmp/q70b.lowbit ) &
     wait
     grep -hE "^  time|time by stage|peak|^# exit|error" "$OUT"/q7*.txt
+    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY" "$OUT"/uniform-*.txt "$OUT"/quik-*.txt 2>/dev/null
     ;;
   7b)        # the Llama-2-7B shape: any-precision and QUIK W4A8
     S="random:llama2-7b"

@@ -112,8 +112,10 @@ constexpr PackedPart kQuikParts[] = {
 
 // The QUIK GPU kernels run integer activations (abits 4 / 8); FP8 and unquantized (A16) activations run on the CPU.
 const char* quik_gpu_refuses(const PackedParams& p) {
-  if (p.at("act_fp8") == 1) return "FP8 activations run on the CPU";
-  if (p.at("abits") == 16) return "unquantized (A16) activations run on the CPU";
+  const auto fp8 = p.find("act_fp8"), abits = p.find("abits");
+  if (fp8 == p.end() || abits == p.end()) return "its activation parameters are missing";
+  if (fp8->second == 1) return "FP8 activations run on the CPU";
+  if (abits->second == 16) return "unquantized (A16) activations run on the CPU";
   return nullptr;
 }
 

@@ -172,13 +172,31 @@ AnyPrecQuantized anyprec_quantize_emulating_warp(const float* w, const float* se
 }
 
 double anyprec_weighted_error(const float* w, const float* sens, const AnyPrecQuantized& q, int b) {
-  // Per-row sums in parallel, added in row order: the same total for any thread count.
+  LOWBIT_CHECK(q.serves(b), "anyprec: width ", b, " is not served");
+  // The values are AnyPrecQuantized::value's, read without its per-weight lookups: the row's b-bit table widened to
+  // fp32 once, and the row's outliers (columns increasing) walked beside the columns. Per-row sums in parallel, added
+  // in row order: the same total for any thread count.
+  const std::vector<uint16_t>& lut = q.luts.at(b);
+  const int shift = q.planes - b;
+  const bool sparse = !q.outlier_rowptr.empty();
   std::vector<double> rows(static_cast<size_t>(q.n), 0.0);
 #pragma omp parallel for schedule(static) if (q.n * q.k > 65536)
   for (int64_t r = 0; r < q.n; ++r) {
+    float table[256];
+    for (int i = 0; i < (1 << b); ++i) table[i] = f16_to_f32(lut[static_cast<size_t>((r << b) + i)]);
+    int64_t o = sparse ? q.outlier_rowptr[static_cast<size_t>(r)] : 0;
+    const int64_t o_end = sparse ? q.outlier_rowptr[static_cast<size_t>(r + 1)] : 0;
+    const uint8_t* codes = q.codes.data() + r * q.k;
     double e = 0;
     for (int64_t c = 0; c < q.k; ++c) {
-      const double d = static_cast<double>(w[r * q.k + c]) - q.value(r, c, b);
+      float v;
+      if (o < o_end && q.outlier_col[static_cast<size_t>(o)] == c) {
+        v = f16_to_f32(q.outlier_val[static_cast<size_t>(o)]);
+        ++o;
+      } else {
+        v = table[codes[c] >> shift];
+      }
+      const double d = static_cast<double>(w[r * q.k + c]) - v;
       e += sens[r * q.k + c] * d * d;
     }
     rows[static_cast<size_t>(r)] = e;
