@@ -9,6 +9,8 @@
 #include <random>
 #include <string>
 
+#include <cublasLt.h>
+
 #include "bench/bench_e2e.h"
 #include "backend_cuda/dispatch/kernel_choice.h"
 #include "backend_cuda/dispatch/packed.h"
@@ -16,6 +18,50 @@
 
 namespace lowbit::cuda {
 namespace {
+
+// cuBLASLt's FP8 GEMM (e4m3 x e4m3, fp32 accumulation, fp16 out, "TN"): the plain FP8 rate QUIK's GEMM is held
+// against (its shapes need m, n, k multiples of 16). Returns the median time in us, or a negative value when
+// cuBLASLt has no algorithm for the shape.
+double fp8_gemm_us(int64_t n, int64_t k, int64_t m, int iters, cudaStream_t s, const std::function<double(int, const std::function<void(int)>&)>& time) {
+  cublasLtHandle_t lt = nullptr;
+  if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) return -1;
+  DeviceBuffer<uint8_t> a(static_cast<size_t>(n * k)), b(static_cast<size_t>(m * k)), ws(size_t{32} << 20);
+  DeviceBuffer<__half> c(static_cast<size_t>(m * n));
+  fill_random_bytes(a.get(), n * k, 31);
+  fill_random_bytes(b.get(), m * k, 32);
+  // (Random bytes include e4m3 NaN patterns; the values do not change the tensor cores' time.)
+  LOWBIT_CUDA_CHECK(cudaMemset(c.get(), 0, c.bytes()));
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  double us = -1;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const size_t ws_bytes = ws.bytes();
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  if (cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(n), k) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatrixLayoutCreate(&lc, CUDA_R_16F, static_cast<uint64_t>(n), static_cast<uint64_t>(m), n) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes) ==
+          CUBLAS_STATUS_SUCCESS &&
+      cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &heur, &found) == CUBLAS_STATUS_SUCCESS && found > 0) {
+    const float alpha = 1.0f, beta = 0.0f;
+    us = time(iters, [&](int) {
+      cublasLtMatmul(lt, op, &alpha, a.get(), la, b.get(), lb, &beta, c.get(), lc, c.get(), lc, &heur.algo, ws.get(), ws_bytes, s);
+    });
+  }
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (op) cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+  return us;
+}
 
 // Keeps the stream busy for ~`cycles` so that the host has enqueued the timed work before the start event
 // fires: the events then time the GPU work alone, not the host's launch/cuBLAS-heuristics overhead.
@@ -321,6 +367,10 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
         const std::string qf = "QUIK W" + std::to_string(wb) + "A8";
         for (size_t bi = 0; bi < o.batches.size(); ++bi) {
           const int64_t m = o.batches[bi];
+          if (wb == 4 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0) {   // the plain FP8 GEMM, once per shape and batch
+            const double f8 = fp8_gemm_us(n, k, m, o.iters, s, [&](int it, const std::function<void(int)>& f) { return median_us(it, f); });
+            if (f8 > 0) row("FP8 cuBLASLt GEMM (e4m3 x e4m3, fp32 accumulation, fp16 out)", m, f8, base[bi], static_cast<uint64_t>(n * k));
+          }
           const Kernel choice = print_choice(qf, {FormatId::Quik, n, k, m, 0, kPreSplitInRuntime}, out).kernel;
           const double us = median_us(o.iters, [&](int i) {
             quik_matmul(w[static_cast<size_t>(i % rot)].quik(), xf.get(), m, yf.get(), ctx);
