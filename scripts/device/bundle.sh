@@ -2,7 +2,7 @@
 # Packs what the lent GPU machine needs into .devbundle/ (git-ignored): a portable lowbit build (no -march=native;
 # OpenBLAS picks its kernels at run time; CUDA for sm_90 when nvcc is here) and the GPU test binary, with the shared
 # libraries the device image lacks (not cuBLAS / cuSPARSE: the device's own are used, see scripts/device/env.sh), the
-# evaluation/calibration text, and the SmolLM2 GGUF split into parts that fit the 64 MiB transfer limit.
+# evaluation/calibration text, and the SmolLM2 GGUF split in two parts that each fit the 64 MiB transfer limit.
 # The device runs scripts/device/eval.sh stage on it. Usage: scripts/device/bundle.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -33,6 +33,7 @@ cp -r "$SHARED/models/stories260K" .devbundle/shared/models/
 cp "$SHARED/data/c4/c4-validation.calib-docs-0-511.jsonl" .devbundle/shared/data/c4/
 cp "$SHARED/data/tinystories/TinyStoriesV2-GPT4-valid.sample8.txt" .devbundle/shared/data/tinystories/
 GGUF="${LOWBIT_CACHE:-$HOME/.cache/lowbit}/models/SmolLM2-135M-Instruct.Q4_1.gguf"
-split -b 40M -d "$GGUF" .devbundle/smollm2.part
+# Two parts of ~47 MiB: each fits one call's 64 MiB transfer beside the working tree.
+split -n 2 -d "$GGUF" .devbundle/smollm2.part
 sha256sum "$GGUF" | cut -d' ' -f1 > .devbundle/smollm2.sha256
 ls -la .devbundle

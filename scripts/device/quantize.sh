@@ -3,7 +3,7 @@
 # machine first: scripts/device/bundle.sh. Then, back to back (the machine keeps /tmp between warm calls), each call
 # carrying the files named and running `OUT=$OUT bash scripts/device/quantize.sh PART`:
 #   tests   (.devbundle/pkg.tar.xz, .devbundle/shared)   the GPU quantizer tests (GPTQ/RTN/QUIK, 2/4/16, Fisher, driver)
-#   smollm2 (.devbundle/smollm2.part00..02, .sha256)     every SmolLM2 configuration quantized on GPU 0 and, alongside,
+#   smollm2 (.devbundle/smollm2.part00..01, .sha256)     every SmolLM2 configuration quantized on GPU 0 and, alongside,
 #                                                        on the CPU (one job per configuration, the cores split
 #                                                        between them), each file scored over the full WikiText-2
 #                                                        test by tools/hf_ppl.py on the other GPUs (a multi-GPU kind
@@ -99,7 +99,9 @@ case "${1:-}" in
     grep -hE "^  time|time by stage|peak|device:|^# exit|error" "$OUT"/q7b-*.txt
     ;;
   check)     # a multi-GPU kind: the GPU quantizer tests then the 7B any-precision timing on GPU 0; the kernel tests on
-             # GPU 1; the model and API tests on GPU 2
+             # GPU 1; the model and API tests on GPU 2; 16 OpenMP threads each (64 per process oversubscribed the cores
+             # ten-fold)
+    export OMP_NUM_THREADS=16
     ( export CUDA_VISIBLE_DEVICES=1; step test_cuda_kernels 420 "$LB/pkg/test_cuda_kernels" ) &
     ( export CUDA_VISIBLE_DEVICES=2; step test_cuda_model 300 "$LB/pkg/test_cuda_model"; step test_api 200 "$LB/pkg/test_api" ) &
     export CUDA_VISIBLE_DEVICES=0
