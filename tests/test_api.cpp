@@ -5,6 +5,8 @@
 // and the two are one type that must not be defined twice in one file.)
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -168,6 +170,57 @@ TEST(Api, GenerateEqualsTheLibraryAndStreams) {
   EXPECT_EQ(s.prefill_tokens, 16);
   EXPECT_GT(s.prefill_tokens_per_s(), 0);
   EXPECT_GT(s.decode_tokens_per_s(), 0);
+}
+
+// Stop strings end the text just before their first occurrence, found across token boundaries, and the stream never
+// shows a byte of one; a cancel flag set from the callback ends the generation before the next token.
+TEST(Api, StopStringsAndCancellation) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  api::Model m = open_cpu(stories());
+  api::GenerateParams g;
+  g.max_tokens = 48;
+  g.stop_at_eos = false;
+  std::vector<std::string> pieces;
+  const api::GenerateResult full =
+      m.generate("Once upon a time", g, [&](std::string_view piece) { pieces.emplace_back(piece); });
+  ASSERT_GE(pieces.size(), 40u);
+  // A stop string that spans two tokens' bytes: the last byte of piece 20 and the first of piece 21.
+  std::string before;
+  for (int i = 0; i < 20; ++i) before += pieces[static_cast<size_t>(i)];
+  const std::string next_piece = pieces[20];
+  ASSERT_FALSE(before.empty());
+  ASSERT_FALSE(next_piece.empty());
+  const std::string stop = before.substr(before.size() - 1) + next_piece.substr(0, 1);
+  const size_t first = full.text.find(stop);
+  ASSERT_NE(first, std::string::npos);
+  api::GenerateParams gs = g;
+  gs.stop = {"no such text in a story \x01", stop};
+  std::string streamed;
+  const api::GenerateResult r = m.generate("Once upon a time", gs, [&](std::string_view piece) { streamed += piece; });
+  EXPECT_EQ(r.stop_reason, api::StopReason::Stop);
+  EXPECT_EQ(r.text, full.text.substr(0, first));
+  EXPECT_EQ(streamed, r.text);
+  EXPECT_EQ(std::string(api::stop_reason_name(r.stop_reason)), "stop");
+  // A stop string that never appears changes nothing, and the held-back bytes reach the stream at the end.
+  gs.stop = {"no such text in a story \x01"};
+  streamed.clear();
+  const api::GenerateResult none = m.generate("Once upon a time", gs, [&](std::string_view piece) { streamed += piece; });
+  EXPECT_EQ(none.text, full.text);
+  EXPECT_EQ(streamed, full.text);
+  EXPECT_EQ(none.stop_reason, api::StopReason::Length);
+  // Cancellation after the 5th token.
+  std::atomic<bool> cancel{false};
+  api::GenerateParams gc = g;
+  gc.cancel = &cancel;
+  int seen = 0;
+  const api::GenerateResult c = m.generate("Once upon a time", gc, [&](std::string_view) {
+    if (++seen == 5) cancel = true;
+  });
+  EXPECT_EQ(c.stop_reason, api::StopReason::Cancelled);
+  EXPECT_EQ(c.new_ids.size(), 5u);
+  // An empty stop string is refused with a one-line message.
+  gs.stop = {""};
+  test::expect_error([&](const std::string&) { m.generate("Once", gs); }, "--stop", "must not be empty");
 }
 
 // Device::Auto takes the GPU when there is one: the same API, perplexity within the GPU-vs-CPU budget of

@@ -13,6 +13,7 @@
 // Every method throws lowbit::Error (lowbit/error.h) with a one-line message on bad input. A Model is movable, not
 // copyable, and not safe to use from two threads at once (it owns one KV cache workspace and, on the GPU, one stream).
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,14 +58,22 @@ struct GenerateParams {
   std::string system;               // chat: system message ("" = the template's default, if it has one)
   bool stop_at_eos = true;          // stop at EOS or the chat template's end-of-turn token
   int ctx = 0;                      // KV cache capacity in tokens (0 = min(model context, prompt + max_tokens))
+  // Stop strings (non-empty): generation ends where the text first contains one, found across token boundaries; the
+  // text, and the bytes streamed to the callback, end just before it. While they are set the callback receives a
+  // piece only once it can no longer be the start of a stop string.
+  std::vector<std::string> stop;
+  // Set from another thread to end the generation before its next token (StopReason::Cancelled); null = never.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 enum class StopReason {
   Eos,       // the model produced EOS / end-of-turn (not included in the output)
   Length,    // max_tokens reached
   Context,   // the KV cache (ctx) is full
+  Stop,      // a stop string appeared (not included in the output)
+  Cancelled, // GenerateParams::cancel was set
 };
-const char* stop_reason_name(StopReason r);   // "eos", "length", "context"
+const char* stop_reason_name(StopReason r);   // "eos", "length", "context", "stop", "cancelled"
 
 struct GenerateResult {
   std::vector<int32_t> prompt_ids;  // the prompt as run (chat template and BOS applied)

@@ -79,6 +79,8 @@ TextMode public_mode(lowbit::TextMode m) {
 StopReason public_stop(const std::string& s) {
   if (s == "eos") return StopReason::Eos;
   if (s == "context") return StopReason::Context;
+  if (s == "stop") return StopReason::Stop;
+  if (s == "cancelled") return StopReason::Cancelled;
   return StopReason::Length;
 }
 
@@ -88,6 +90,7 @@ void validate(const GenerateParams& p) {
   LOWBIT_CHECK(p.max_tokens >= 0, "--max-tokens must be >= 0, got ", p.max_tokens);
   LOWBIT_CHECK(p.bits >= 0, "--bits must be >= 0 (0 = the widest), got ", p.bits);
   LOWBIT_CHECK(p.ctx >= 0, "generate: ctx must be >= 0 (0 = prompt + max tokens), got ", p.ctx);
+  for (const std::string& s : p.stop) LOWBIT_CHECK(!s.empty(), "--stop: a stop string must not be empty");
   SamplingParams s;
   s.temperature = p.temperature;
   s.top_k = p.top_k;
@@ -204,6 +207,8 @@ GenerateResult Model::generate(const std::vector<int32_t>& prompt_ids, const Gen
   o.stop_at_eos = params.stop_at_eos;
   o.ctx = params.ctx;
   o.bits = params.bits;
+  o.stop = params.stop;
+  o.cancel = params.cancel;
   std::function<void(const std::string&)> on_text;
   if (on_token) on_text = [&on_token](const std::string& piece) { on_token(piece); };
   const lowbit::GenerateResult r = lowbit::generate(*impl_->backend, prompt_ids, o, on_text);

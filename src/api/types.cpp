@@ -35,6 +35,8 @@ const char* stop_reason_name(StopReason r) {
     case StopReason::Eos: return "eos";
     case StopReason::Length: return "length";
     case StopReason::Context: return "context";
+    case StopReason::Stop: return "stop";
+    case StopReason::Cancelled: return "cancelled";
   }
   return "?";
 }

@@ -36,6 +36,46 @@ bool accept_token(int32_t next, const std::vector<int32_t>& stops, const Generat
   return true;
 }
 
+namespace {
+
+// The stop strings and the streamed bytes: emits r.text up to what can no longer be the start of a stop string.
+class StopStrings {
+ public:
+  StopStrings(const std::vector<std::string>& stops, const std::function<void(const std::string&)>& on_text)
+      : stops_(stops), on_text_(on_text) {
+    for (const std::string& s : stops_) {
+      LOWBIT_CHECK(!s.empty(), "generate: a stop string is empty");
+      longest_ = std::max(longest_, s.size());
+    }
+  }
+  // After r.text grew: true (and r.text cut before it) when it now holds a stop string.
+  bool check(std::string& text) {
+    const size_t from = emitted_ > longest_ ? emitted_ - longest_ : 0;
+    size_t cut = std::string::npos;
+    for (const std::string& s : stops_) cut = std::min(cut, text.find(s, from));
+    if (cut != std::string::npos) {
+      text.resize(cut);
+      flush(text);
+      return true;
+    }
+    const size_t safe = text.size() >= longest_ ? text.size() - (longest_ > 0 ? longest_ - 1 : 0) : 0;
+    emit(text, std::max(safe, emitted_));
+    return false;
+  }
+  void flush(const std::string& text) { emit(text, text.size()); }
+
+ private:
+  void emit(const std::string& text, size_t end) {
+    if (end > emitted_ && on_text_) on_text_(text.substr(emitted_, end - emitted_));
+    emitted_ = std::max(emitted_, end);
+  }
+  const std::vector<std::string>& stops_;
+  const std::function<void(const std::string&)>& on_text_;
+  size_t longest_ = 0, emitted_ = 0;
+};
+
+}  // namespace
+
 GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text) {
   const ModelConfig& c = backend.config();
@@ -61,9 +101,21 @@ GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids
   const auto t1 = std::chrono::steady_clock::now();
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   r.stop_reason = "length";
+  StopStrings stop_strings(opts.stop, on_text);
+  // Without stop strings every piece is streamed as it comes; with them, through StopStrings' hold-back.
+  const std::function<void(const std::string&)> none;
+  const std::function<void(const std::string&)>& direct = opts.stop.empty() ? on_text : none;
   for (int i = 0; i < opts.max_new_tokens; ++i) {
+    if (opts.cancel != nullptr && opts.cancel->load()) {
+      r.stop_reason = "cancelled";
+      break;
+    }
     const int32_t next = decoder->next(history);
-    if (!accept_token(next, stops, opts, tok, r, history, on_text)) break;
+    if (!accept_token(next, stops, opts, tok, r, history, direct)) break;
+    if (!opts.stop.empty() && stop_strings.check(r.text)) {
+      r.stop_reason = "stop";
+      break;
+    }
     if (i + 1 == opts.max_new_tokens) break;
     if (seq->length() >= seq->capacity()) {
       r.stop_reason = "context";
@@ -72,6 +124,7 @@ GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids
     decoder->advance(next);
   }
   decoder->wait();
+  if (!opts.stop.empty()) stop_strings.flush(r.text);   // whatever the hold-back kept, when another reason ended it
   r.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return r;
 }

@@ -1,7 +1,8 @@
 // Text generation on any backend (runtime/backend.h): prefill the prompt in one batched forward, then decode token by
 // token with the KV cache, streaming each token's bytes to a callback. Stops at EOS (or the template's end-of-turn
-// token), at max_new_tokens, or when the context is full.
+// token), at max_new_tokens, when the context is full, at a stop string, or when the caller cancels.
 #pragma once
+#include <atomic>
 #include <functional>
 #include <string>
 #include <vector>
@@ -19,12 +20,17 @@ struct GenerateOptions {
   bool stop_at_eos = true;
   int ctx = 0;   // KV cache capacity; 0 = min(model max, prompt + max_new_tokens)
   int bits = 0;  // any-precision models: the width to generate with (0 = the widest)
+  // Generation ends where the text first contains one of these (found across token boundaries); the text and the
+  // streamed bytes end just before it. Streaming holds back the last (longest stop - 1) bytes until they cannot
+  // start a stop string.
+  std::vector<std::string> stop;
+  const std::atomic<bool>* cancel = nullptr;   // set by another thread: generation ends before the next token
 };
 
 struct GenerateResult {
   std::vector<int32_t> prompt_ids, new_ids;
   std::string text;                 // decoded new tokens
-  std::string stop_reason;          // "eos" | "length" | "context"
+  std::string stop_reason;          // "eos" | "length" | "context" | "stop" | "cancelled"
   double prefill_seconds = 0, decode_seconds = 0;
 };
 

@@ -28,6 +28,7 @@ void register_generate(CLI::App& app, Common& common) {
   sub->add_flag("--chat", a->params.chat, "Wrap the prompt in the model's chat template");
   sub->add_option("--system", a->params.system, "System message for --chat");
   sub->add_flag("--ignore-eos", a->ignore_eos, "Do not stop at end-of-sequence tokens");
+  sub->add_option("--stop", a->params.stop, "Stop where the text contains this string (repeatable; not printed)");
   sub->add_flag("!--no-stats", a->stats, "Do not print timing to stderr");
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   sub->add_option("--bits", a->params.bits, "Any-precision models: the width to generate with (default: the widest)");
