@@ -22,6 +22,7 @@
 #include "core/half.h"
 #include "quantize/anyprec.h"
 #include "quantize/anyprec_row.h"   // the fp16 conversions only: the row core runs through anyprec.h (fp contraction)
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 #ifdef LOWBIT_WITH_CUDA
@@ -168,11 +169,6 @@ TEST(AnyPrecRow, KMeansMatchesRecordedChecksums) {
 
 #ifdef LOWBIT_WITH_CUDA
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
-    std::string why;                                                                    \
-    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;     \
-  } while (0)
 
 AnyPrecQuantized quantize_on_gpu(const Input& in, int64_t n, int64_t k, const AnyPrecOptions& o) {
   const cuda::DeviceBuffer<float> w(in.w), s(in.s);

@@ -5,6 +5,7 @@
 // says why.
 #include <gtest/gtest.h>
 
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 #ifdef LOWBIT_WITH_CUDA
@@ -33,11 +34,6 @@ constexpr double kGemvBudget = 1e-5;       // fp32 accumulation in another order
 constexpr double kCublasBudget = 2e-3;     // x and W rounded to fp16 (2 x 2^-11) before an fp32-accumulated GEMM
 constexpr double kFp16XBudget = 5e-4;      // x alone rounded to fp16 (2^-11 = 4.9e-4), W exact (fp16 LUT values)
 
-#define SKIP_WITHOUT_GPU()                                                       \
-  do {                                                                           \
-    std::string why;                                                             \
-    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why; \
-  } while (0)
 
 std::vector<float> random_x(int64_t m, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);

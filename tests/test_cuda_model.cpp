@@ -7,6 +7,7 @@
 // memory. Without a GPU every test skips and says why.
 #include <gtest/gtest.h>
 
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 #ifdef LOWBIT_WITH_CUDA
@@ -38,11 +39,6 @@ constexpr double kSameDeviceBudget = 2e-3;
 // Perplexity on the GPU vs the CPU, relative.
 constexpr double kPplBudget = 5e-3;
 
-#define SKIP_WITHOUT_GPU()                                                              \
-  do {                                                                                  \
-    std::string why;                                                                    \
-    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why;     \
-  } while (0)
 
 // The model's stream is non-blocking: wait for it before reading what it wrote.
 std::vector<float> download(const cuda::GpuModel& gpu, const float* d, size_t n) {

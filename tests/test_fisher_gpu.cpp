@@ -29,6 +29,7 @@
 #include "io/safetensors.h"
 #include "model/backward.h"
 #include "model/model.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 #ifdef LOWBIT_WITH_CUDA
@@ -165,11 +166,6 @@ TEST(FisherGolden, CpuMatchesTorchAutograd) {
 
 #ifdef LOWBIT_WITH_CUDA
 
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    std::string why;                                                                \
-    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why; \
-  } while (0)
 
 std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
   std::mt19937 rng(seed);

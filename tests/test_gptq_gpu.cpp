@@ -24,6 +24,7 @@
 #include "quantize/gptq.h"
 #include "quantize/quik.h"
 #include "quantize/rtn.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 #ifdef LOWBIT_WITH_CUDA
@@ -218,11 +219,6 @@ TEST(GptqGpuTwin, QuikRowScaleMatchesQuikQuantize) {
 
 #ifdef LOWBIT_WITH_CUDA
 
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    std::string why;                                                                \
-    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why; \
-  } while (0)
 
 // A non-blocking stream: the functions must order their own work on it and synchronise it before returning.
 struct Stream {

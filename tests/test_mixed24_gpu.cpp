@@ -10,6 +10,7 @@
 // The option checks run before any device work, so they are tested without a GPU too.
 #include <gtest/gtest.h>
 
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 #ifdef LOWBIT_WITH_CUDA
@@ -40,11 +41,6 @@ constexpr double kMinSameOutliers = 0.99;
 constexpr double kMinSameDequantized = 0.99;
 constexpr double kHessianErrorRelTol = 1e-3;
 
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    std::string why;                                                                \
-    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why; \
-  } while (0)
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 

@@ -22,17 +22,13 @@
 #include "quantize/capture.h"
 #include "quantize/checkpoint.h"
 #include "quantize/quantize_model.h"
+#include "gpu_test_util.h"
 #include "test_util.h"
 
 namespace lowbit {
 namespace {
 
 #ifdef LOWBIT_WITH_CUDA
-#define SKIP_WITHOUT_GPU()                                                          \
-  do {                                                                              \
-    std::string why;                                                                \
-    if (!cuda::device_available(&why)) GTEST_SKIP() << "GPU test skipped: " << why; \
-  } while (0)
 
 #endif
 

@@ -58,6 +58,7 @@
 #include <memory>
 
 #include "backend_cuda/common/common.h"
+#include "backend_cuda/common/owned_stream.h"
 #include "backend_cuda/dense/dense.h"
 #include "backend_cuda/quantize/backward_ops.h"
 #include "backend_cuda/quantize/block_f32.h"
@@ -298,12 +299,8 @@ FisherGpuReport fisher_diagonal_gpu(const WeightSet& ws, const std::vector<std::
   const int K = plan.interval;
   rep.checkpoint_interval = K;
 
-  cudaStream_t stream = nullptr;
-  LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
-  } stream_guard{stream};
+  const OwnedStream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
 
   // Slots: 0 = R (running residual, then gradient), 1..K-1 = segment inputs X_{a+1}..X_{a+K-1}, then the
   // checkpoints X_0, X_K, ...; the first device_slots on the device.
@@ -446,9 +443,8 @@ FisherGpuReport fisher_diagonal_gpu(const WeightSet& ws, const std::vector<std::
   DeviceF32 dw(max_linear);
   int device = 0;
   LOWBIT_CUDA_CHECK(cudaGetDevice(&device));
-  cudaStream_t download_stream = nullptr;
-  LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&download_stream, cudaStreamNonBlocking));
-  StreamGuard download_guard{download_stream};
+  const OwnedStream owned_download_stream;
+  const cudaStream_t download_stream = owned_download_stream.get();
   // A finished block's accumulators on their way to the host: a helper thread copies them into the vectors handed
   // to on_block while the GPU computes the next block (3.4 GB for a 70B block: ~1 s of page faults and pageable
   // copies the GPU would otherwise wait for); on_block runs on this thread once the next block's windows are queued.

@@ -28,6 +28,7 @@
 #include <optional>
 
 #include "backend_cuda/common/common.h"
+#include "backend_cuda/common/owned_stream.h"
 #include "backend_cuda/quantize/block_f32.h"
 #include "backend_cuda/quantize/anyprec_gpu.h"
 #include "backend_cuda/quantize/block_loader.h"
@@ -283,12 +284,8 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
   std::map<std::string, double>& st = rep.stage_seconds;
   Peaks peaks;
   peaks.sample();
-  cudaStream_t stream = nullptr;
-  LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  struct StreamGuard {
-    cudaStream_t s;
-    ~StreamGuard() { cudaStreamDestroy(s); }
-  } stream_guard{stream};
+  const cuda::OwnedStream owned_stream;
+  const cudaStream_t stream = owned_stream.get();
 
   const bool calibrated = method != QuantMethod::Rtn;
   const int L = c.n_layers;
@@ -350,12 +347,8 @@ QuantizeReport quantize_to_file_gpu(const WeightSet& ws, const QuantizeOptions& 
     // the next block's sensitivities on the main stream.
     // Written by the one worker in flight; read after its future is joined.
     double kmeans_s = 0, werr_s = 0, pack_s = 0, ckpt_s = 0, wait_s = 0;
-    cudaStream_t kstream = nullptr;
-    LOWBIT_CUDA_CHECK(cudaStreamCreateWithFlags(&kstream, cudaStreamNonBlocking));
-    struct KStreamGuard {
-      cudaStream_t s;
-      ~KStreamGuard() { cudaStreamDestroy(s); }
-    } kstream_guard{kstream};
+    const cuda::OwnedStream owned_kstream;
+    const cudaStream_t kstream = owned_kstream.get();
     DeviceF32 dw, ds;   // the worker's device copies of one linear's weights and sensitivities, reused
     // Declared after everything the worker touches: on an exception its destructor waits for the worker before
     // those go.
