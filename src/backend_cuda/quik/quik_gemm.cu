@@ -196,10 +196,13 @@ __global__ void quik_widen4_kernel(QuikDevice w, int8_t* __restrict__ out) {
   reinterpret_cast<uint4*>(out)[i] = r;
 }
 
-void quantize_activations(const QuikDevice& w, const float* x, int64_t m, const ActScratch& s, cudaStream_t st) {
+// x quantized into the context's activation scratch (codes, row parameters, outlier activations).
+ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, GemmContext& ctx) {
   LOWBIT_CHECK(w.abits == 4 || w.abits == 8, "quik GPU: abits ", w.abits, " (integer activations 4 or 8 only)");
-  quik_act_kernel<<<static_cast<unsigned>(m), kActThreads, 0, st>>>(w, x, s);
+  const ActScratch s = act_layout(w, m, ctx.act_scratch((quik_act_scratch_bytes(w, m) + 1) / 2));
+  quik_act_kernel<<<static_cast<unsigned>(m), kActThreads, 0, ctx.stream()>>>(w, x, s);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
+  return s;
 }
 
 template <int M>
@@ -223,8 +226,7 @@ size_t quik_gemm_scratch_bytes(const QuikDevice& w, int64_t m) {
 
 void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int32_t* acc_out) {
   LOWBIT_CHECK(m >= 1 && m <= 8, "quik_gemv: batch ", m, " (1..8 served; above, quik_gemm_cublas)");
-  const ActScratch s = act_layout(w, m, ctx.act_scratch((quik_act_scratch_bytes(w, m) + 1) / 2));
-  quantize_activations(w, x, m, s, ctx.stream());
+  const ActScratch s = quantize_activations(w, x, m, ctx);
   switch (m) {
     case 1: launch_gemv<1>(w, s, y, acc_out, ctx.stream()); break;
     case 2: launch_gemv<2>(w, s, y, acc_out, ctx.stream()); break;
@@ -240,8 +242,7 @@ void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext
 
 void quik_gemm_cublas(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int32_t* acc_out) {
   LOWBIT_CHECK(m >= 1 && m <= INT32_MAX && w.n <= INT32_MAX, "quik_gemm_cublas: ", m, " x ", w.n, " outputs");
-  const ActScratch s = act_layout(w, m, ctx.act_scratch((quik_act_scratch_bytes(w, m) + 1) / 2));
-  quantize_activations(w, x, m, s, ctx.stream());
+  const ActScratch s = quantize_activations(w, x, m, ctx);
   uint8_t* ws = reinterpret_cast<uint8_t*>(ctx.weight_scratch((quik_gemm_scratch_bytes(w, m) + 1) / 2));
   // The int32 sums [m, ldc], ldc = n rounded up to 4 (cuBLAS's int8 GEMM wants the leading dimensions so).
   const int64_t ldc = (w.n + 3) / 4 * 4;
