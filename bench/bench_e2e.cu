@@ -21,7 +21,8 @@ GpuModel::RandomKind random_kind(const std::string& name) {
   if (name == "uniform-w3g128") return GpuModel::RandomKind::UniformW3G128;
   if (name == "quik-w4a8") return GpuModel::RandomKind::QuikW4A8;
   if (name == "quik-w8a8") return GpuModel::RandomKind::QuikW8A8;
-  fail("bench --e2e: unknown weights '", name, "' (fp16, anyprec, mixed24a, uniform-w4g128, uniform-w3g128, quik-w4a8, quik-w8a8)");
+  if (name == "quik-w4fp8") return GpuModel::RandomKind::QuikW4Fp8;
+  fail("bench --e2e: unknown weights '", name, "' (fp16, anyprec, mixed24a, uniform-w4g128, uniform-w3g128, quik-w4a8, quik-w8a8, quik-w4fp8)");
 }
 
 ModelConfig shape_config(const std::string& name) {

@@ -359,15 +359,24 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       }
     }
     if (o.quik) {
-      // QUIK W4A8 / W8A8 with k / 16 fp16 outlier columns, the per-token activation quantization included.
-      for (int wb : {4, 8}) {
+      // QUIK W4A8 / W8A8 / W4 with FP8 activations with k / 16 fp16 outlier columns, the per-token activation
+      // quantization included; above batch 8 also the outliers summed in the epilogue instead of their fp16 GEMM.
+      struct QuikForm {
+        int wbits;
+        bool fp8;
+        const char* name;
+      };
+      for (const QuikForm& qfm : {QuikForm{4, false, "QUIK W4A8"}, QuikForm{8, false, "QUIK W8A8"}, QuikForm{4, true, "QUIK W4-FP8"}}) {
+        const int wb = qfm.wbits;
         const int rot = rotation(static_cast<uint64_t>(n * k) * static_cast<uint64_t>(wb) / 8);
         std::vector<DevicePackedWeight> w;
-        for (int i = 0; i < rot; ++i) w.push_back(DevicePackedWeight::random_quik(n, k, wb, k / 16, 110 + static_cast<uint64_t>(i)));
-        const std::string qf = "QUIK W" + std::to_string(wb) + "A8";
+        for (int i = 0; i < rot; ++i)
+          w.push_back(DevicePackedWeight::random_quik(n, k, wb, k / 16, 110 + static_cast<uint64_t>(i), 8, qfm.fp8));
+        const std::string qf = qfm.name;
+        const char* gemm_name = qfm.fp8 ? "cuBLASLt FP8 GEMM" : "cuBLAS int8 GEMM";
         for (size_t bi = 0; bi < o.batches.size(); ++bi) {
           const int64_t m = o.batches[bi];
-          if (wb == 4 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0) {   // the plain FP8 GEMM, once per shape and batch
+          if (wb == 4 && !qfm.fp8 && m % 16 == 0 && n % 16 == 0 && k % 16 == 0) {   // the plain FP8 GEMM, once per shape and batch
             const double f8 = fp8_gemm_us(n, k, m, o.iters, s, [&](int it, const std::function<void(int)>& f) { return median_us(it, f); });
             if (f8 > 0) row("FP8 cuBLASLt GEMM (e4m3 x e4m3, fp32 accumulation, fp16 out)", m, f8, base[bi], static_cast<uint64_t>(n * k));
           }
@@ -375,8 +384,15 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           const double us = median_us(o.iters, [&](int i) {
             quik_matmul(w[static_cast<size_t>(i % rot)].quik(), xf.get(), m, yf.get(), ctx);
           });
-          path_row(qf, qf + (m <= kMaxGemvBatch ? " (dp4a GEMV)" : " (cuBLAS int8 GEMM + epilogue)"),
-                   choice == Kernel::QuikGemv || choice == Kernel::QuikInt8Cublas, m, us, base[bi], w[0].bytes());
+          const std::string gemm = std::string(" (") + gemm_name + ", outlier GEMM, epilogue)";
+          path_row(qf, qf + (m <= kMaxGemvBatch ? std::string(qfm.fp8 ? " (FP8 GEMV)" : " (dp4a GEMV)") : gemm),
+                   choice == Kernel::QuikGemv || choice == Kernel::QuikGemm, m, us, base[bi], w[0].bytes());
+          if (m > kMaxGemvBatch) {
+            const double fused = median_us(o.iters, [&](int i) {
+              quik_gemm(w[static_cast<size_t>(i % rot)].quik(), xf.get(), m, yf.get(), ctx, nullptr, OutlierPass::Epilogue);
+            });
+            path_row(qf, qf + " (" + gemm_name + ", outliers in the epilogue)", false, m, fused, base[bi], w[0].bytes());
+          }
         }
       }
     }

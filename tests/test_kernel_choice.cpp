@@ -81,7 +81,7 @@ TEST(KernelChoice, KnownChoices) {
   EXPECT_EQ(choose_kernel({FormatId::Uniform, 576, 576, 8, 0, true}, h).kernel, Kernel::UniformGemv);
   EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 9, 0, true}, h).kernel, Kernel::DequantCublas);
   EXPECT_EQ(choose_kernel({FormatId::Quik, 4096, 4096, 8, 0, true}, h).kernel, Kernel::QuikGemv);
-  EXPECT_EQ(choose_kernel({FormatId::Quik, 4096, 4096, 9, 0, true}, h).kernel, Kernel::QuikInt8Cublas);
+  EXPECT_EQ(choose_kernel({FormatId::Quik, 4096, 4096, 9, 0, true}, h).kernel, Kernel::QuikGemm);
   EXPECT_EQ(fp(4096, 4096, 1), Kernel::DenseGemv);
   EXPECT_EQ(fp(4096, 4096, 3), Kernel::Cublas);
   EXPECT_EQ(choose_kernel({FormatId::AnyPrec, 4096, 4096, 512, 4, true}, ampere()).kernel, Kernel::DequantCublas);

@@ -443,16 +443,20 @@ TEST(Backend, DeviceChoiceWithACudaBackendPresent) {
                      "built without CUDA");
 
   // A weight the GPU does not run keeps a model on the CPU (auto) or is refused by name (cuda); the predicate on a
-  // weight set holding a QUIK weight with FP8 activations beside a uniform one.
+  // weight set holding a QUIK weight without its activation parameters beside a uniform one, and with them.
   WeightSet ws;
   PackedWeight uniform, quik;
   uniform.format = FormatId::Uniform;
   quik.format = FormatId::Quik;
-  quik.params = {{"wbits", 4}, {"abits", 8}, {"act_fp8", 1}, {"outliers", 0}};
+  quik.params = {{"wbits", 4}, {"outliers", 0}};
   ws.packed["model.layers.0.mlp.up_proj.weight"] = uniform;
   EXPECT_EQ(first_cpu_only_weight(ws), "");
   ws.packed["model.layers.0.mlp.down_proj.weight"] = quik;
   EXPECT_EQ(first_cpu_only_weight(ws), "model.layers.0.mlp.down_proj.weight");
+  for (const int64_t fp8 : {0, 1}) {   // FP8 and integer activations both run on the GPU
+    ws.packed["model.layers.0.mlp.down_proj.weight"].params = {{"wbits", 4}, {"abits", 8}, {"act_fp8", fp8}, {"outliers", 0}};
+    EXPECT_EQ(first_cpu_only_weight(ws), "") << "act_fp8 " << fp8;
+  }
 }
 
 // tensor_as_f32 (what the GPU model uploads, one tensor at a time) gives exactly the fp32 the CPU Model holds, for

@@ -65,6 +65,18 @@ std::vector<std::vector<int32_t>> tinystories_docs(const Model& m) {
   return docs;
 }
 
+std::vector<float> cpu_logits_perturbed(const Model& m, const std::vector<int32_t>& ids, double rel, uint32_t seed) {
+  const int n = static_cast<int>(ids.size()), dim = m.config().dim;
+  std::vector<float> x(static_cast<size_t>(n) * dim), logits(static_cast<size_t>(n) * m.config().vocab_size);
+  m.embed(ids.data(), n, x.data());
+  std::mt19937 rng(seed);
+  for (float& v : x) v = static_cast<float>(v * (1.0 + ((rng() & 1u) ? rel : -rel)));
+  KVCache cache = m.new_cache(n);
+  for (int l = 0; l < m.config().n_layers; ++l) m.layer_forward(l, x.data(), n, 0, cache, nullptr);
+  m.head_forward(x.data(), n, logits.data());
+  return logits;
+}
+
 std::string temp_dir() {
   // Every directory handed out is removed when the test binary exits (quantized SmolLM2 files are 150+ MB each).
   struct Registry {

@@ -26,6 +26,9 @@ std::string smollm2_gguf();
 std::string tinystories_sample();
 // Its stories as documents, each tokenized by m with BOS (stories260K's reference protocol).
 std::vector<std::vector<int32_t>> tinystories_docs(const Model& m);
+// All-position logits [n, vocab] of ids on the CPU with every embedding value first scaled by 1 ± rel (seeded signs):
+// how far the model's own arithmetic moves its output under noise of that size (rel 0: the plain forward).
+std::vector<float> cpu_logits_perturbed(const Model& m, const std::vector<int32_t>& ids, double rel, uint32_t seed);
 std::string temp_dir();                          // a fresh directory under the system temp dir
 // Runs the lowbit CLI with args, capturing stdout+stderr; returns the exit status.
 int run_cli(const std::string& args, std::string* output);

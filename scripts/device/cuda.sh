@@ -57,15 +57,19 @@ case "${1:-}" in
       --gtest_filter='CudaKernels.Uniform*'
     grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|uniform w[34] g128 .*\*|^llama2-7b \| (uniform|anyprec)" "$OUT"/uniform-*.txt | head -80
     ;;
-  quik)      # QUIK on the GPU: its tests, kernel and end-to-end timings, sanitizer
-    step quik-tests 300 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Quik*:CudaKernels.RefusesWhatItCannotRun'
+  quik)      # QUIK on the GPU, every activation form: its tests, kernel and end-to-end timings (prefill 512 and 2048),
+             # sanitizer
+    step quik-tests 400 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Quik*:CudaKernels.RefusesWhatItCannotRun'
     step quik-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.QuikModelRunsOnTheGpu'
     step quik-bench 300 "$LB/pkg/lowbit" bench --kernels --formats quik --batch 1,8,16,512,2048 \
       --shapes 4096x4096,11008x4096,4096x11008,8192x8192,28672x8192,8192x28672
-    step quik-e2e 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,quik-w8a8,quik-w4a8 --decode-batches 1,8
+    step quik-e2e 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,quik-w8a8,quik-w4a8,quik-w4fp8 \
+      --decode-batches 1,8
+    step quik-e2e-2048 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,quik-w8a8,quik-w4a8,quik-w4fp8 \
+      --prefill 2048 --decode-batches 1
     step quik-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
       --gtest_filter='CudaKernels.Quik*'
-    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48]A8 .*\*|^llama2-7b \| (fp16|quik)" "$OUT"/quik-*.txt | head -80
+    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48].* \*|^llama2-7b \| (fp16|quik)" "$OUT"/quik-*.txt | head -80
     ;;
   *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform | quik" >&2; exit 2 ;;
 esac

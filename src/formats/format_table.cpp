@@ -110,12 +110,10 @@ constexpr PackedPart kQuikParts[] = {
     {"outlier_w", DType::F16, "[n, outliers]", "", 0, 0},
 };
 
-// The QUIK GPU kernels run integer activations (abits 4 / 8); FP8 and unquantized (A16) activations run on the CPU.
+// The QUIK GPU kernels run every activation form the format stores (integer, FP8, A16); only a weight without its
+// activation parameters stays on the CPU (whose reader then names what is missing).
 const char* quik_gpu_refuses(const PackedParams& p) {
-  const auto fp8 = p.find("act_fp8"), abits = p.find("abits");
-  if (fp8 == p.end() || abits == p.end()) return "its activation parameters are missing";
-  if (fp8->second == 1) return "FP8 activations run on the CPU";
-  if (abits->second == 16) return "unquantized (A16) activations run on the CPU";
+  if (p.find("act_fp8") == p.end() || p.find("abits") == p.end()) return "its activation parameters are missing";
   return nullptr;
 }
 
@@ -135,7 +133,8 @@ constexpr PackedFormat kPackedFormats[] = {
      nullptr},
     {FormatId::Quik, format_name(FormatId::Quik), kQuikParams, kQuikParts, &quik_part_shape, &quik_check_values,
      &make_quik_linear, GpuSupport::Packed,
-     "backend_cuda/quik: per-token int8 activations, dp4a GEMV, cuBLAS int8 GEMM (exact int32) + fused epilogue",
+     "backend_cuda/quik: per-token int8 / FP8 / fp16 activations, GEMV (exact integer sums), cuBLAS int8 / cuBLASLt FP8 "
+     "/ fp16 GEMM, outlier GEMM, epilogue",
      &quik_gpu_refuses},
 };
 static_assert(std::size(kPackedFormats) == kFormatCount, "one row per FormatId");

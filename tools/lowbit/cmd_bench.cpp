@@ -135,7 +135,7 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--formats", a->formats, "--kernels: anyprec, mixed24a, uniform, quik, fp16 (comma-separated)");
   sub->add_flag("--e2e", a->e2e, "GPU end-to-end prefill/decode on random-weight model shapes (no model)");
   sub->add_option("--model-shapes", a->e2e_shapes, "--e2e: llama2-7b, llama3-8b, llama2-70b")->delimiter(',');
-  sub->add_option("--weights", a->e2e_weights, "--e2e: fp16, anyprec, mixed24a, uniform-w4g128, uniform-w3g128, quik-w4a8, quik-w8a8")->delimiter(',');
+  sub->add_option("--weights", a->e2e_weights, "--e2e: fp16, anyprec, mixed24a, uniform-w4g128, uniform-w3g128, quik-w4a8, quik-w8a8, quik-w4fp8")->delimiter(',');
   sub->add_option("--decode-batches", a->decode_batches, "--e2e: decode batch sizes (sequences)")
       ->delimiter(',')
       ->check(in_range(1, 256));

@@ -156,6 +156,7 @@ QuikDevice DevicePackedWeight::quik() const {
   d.kbp = (d.kb + 31) / 32 * 32;
   d.wbits = static_cast<int>(params_.at("wbits"));
   d.abits = static_cast<int>(params_.at("abits"));
+  d.act_fp8 = params_.at("act_fp8") == 1;
   if (d.wbits == 8) d.wq8 = reinterpret_cast<const int8_t*>(part("derived_wq"));
   else d.wq4 = part("derived_wq");
   d.scale = reinterpret_cast<const __half*>(part("scale"));
@@ -353,14 +354,16 @@ DevicePackedWeight DevicePackedWeight::random_uniform(int64_t n, int64_t k, int 
   return w;
 }
 
-DevicePackedWeight DevicePackedWeight::random_quik(int64_t n, int64_t k, int wbits, int64_t outliers, uint64_t seed) {
-  LOWBIT_CHECK((wbits == 4 || wbits == 8) && outliers >= 0 && outliers <= k, "random quik weight: W", wbits, ", ",
-               outliers, " outliers of ", k);
+DevicePackedWeight DevicePackedWeight::random_quik(int64_t n, int64_t k, int wbits, int64_t outliers, uint64_t seed,
+                                                   int abits, bool act_fp8) {
+  LOWBIT_CHECK((wbits == 4 || wbits == 8) && (abits == 4 || abits == 8 || abits == 16) &&
+                   (!act_fp8 || (wbits == 4 && abits == 8)) && outliers >= 0 && outliers <= k,
+               "random quik weight: W", wbits, "A", abits, act_fp8 ? " FP8" : "", ", ", outliers, " outliers of ", k);
   DevicePackedWeight w;
   w.format_ = FormatId::Quik;
   w.n_ = n;
   w.k_ = k;
-  w.params_ = {{"wbits", wbits}, {"abits", 8}, {"act_fp8", 0}, {"outliers", outliers}};
+  w.params_ = {{"wbits", wbits}, {"abits", abits}, {"act_fp8", act_fp8 ? 1 : 0}, {"outliers", outliers}};
   const int64_t kb = k - outliers, kbp = (kb + 31) / 32 * 32;
   uint64_t sd = seed;
   const int64_t code_bytes = wbits == 8 ? n * kbp : n * kbp / 2;

@@ -63,12 +63,13 @@ struct UniformDevice {
   const int32_t* g_idx = nullptr;           // [k] group of each column (act-order), or null (group = c / gs)
 };
 
-// QUIK (formats/quik/layout.h), integer activations. The codes are re-laid at upload with each row padded to kbp
+// QUIK (formats/quik/layout.h), every activation form (integer abits 4 / 8, FP8 with W4, A16). The codes are re-laid at upload with each row padded to kbp
 // (a multiple of 32) so that every row starts 16-byte aligned: the same bytes per row plus the padding (zero codes),
 // not a second copy.
 struct QuikDevice {
   int64_t n = 0, k = 0, kb = 0, kbp = 0, no = 0;   // kb base columns, padded to kbp; no outlier columns
-  int wbits = 8, abits = 8;
+  int wbits = 8, abits = 8;                 // abits 16: activations not quantized
+  bool act_fp8 = false;                     // FP8-E4M3 activations (wbits 4, abits 8)
   const int8_t* wq8 = nullptr;              // wbits 8: [n, kbp]
   const uint8_t* wq4 = nullptr;             // wbits 4: [n, kbp / 2], base column 2j in the low nibble of byte j
   const __half* scale = nullptr;            // [n] sw
@@ -89,9 +90,10 @@ class DevicePackedWeight {
   static DevicePackedWeight random_mixed24a(int64_t n, int64_t k, double outlier_frac, uint64_t seed);
   // A uniform weight of `bits` (2..8) with groups of `group` columns, asymmetric, without g_idx.
   static DevicePackedWeight random_uniform(int64_t n, int64_t k, int bits, int64_t group, uint64_t seed);
-  // A QUIK weight (wbits 4 or 8, abits 8) with `outliers` fp16 outlier columns (the first ones: where they are does
-  // not change the work).
-  static DevicePackedWeight random_quik(int64_t n, int64_t k, int wbits, int64_t outliers, uint64_t seed);
+  // A QUIK weight (wbits 4 or 8; abits 4, 8 or 16; FP8 activations with W4A8) with `outliers` fp16 outlier columns
+  // (the first ones: where they are does not change the work).
+  static DevicePackedWeight random_quik(int64_t n, int64_t k, int wbits, int64_t outliers, uint64_t seed, int abits = 8,
+                                        bool act_fp8 = false);
   // The rows of several anyprec weights stacked into one (q/k/v or gate/up as one GEMV, outputs side by side): the
   // same input width, parent, served widths and outlier presence required, else null. Planes [P, sum n, W], LUTs and
   // the CSR outliers concatenated in order.

@@ -179,7 +179,7 @@ constexpr KernelCandidate kMixed24aGemm[] = {{Kernel::Mixed24aTwoTiles, &mx_two_
 constexpr KernelCandidate kUniformGemv[] = {{Kernel::UniformGemv, &always}};
 constexpr KernelCandidate kDequantCublas[] = {{Kernel::DequantCublas, &always}};
 constexpr KernelCandidate kQuikGemv[] = {{Kernel::QuikGemv, &always}};
-constexpr KernelCandidate kQuikGemm[] = {{Kernel::QuikInt8Cublas, &always}};
+constexpr KernelCandidate kQuikGemm[] = {{Kernel::QuikGemm, &always}};
 
 }  // namespace
 
@@ -199,8 +199,8 @@ const char* kernel_name(Kernel k) {
     case Kernel::Mixed24aTc: return "2/4/16 fp16 tensor-core GEMV";
     case Kernel::Mixed24aCudaCores: return "2/4/16 CUDA-core GEMV";
     case Kernel::UniformGemv: return "uniform CUDA-core GEMV";
-    case Kernel::QuikGemv: return "QUIK int8 dp4a GEMV";
-    case Kernel::QuikInt8Cublas: return "QUIK cuBLAS int8 GEMM + epilogue";
+    case Kernel::QuikGemv: return "QUIK GEMV (int8 dp4a / FP8 integers / A16 fp32)";
+    case Kernel::QuikGemm: return "QUIK tensor-core GEMM (cuBLAS int8 / cuBLASLt FP8 / fp16) + outlier GEMM + epilogue";
     case Kernel::AnyPrecTwoTiles: return "anyprec two-tile GEMV";
     case Kernel::AnyPrecWgmmaWs: return "anyprec warp-specialized wgmma GEMM";
     case Kernel::AnyPrecStaged: return "anyprec staged mma.sync GEMM";

@@ -69,8 +69,8 @@ enum class Kernel : uint8_t {
   // uniform (RTN / GPTQ) GEMV, batch 1..8 (backend_cuda/uniform/).
   UniformGemv,              // CUDA-core FMAs over the stored bit streams, every width 2..8
   // QUIK, integer activations (backend_cuda/quik/).
-  QuikGemv,                 // per-token int8 activations, dp4a, batch 1..8
-  QuikInt8Cublas,           // per-token int8 activations, cuBLAS int8 GEMM (exact int32), fused epilogue, batch > 8
+  QuikGemv,                 // per-token activations (int8 dp4a, FP8 integers, or fp32 for A16), batch 1..8
+  QuikGemm,                 // tensor-core library GEMM (int8 / FP8 / fp16), outliers by a fp16 GEMM, epilogue, batch > 8
   // Above batch 8.
   AnyPrecTwoTiles,          // the tensor-core GEMVs over two batch tiles, batch 9..16
   AnyPrecWgmmaWs,           // warp-specialized wgmma GEMM (Hopper), 2..4 bits

@@ -46,7 +46,7 @@ GemvPath gemv_path_of(Kernel k) {
     case Kernel::Mixed24aCudaCores: return GemvPath::Scalar;
     case Kernel::UniformGemv:
     case Kernel::QuikGemv:
-    case Kernel::QuikInt8Cublas:
+    case Kernel::QuikGemm:
     case Kernel::DenseGemv:
     case Kernel::Cublas:
     case Kernel::AnyPrecTwoTiles:
@@ -140,7 +140,7 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
     }
     case Kernel::UniformGemv: return uniform_gemv(w.uniform(), x, mi, y, ctx.stream());
     case Kernel::QuikGemv: return quik_gemv(w.quik(), x, mi, y, ctx);
-    case Kernel::QuikInt8Cublas: return quik_gemm_cublas(w.quik(), x, m, y, ctx);
+    case Kernel::QuikGemm: return quik_gemm(w.quik(), x, m, y, ctx);
     case Kernel::AnyPrecTwoTiles: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::TwoTiles);
     case Kernel::AnyPrecWgmmaWs: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::WgmmaWs);
     case Kernel::AnyPrecStaged: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::Staged);

@@ -313,9 +313,10 @@ GpuModel::GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed) : c_(c)
     else if (kind == RandomKind::UniformW4G128 || kind == RandomKind::UniformW3G128)
       l.packed = std::make_unique<DevicePackedWeight>(
           DevicePackedWeight::random_uniform(n, k, kind == RandomKind::UniformW4G128 ? 4 : 3, 128, ++sd));
-    else if (kind == RandomKind::QuikW4A8 || kind == RandomKind::QuikW8A8)
+    else if (kind == RandomKind::QuikW4A8 || kind == RandomKind::QuikW8A8 || kind == RandomKind::QuikW4Fp8)
       l.packed = std::make_unique<DevicePackedWeight>(
-          DevicePackedWeight::random_quik(n, k, kind == RandomKind::QuikW4A8 ? 4 : 8, k / 16, ++sd));
+          DevicePackedWeight::random_quik(n, k, kind == RandomKind::QuikW8A8 ? 8 : 4, k / 16, ++sd, 8,
+                                          kind == RandomKind::QuikW4Fp8));
     else l.dense = f16(n * k, 1.0f / std::sqrt(static_cast<float>(k)));
   };
   emb_ = f16(V * dim, 1.0f);

@@ -52,7 +52,7 @@ class GpuModel {
   // disk): fp16 everywhere, or every linear as a random anyprec (8-bit parent, widths 2..8), mixed24a (0.35%
   // outliers), uniform (4 or 3 bits, groups of 128, asymmetric) or QUIK weight (W4A8 / W8A8, outlier columns 1/16 of
   // the input width, as the quantizer's default).
-  enum class RandomKind { Fp16, AnyPrec, Mixed24a, UniformW4G128, UniformW3G128, QuikW4A8, QuikW8A8 };
+  enum class RandomKind { Fp16, AnyPrec, Mixed24a, UniformW4G128, UniformW3G128, QuikW4A8, QuikW8A8, QuikW4Fp8 };
   GpuModel(const ModelConfig& c, RandomKind kind, uint64_t seed);
   ~GpuModel();
 

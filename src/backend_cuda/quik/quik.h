@@ -1,13 +1,18 @@
-// QUIK linears on the GPU (Ashkboos et al.; formats/quik/layout.h has the arithmetic), integer activations (abits 4
-// or 8; FP8 and A16 weights stay on the CPU: format_table's gpu_refuses):
-//   1. per-token activation quantization: each row of x quantized over its base columns exactly as
-//      quik_quantize_activations does (the same fp32 operations), codes as int8 padded to kbp; the outlier columns'
-//      activations as fp16; each row's (sa, mn)
-//   2. the integer products, exact in int32: a dp4a GEMV at batch 1..8 (4-bit codes widened in registers), above it
-//      one cuBLAS int8 GEMM (int8 tensor cores, int32 out; 4-bit codes widened into scratch first)
-//   3. the epilogue in fp32: y = sa sw acc + (H sa + mn) wReduced + Σ_o fp16(x_o) w_out[o]
-// The CPU twin is quik_gemm_packed_ref (int64 sums, fp64 epilogue): tests/test_cuda_kernels.cpp checks the int32
-// sums bit for bit and y within the fp32 epilogue's rounding.
+// QUIK linears on the GPU (Ashkboos et al.; formats/quik/layout.h has the arithmetic), every activation form the
+// format stores: integer (abits 4 / 8, asymmetric per token), FP8-E4M3 (symmetric per token, W4) and unquantized (A16):
+//   1. per-token activation quantization of each row's base columns by quik_quantize_activations' own fp32 operations,
+//      into the form the next step reads (int8 codes; FP8 as e4m3 bytes for the tensor cores or as the reference's
+//      integers, value x 512, for the GEMV; A16 as fp32 for the GEMV, fp16 for the GEMM), rows padded to kbp with
+//      zeros; the outlier columns' activations as fp16 beside them; each row's (sa, mn)
+//   2. the base product: a GEMV at batch 1..8 (integer sums exact: int32 for int8, int64 for FP8; fp32 for A16); above
+//      it one library GEMM on the tensor cores (cuBLAS int8 -> exact int32; cuBLASLt FP8 e4m3 -> fp32; cuBLAS fp16 ->
+//      fp32 for A16), 4-bit codes widened into scratch per call (no second copy of a weight is kept)
+//   3. the outlier columns: inside the GEMV; above it a fp16 cuBLAS GEMM [m, no] x [no, n] straight into y (or, for
+//      comparison, a per-output loop in the epilogue: OutlierPass)
+//   4. the epilogue, one pass over y: y = sa sw acc + (H sa + mn) wReduced + outliers (integer), sa sw acc + outliers
+//      (FP8), sw acc + outliers (A16), in fp64 from the fp32 / int values
+// The CPU twin is quik_gemm_packed_ref (int64 sums, fp64 epilogue): tests/test_cuda_kernels.cpp checks the integer
+// sums bit for bit where they are exact and y within named budgets.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -19,16 +24,22 @@
 
 namespace lowbit::cuda {
 
-// Scratch bytes quik_matmul takes from the context's activation scratch for m rows (codes, row parameters, outlier
-// activations) and from its weight scratch above batch 8 (int32 sums, widened 4-bit codes).
+// How the GEMM form adds the outlier columns' product: a fp16 cuBLAS GEMM into y before the epilogue (the runtime's
+// form), or a loop over the outliers in each output's epilogue thread (timed beside it by bench --kernels).
+enum class OutlierPass { Gemm, Epilogue };
+
+// Scratch bytes the QUIK forms take from the context's activation scratch for m rows (quantized activations, row
+// parameters, outlier activations) and from its weight scratch above batch 8 (sums, widened codes).
 size_t quik_act_scratch_bytes(const QuikDevice& w, int64_t m);
 size_t quik_gemm_scratch_bytes(const QuikDevice& w, int64_t m);
 
 // y [m, n] fp32 = the QUIK product of x [m, k] fp32 (original column order) for any m >= 1: the GEMV at m <= 8, the
-// cuBLAS int8 GEMM above. acc_out (tests, optional): the int32 sums [m, n].
-void quik_matmul(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int32_t* acc_out = nullptr);
+// GEMM above. acc_out (tests, optional): the integer sums [m, n] of the exact forms (integer activations at any m, FP8
+// in the GEMV); left untouched by the others.
+void quik_matmul(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out = nullptr);
 // The two forms, for tests and benchmarks (quik_matmul picks by m).
-void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int32_t* acc_out = nullptr);
-void quik_gemm_cublas(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int32_t* acc_out = nullptr);
+void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int64_t* acc_out = nullptr);
+void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out = nullptr,
+               OutlierPass outliers = OutlierPass::Gemm);
 
 }  // namespace lowbit::cuda

@@ -1,23 +1,31 @@
-// QUIK on the GPU (quik.h): activation quantization, the dp4a GEMV, the cuBLAS int8 GEMM and its epilogue.
+// QUIK on the GPU (quik.h): activation quantization, the GEMV, the library GEMMs, the outlier product and the epilogue.
 //
 // Design
 //   Activations: one CTA per token row; a block reduction of min / max over the base columns (gathered through
-//   base_idx), then the codes by quik_quantize_activations' own fp32 operations (IEEE division, round half to even,
-//   clamp), written as int8 with each row padded to kbp with zero codes; the outlier columns' activations rounded to
-//   fp16 beside them. The kernels of a later step read these, so the quantization runs once per linear call (fusing it
-//   into the kernels that produce x, as QUIK does, is the next step).
-//   GEMV (batch 1..8): one warp per output row, lane L taking the 16-code chunks L, L + 32, ... of the row: 16 bytes of
-//   8-bit codes, or 8 bytes of 4-bit ones whose even and odd nibbles are sign-extended into two words of int8 (the
-//   activations' even and odd bytes gathered to match with byte permutes), then __dp4a into int32 per batch row. The
-//   sums are exact (|code| <= 128, kb < 2^17: below 2^31), so any order gives the reference's integers.
-//   GEMM (batch > 8): cuBLAS's int8 GEMM (int8 tensor cores, int32 output, "TN": both operands K-contiguous, as the
-//   format stores them) over the padded codes; 4-bit codes are widened into the weight scratch per call, so no int8
-//   copy of a 4-bit weight is kept. Then one epilogue kernel per output.
-//   Epilogue: y = sa sw acc + (H sa + mn) wReduced + Σ_o fp16(x_o) w_out[o] in fp64 from the fp32 / fp16 values, as the
-//   reference does, the outlier sum in another order (fp64, so the difference is far below fp32's rounding).
+//   base_idx), then the row's values in the form the next kernel reads (ActForm), by quik_quantize_activations' own fp32
+//   operations (IEEE division, round half to even, clamp; e4m3 by the hardware's round-to-nearest-even saturating
+//   conversion, which is the reference's e4m3_round), rows padded to kbp with zeros; the outlier columns' activations
+//   rounded to fp16 beside them. The quantization runs once per linear call (fusing it into the kernels that produce x,
+//   as QUIK does, is the next step).
+//   GEMV (batch 1..8): one warp per output row, lane L taking the 16-code chunks L, L + 32, ... of the row. Integer
+//   activations: 16 bytes of 8-bit codes, or 8 bytes of 4-bit ones whose even and odd nibbles are sign-extended into two
+//   words of int8 (the activations' even and odd bytes gathered to match with byte permutes), then __dp4a into int32:
+//   exact (|code| <= 128, kb < 2^17: below 2^31). FP8: the activations as the reference's integers (e4m3 value x 512,
+//   |v| <= 229376) times the codes, 16 products summed in int32 (< 2^26) and the chunks in int64: exact. A16: fp32.
+//   The outlier columns are summed in fp64 by the same warp.
+//   GEMM (batch > 8): the library's tensor-core GEMM, "TN" (both operands K-contiguous, as the format stores them):
+//   cuBLAS int8 -> int32 (exact), cuBLASLt e4m3 x e4m3 -> fp32 (4-bit codes are exact e4m3 values), cuBLAS fp16 ->
+//   fp32 (A16; codes exact in fp16, x rounded to fp16). 4-bit codes are widened into the weight scratch per call, so
+//   no wider copy of a weight is kept. The outliers' product is a fp16 cuBLAS GEMM written straight into y; then one
+//   element-wise epilogue adds the scaled sums. (The outliers summed by each epilogue thread instead, OutlierPass::
+//   Epilogue, reads outlier_w once per token: bench --kernels times both.)
 #include "backend_cuda/quik/quik.h"
 
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+
 #include <cfloat>
+#include <type_traits>
 
 #include "backend_cuda/common/common.h"
 #include "core/error.h"
@@ -28,74 +36,128 @@ namespace {
 constexpr int kActThreads = 256;
 constexpr int kWarps = 8;   // rows per CTA of the GEMV and of the epilogue
 
+// What the activation kernel writes for the base columns.
+enum class ActForm {
+  Int8,      // abits 4 / 8: signed codes (GEMV and GEMM)
+  Fp8Int,    // FP8, for the GEMV: int32 e4m3 value x 512 (the reference's integers)
+  Fp8Byte,   // FP8, for the GEMM: e4m3 bytes
+  F32,       // A16, for the GEMV
+  F16,       // A16, for the GEMM
+};
+
+constexpr size_t act_elem_bytes(ActForm f) {
+  return f == ActForm::Fp8Int || f == ActForm::F32 ? 4 : f == ActForm::F16 ? 2 : 1;
+}
+
 struct RowAct {
   float sa, mn;
 };
 
 size_t align16(size_t b) { return (b + 15) / 16 * 16; }
 
-// The activation scratch: codes [m, kbp] int8, then (sa, mn) [m], then fp16 outlier activations [m, no].
+// The activation scratch: values [m, kbp] of the form's element, then (sa, mn) [m], then fp16 outlier activations [m, no].
 struct ActScratch {
-  int8_t* xq;
+  void* xq;
   RowAct* act;
   __half* xo;
 };
-ActScratch act_layout(const QuikDevice& w, int64_t m, void* base) {
+size_t act_bytes(const QuikDevice& w, int64_t m, ActForm f) {
+  return align16(static_cast<size_t>(m * w.kbp) * act_elem_bytes(f)) + align16(static_cast<size_t>(m) * sizeof(RowAct)) +
+         static_cast<size_t>(m * w.no) * sizeof(__half);
+}
+ActScratch act_layout(const QuikDevice& w, int64_t m, ActForm f, void* base) {
   uint8_t* p = static_cast<uint8_t*>(base);
   ActScratch s;
-  s.xq = reinterpret_cast<int8_t*>(p);
-  p += align16(static_cast<size_t>(m * w.kbp));
+  s.xq = p;
+  p += align16(static_cast<size_t>(m * w.kbp) * act_elem_bytes(f));
   s.act = reinterpret_cast<RowAct*>(p);
   p += align16(static_cast<size_t>(m) * sizeof(RowAct));
   s.xo = reinterpret_cast<__half*>(p);
   return s;
 }
 
+ActForm gemv_form(const QuikDevice& w) {
+  return w.abits == 16 ? ActForm::F32 : w.act_fp8 ? ActForm::Fp8Int : ActForm::Int8;
+}
+ActForm gemm_form(const QuikDevice& w) {
+  return w.abits == 16 ? ActForm::F16 : w.act_fp8 ? ActForm::Fp8Byte : ActForm::Int8;
+}
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ float from_e4m3(uint8_t b) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3)));
+}
+
+template <ActForm F>
 __global__ void __launch_bounds__(kActThreads) quik_act_kernel(QuikDevice w, const float* __restrict__ x, ActScratch s) {
+  constexpr bool kInt = F == ActForm::Int8, kFp8 = F == ActForm::Fp8Int || F == ActForm::Fp8Byte;
   const int64_t t = blockIdx.x;
   const float* xr = x + t * w.k;
-  float mn = FLT_MAX, mx = -FLT_MAX;
-  for (int64_t c = threadIdx.x; c < w.kb; c += kActThreads) {
-    const float v = xr[w.base_idx[c]];
-    mn = fminf(mn, v);
-    mx = fmaxf(mx, v);
-  }
-  __shared__ float smn[kActThreads / 32], smx[kActThreads / 32];
-  for (int off = 16; off > 0; off >>= 1) {
-    mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  }
-  if ((threadIdx.x & 31) == 0) smn[threadIdx.x >> 5] = mn, smx[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  mn = smn[0], mx = smx[0];
-  for (int i = 1; i < kActThreads / 32; ++i) mn = fminf(mn, smn[i]), mx = fmaxf(mx, smx[i]);
-  const int L = (1 << w.abits) - 1, H = 1 << (w.abits - 1);
   float sa = 1.0f, lo = 0.0f;   // no base column: the reference's defaults
-  if (w.kb > 0) {
-    lo = mn;
-    sa = (mx - mn) / static_cast<float>(L);
-    if (!(sa > 0.0f)) sa = 1.0f;   // a constant row: every code is -H, which decodes to mn exactly
-  }
-  int8_t* q = s.xq + t * w.kbp;
-  for (int64_t c = threadIdx.x; c < w.kbp; c += kActThreads) {
-    int code = 0;
-    if (c < w.kb) {
-      const float v = rintf(__fdiv_rn(xr[w.base_idx[c]] - lo, sa));
-      code = static_cast<int>(fminf(fmaxf(v, 0.0f), static_cast<float>(L))) - H;
+  if constexpr (kInt || kFp8) {
+    float mn = FLT_MAX, mx = -FLT_MAX;
+    for (int64_t c = threadIdx.x; c < w.kb; c += kActThreads) {
+      const float v = xr[w.base_idx[c]];
+      mn = fminf(mn, v);
+      mx = fmaxf(mx, v);
     }
-    q[c] = static_cast<int8_t>(code);
+    __shared__ float smn[kActThreads / 32], smx[kActThreads / 32];
+    for (int off = 16; off > 0; off >>= 1) {
+      mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    }
+    if ((threadIdx.x & 31) == 0) smn[threadIdx.x >> 5] = mn, smx[threadIdx.x >> 5] = mx;
+    __syncthreads();
+    mn = smn[0], mx = smx[0];
+    for (int i = 1; i < kActThreads / 32; ++i) mn = fminf(mn, smn[i]), mx = fmaxf(mx, smx[i]);
+    if (w.kb > 0) {
+      if constexpr (kFp8) {
+        sa = fmaxf(fabsf(mn), fabsf(mx)) / 448.0f;
+      } else {
+        lo = mn;
+        sa = (mx - mn) / static_cast<float>((1 << w.abits) - 1);
+      }
+      if (!(sa > 0.0f)) sa = 1.0f;   // a constant (or zero) row: the reference's choice
+    }
+  }
+  for (int64_t c = threadIdx.x; c < w.kbp; c += kActThreads) {
+    const float v = c < w.kb ? xr[w.base_idx[c]] : 0.0f;
+    if constexpr (kInt) {
+      const int L = (1 << w.abits) - 1, H = 1 << (w.abits - 1);
+      int code = 0;
+      if (c < w.kb) code = static_cast<int>(fminf(fmaxf(rintf(__fdiv_rn(v - lo, sa)), 0.0f), static_cast<float>(L))) - H;
+      static_cast<int8_t*>(s.xq)[t * w.kbp + c] = static_cast<int8_t>(code);
+    } else if constexpr (kFp8) {
+      const uint8_t b = to_e4m3(__fdiv_rn(v, sa));   // padding: e4m3 zero
+      if constexpr (F == ActForm::Fp8Byte) static_cast<uint8_t*>(s.xq)[t * w.kbp + c] = b;
+      else static_cast<int32_t*>(s.xq)[t * w.kbp + c] = static_cast<int32_t>(from_e4m3(b) * 512.0f);
+    } else if constexpr (F == ActForm::F32) {
+      static_cast<float*>(s.xq)[t * w.kbp + c] = v;
+    } else {
+      static_cast<__half*>(s.xq)[t * w.kbp + c] = __float2half_rn(v);
+    }
   }
   for (int64_t o = threadIdx.x; o < w.no; o += kActThreads) s.xo[t * w.no + o] = __float2half_rn(xr[w.outlier_idx[o]]);
   if (threadIdx.x == 0) s.act[t] = {sa, lo};
 }
 
-// y for one output from its exact integer sum and the outlier sum (fp64, as quik_gemm_packed_ref).
-__device__ __forceinline__ float quik_epilogue(const QuikDevice& w, int64_t r, RowAct a, int32_t acc, double outl) {
+// The scaled base product of one output, in fp64 (as quik_gemm_packed_ref), from its sum: integer activations' exact
+// int32, the FP8 GEMV's int64 in units of 2^-9, the FP8 GEMM's fp32 in units of 1, A16's fp32.
+template <ActForm F>
+__device__ __forceinline__ double quik_main(const QuikDevice& w, int64_t r, RowAct a, double acc) {
   const double sw = __half2float(w.scale[r]);
-  const double H = static_cast<double>(1 << (w.abits - 1));
-  const double main = static_cast<double>(a.sa) * sw * static_cast<double>(acc) +
-                      (H * a.sa + a.mn) * static_cast<double>(w.wreduced[r]);
-  return static_cast<float>(main + outl);
+  if constexpr (F == ActForm::Int8) {
+    const double H = static_cast<double>(1 << (w.abits - 1));
+    return static_cast<double>(a.sa) * sw * acc + (H * a.sa + a.mn) * static_cast<double>(w.wreduced[r]);
+  } else if constexpr (F == ActForm::Fp8Int) {
+    return static_cast<double>(a.sa) * sw * acc / 512.0;
+  } else if constexpr (F == ActForm::Fp8Byte) {
+    return static_cast<double>(a.sa) * sw * acc;
+  } else {
+    return sw * acc;
+  }
 }
 
 // Sign-extends the 4-bit codes of a word (8 nibbles: base column 2i low, 2i + 1 high in byte i) into two words of
@@ -105,39 +167,90 @@ __device__ __forceinline__ void widen4(uint32_t u, int& even, int& odd) {
   odd = static_cast<int>(__vsub4(((u >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u, 0x08080808u));
 }
 
-template <int M, int WBITS>
+// The 16 codes of chunk j of row r as int8 in column order.
+__device__ __forceinline__ uint4 codes16(const QuikDevice& w, int64_t r, int64_t j) {
+  if (w.wbits == 8) return __ldg(reinterpret_cast<const uint4*>(w.wq8 + r * w.kbp) + j);
+  const uint2 v = __ldg(reinterpret_cast<const uint2*>(w.wq4 + r * (w.kbp / 2)) + j);
+  int e0, o0, e1, o1;
+  widen4(v.x, e0, o0);
+  widen4(v.y, e1, o1);
+  uint4 c;   // even / odd interleaved back into column order
+  c.x = __byte_perm(e0, o0, 0x5140);
+  c.y = __byte_perm(e0, o0, 0x7362);
+  c.z = __byte_perm(e1, o1, 0x5140);
+  c.w = __byte_perm(e1, o1, 0x7362);
+  return c;
+}
+
+__device__ __forceinline__ int code_at(const uint4& c, int i) {   // signed byte i of 16
+  const uint32_t word = i < 4 ? c.x : i < 8 ? c.y : i < 12 ? c.z : c.w;
+  return static_cast<int8_t>((word >> (8 * (i & 3))) & 0xFFu);
+}
+
+template <ActForm F>
+using GemvAcc = std::conditional_t<F == ActForm::Int8, int, std::conditional_t<F == ActForm::Fp8Int, long long, float>>;
+
+template <int M, int WBITS, ActForm F>
 __global__ void __launch_bounds__(kWarps * 32) quik_gemv_kernel(QuikDevice w, ActScratch s, float* __restrict__ y,
-                                                                int32_t* __restrict__ acc_out) {
+                                                                int64_t* __restrict__ acc_out) {
+  using Acc = GemvAcc<F>;
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   if (r >= w.n) return;   // whole warps
-  int acc[M];
+  Acc acc[M];
 #pragma unroll
   for (int b = 0; b < M; ++b) acc[b] = 0;
   const int64_t chunks = w.kbp / 16;
+#pragma unroll 2
   for (int64_t j = lane; j < chunks; j += 32) {
-    if constexpr (WBITS == 8) {
+    if constexpr (F == ActForm::Int8 && WBITS == 8) {
       const uint4 wv = __ldg(reinterpret_cast<const uint4*>(w.wq8 + r * w.kbp) + j);
 #pragma unroll
       for (int b = 0; b < M; ++b) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(s.xq + b * w.kbp) + j);
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const int8_t*>(s.xq) + b * w.kbp) + j);
         acc[b] = __dp4a(static_cast<int>(xv.x), static_cast<int>(wv.x), acc[b]);
         acc[b] = __dp4a(static_cast<int>(xv.y), static_cast<int>(wv.y), acc[b]);
         acc[b] = __dp4a(static_cast<int>(xv.z), static_cast<int>(wv.z), acc[b]);
         acc[b] = __dp4a(static_cast<int>(xv.w), static_cast<int>(wv.w), acc[b]);
       }
-    } else {
+    } else if constexpr (F == ActForm::Int8) {
       const uint2 wv = __ldg(reinterpret_cast<const uint2*>(w.wq4 + r * (w.kbp / 2)) + j);
       int e0, o0, e1, o1;
       widen4(wv.x, e0, o0);
       widen4(wv.y, e1, o1);
 #pragma unroll
       for (int b = 0; b < M; ++b) {
-        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(s.xq + b * w.kbp) + j);
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const int8_t*>(s.xq) + b * w.kbp) + j);
         acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.x, xv.y, 0x6420)), e0, acc[b]);
         acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.x, xv.y, 0x7531)), o0, acc[b]);
         acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.z, xv.w, 0x6420)), e1, acc[b]);
         acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.z, xv.w, 0x7531)), o1, acc[b]);
+      }
+    } else {
+      const uint4 wc = codes16(w, r, j);
+#pragma unroll
+      for (int b = 0; b < M; ++b) {
+        if constexpr (F == ActForm::Fp8Int) {
+          const int4* xp = reinterpret_cast<const int4*>(static_cast<const int32_t*>(s.xq) + b * w.kbp) + 4 * j;
+          int part = 0;   // 16 products of |v| <= 229376 and |code| <= 8: below 2^26
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int4 xv = __ldg(xp + q);
+            part += xv.x * code_at(wc, 4 * q) + xv.y * code_at(wc, 4 * q + 1) + xv.z * code_at(wc, 4 * q + 2) +
+                    xv.w * code_at(wc, 4 * q + 3);
+          }
+          acc[b] += part;
+        } else {
+          const float4* xp = reinterpret_cast<const float4*>(static_cast<const float*>(s.xq) + b * w.kbp) + 4 * j;
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const float4 xv = __ldg(xp + q);
+            acc[b] = fmaf(xv.x, static_cast<float>(code_at(wc, 4 * q)), acc[b]);
+            acc[b] = fmaf(xv.y, static_cast<float>(code_at(wc, 4 * q + 1)), acc[b]);
+            acc[b] = fmaf(xv.z, static_cast<float>(code_at(wc, 4 * q + 2)), acc[b]);
+            acc[b] = fmaf(xv.w, static_cast<float>(code_at(wc, 4 * q + 3)), acc[b]);
+          }
+        }
       }
     }
   }
@@ -159,122 +272,243 @@ __global__ void __launch_bounds__(kWarps * 32) quik_gemv_kernel(QuikDevice w, Ac
   if (lane == 0)
 #pragma unroll
     for (int b = 0; b < M; ++b) {
-      y[b * w.n + r] = quik_epilogue(w, r, s.act[b], acc[b], outl[b]);
-      if (acc_out != nullptr) acc_out[b * w.n + r] = acc[b];
+      y[b * w.n + r] = static_cast<float>(quik_main<F>(w, r, s.act[b], static_cast<double>(acc[b])) + outl[b]);
+      if constexpr (F != ActForm::F32)
+        if (acc_out != nullptr) acc_out[b * w.n + r] = static_cast<int64_t>(acc[b]);
     }
 }
 
-// The GEMM's epilogue: one thread per output.
+// The GEMM's epilogue, one thread per output: y = the scaled sum + the outliers (already in y from their GEMM, or
+// summed here).
+template <ActForm F, typename AccT>
 __global__ void __launch_bounds__(kWarps * 32) quik_epilogue_kernel(QuikDevice w, ActScratch s, int64_t m,
-                                                                    const int32_t* __restrict__ acc, int64_t ldc,
-                                                                    float* __restrict__ y, int32_t* __restrict__ acc_out) {
+                                                                    const AccT* __restrict__ acc, int64_t ldc,
+                                                                    OutlierPass pass, float* __restrict__ y,
+                                                                    int64_t* __restrict__ acc_out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= m * w.n) return;
   const int64_t t = i / w.n, r = i - t * w.n;
   double outl = 0.0;
-  for (int64_t o = 0; o < w.no; ++o)
-    outl += static_cast<double>(__half2float(s.xo[t * w.no + o])) * __half2float(w.outlier_w[r * w.no + o]);
-  const int32_t a = acc[t * ldc + r];
-  y[i] = quik_epilogue(w, r, s.act[t], a, outl);
-  if (acc_out != nullptr) acc_out[i] = a;
+  if (pass == OutlierPass::Gemm) {
+    if (w.no > 0) outl = y[i];
+  } else {
+    for (int64_t o = 0; o < w.no; ++o)
+      outl += static_cast<double>(__half2float(s.xo[t * w.no + o])) * __half2float(w.outlier_w[r * w.no + o]);
+  }
+  const AccT a = acc[t * ldc + r];
+  y[i] = static_cast<float>(quik_main<F>(w, r, s.act[t], static_cast<double>(a)) + outl);
+  if constexpr (std::is_integral_v<AccT>)
+    if (acc_out != nullptr) acc_out[i] = a;
 }
 
-// 4-bit codes [n, kbp / 2] to int8 [n, kbp] (the GEMM's operand), 16 codes per thread.
-__global__ void quik_widen4_kernel(QuikDevice w, int8_t* __restrict__ out) {
+// The codes [n, kbp] as the GEMM's operand T (int8, e4m3 or fp16), 16 codes per thread.
+template <typename T>
+__global__ void quik_widen_kernel(QuikDevice w, T* __restrict__ out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;   // 16-code chunk
-  if (i >= w.n * (w.kbp / 16)) return;
-  const uint2 v = reinterpret_cast<const uint2*>(w.wq4)[i];
-  int e0, o0, e1, o1;
-  widen4(v.x, e0, o0);
-  widen4(v.y, e1, o1);
-  // Interleave even / odd back into column order.
-  uint4 r;
-  r.x = __byte_perm(e0, o0, 0x5140);
-  r.y = __byte_perm(e0, o0, 0x7362);
-  r.z = __byte_perm(e1, o1, 0x5140);
-  r.w = __byte_perm(e1, o1, 0x7362);
-  reinterpret_cast<uint4*>(out)[i] = r;
+  const int64_t per_row = w.kbp / 16;
+  if (i >= w.n * per_row) return;
+  const uint4 c = codes16(w, i / per_row, i % per_row);
+  if constexpr (sizeof(T) == 1 && std::is_signed_v<T>) {
+    reinterpret_cast<uint4*>(out)[i] = c;
+  } else if constexpr (sizeof(T) == 1) {   // e4m3: every code of 4 bits is exact
+    uint8_t b[16];
+#pragma unroll
+    for (int q = 0; q < 16; ++q) b[q] = to_e4m3(static_cast<float>(code_at(c, q)));
+    reinterpret_cast<uint4*>(out)[i] = *reinterpret_cast<const uint4*>(b);
+  } else {
+    __half h[16];
+#pragma unroll
+    for (int q = 0; q < 16; ++q) h[q] = __int2half_rn(code_at(c, q));
+    reinterpret_cast<uint4*>(out)[2 * i] = *reinterpret_cast<const uint4*>(h);
+    reinterpret_cast<uint4*>(out)[2 * i + 1] = *reinterpret_cast<const uint4*>(h + 8);
+  }
 }
 
-// x quantized into the context's activation scratch (codes, row parameters, outlier activations).
-ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, GemmContext& ctx) {
-  LOWBIT_CHECK(w.abits == 4 || w.abits == 8, "quik GPU: abits ", w.abits, " (integer activations 4 or 8 only)");
-  const ActScratch s = act_layout(w, m, ctx.act_scratch((quik_act_scratch_bytes(w, m) + 1) / 2));
-  quik_act_kernel<<<static_cast<unsigned>(m), kActThreads, 0, ctx.stream()>>>(w, x, s);
+// x quantized into the context's activation scratch in form f, laid out for `rows` >= m tokens (the rows past m zero).
+ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, int64_t rows, ActForm f,
+                                GemmContext& ctx) {
+  LOWBIT_CHECK(w.abits == 4 || w.abits == 8 || w.abits == 16, "quik GPU: abits ", w.abits);
+  LOWBIT_CHECK(!w.act_fp8 || (w.wbits == 4 && w.abits == 8), "quik GPU: FP8 activations need W4A8");
+  const ActScratch s = act_layout(w, rows, f, ctx.act_scratch((act_bytes(w, rows, f) + 1) / 2));
+  if (rows > m)
+    LOWBIT_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(s.xq) + m * w.kbp * act_elem_bytes(f), 0,
+                                      static_cast<size_t>((rows - m) * w.kbp) * act_elem_bytes(f), ctx.stream()));
+  const unsigned grid = static_cast<unsigned>(m);
+  switch (f) {
+    case ActForm::Int8: quik_act_kernel<ActForm::Int8><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::Fp8Int: quik_act_kernel<ActForm::Fp8Int><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::Fp8Byte: quik_act_kernel<ActForm::Fp8Byte><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::F32: quik_act_kernel<ActForm::F32><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::F16: quik_act_kernel<ActForm::F16><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+  }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   return s;
 }
 
-template <int M>
-void launch_gemv(const QuikDevice& w, const ActScratch& s, float* y, int32_t* acc_out, cudaStream_t st) {
+template <int M, ActForm F>
+void launch_gemv_form(const QuikDevice& w, const ActScratch& s, float* y, int64_t* acc_out, cudaStream_t st) {
   const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
-  if (w.wbits == 8) quik_gemv_kernel<M, 8><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
-  else quik_gemv_kernel<M, 4><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
+  if (w.wbits == 8) quik_gemv_kernel<M, 8, F><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
+  else quik_gemv_kernel<M, 4, F><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
+}
+
+template <int M>
+void launch_gemv(const QuikDevice& w, ActForm f, const ActScratch& s, float* y, int64_t* acc_out, cudaStream_t st) {
+  switch (f) {
+    case ActForm::Int8: return launch_gemv_form<M, ActForm::Int8>(w, s, y, acc_out, st);
+    case ActForm::Fp8Int: return launch_gemv_form<M, ActForm::Fp8Int>(w, s, y, acc_out, st);
+    default: return launch_gemv_form<M, ActForm::F32>(w, s, y, acc_out, st);
+  }
+}
+
+// acc [m, n] fp32 (column-major [n, m]) = W8 [n, kbp] e4m3 · xq [m, kbp]ᵀ e4m3 by cuBLASLt, fp32 accumulation; n and
+// m the padded sizes (multiples of 16).
+void fp8_gemm(const QuikDevice& w, const uint8_t* wq, const uint8_t* xq, int64_t n, int64_t m, float* acc,
+              GemmContext& ctx) {
+  // A cuBLAS handle serves as a cuBLASLt handle.
+  cublasLtHandle_t lt = reinterpret_cast<cublasLtHandle_t>(ctx.cublas());
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  const auto ok = [](cublasStatus_t st) { return st == CUBLAS_STATUS_SUCCESS; };
+  const bool ready =
+      ok(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+      ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+      ok(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+      ok(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, static_cast<uint64_t>(w.kbp), static_cast<uint64_t>(n), w.kbp)) &&
+      ok(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, static_cast<uint64_t>(w.kbp), static_cast<uint64_t>(m), w.kbp)) &&
+      ok(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, static_cast<uint64_t>(n), static_cast<uint64_t>(m), n)) &&
+      ok(cublasLtMatmulPreferenceCreate(&pref)) &&
+      ok(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &heur, &found)) && found > 0;
+  cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED;
+  if (ready) {
+    const float one = 1.0f, zero = 0.0f;
+    st = cublasLtMatmul(lt, op, &one, wq, la, xq, lb, &zero, acc, lc, acc, lc, &heur.algo, nullptr, 0, ctx.stream());
+  }
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (op) cublasLtMatmulDescDestroy(op);
+  LOWBIT_CHECK(ready, "quik GPU: cuBLASLt has no FP8 GEMM for ", n, " x ", w.kbp, " at batch ", m);
+  cublas_check(st, "quik FP8 GEMM (cuBLASLt)");
+}
+
+template <ActForm F, typename AccT>
+void launch_epilogue(const QuikDevice& w, const ActScratch& s, int64_t m, const AccT* acc, int64_t ldc,
+                     OutlierPass pass, float* y, int64_t* acc_out, cudaStream_t st) {
+  const int64_t total = m * w.n;
+  quik_epilogue_kernel<F, AccT><<<static_cast<unsigned>((total + kWarps * 32 - 1) / (kWarps * 32)), kWarps * 32, 0, st>>>(
+      w, s, m, acc, ldc, pass, y, acc_out);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T>
+const T* widen(const QuikDevice& w, void* out, cudaStream_t st) {
+  const int64_t chunks = w.n * (w.kbp / 16);
+  if (chunks > 0) quik_widen_kernel<T><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, st>>>(w, static_cast<T*>(out));
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+  return static_cast<const T*>(out);
+}
+
+// cuBLAS's int8 GEMM wants the sums' leading dimension a multiple of 4; cuBLASLt's FP8 GEMM finds algorithms only for
+// dimensions that are multiples of 16, so its operands are padded with zero rows (weights) and zero tokens.
+int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
+int64_t acc_ld(const QuikDevice& w) { return gemm_form(w) == ActForm::Fp8Byte ? round_up(w.n, 16) : round_up(w.n, 4); }
+int64_t gemm_rows(const QuikDevice& w, int64_t m) { return gemm_form(w) == ActForm::Fp8Byte ? round_up(m, 16) : m; }
+
+
+size_t widened_bytes(const QuikDevice& w) {
+  const ActForm f = gemm_form(w);
+  if (f == ActForm::F16) return static_cast<size_t>(w.n * w.kbp) * sizeof(__half);
+  if (f == ActForm::Fp8Byte) return static_cast<size_t>(round_up(w.n, 16) * w.kbp);
+  return w.wbits == 4 ? static_cast<size_t>(w.n * w.kbp) : 0;
 }
 
 }  // namespace
 
 size_t quik_act_scratch_bytes(const QuikDevice& w, int64_t m) {
-  return align16(static_cast<size_t>(m * w.kbp)) + align16(static_cast<size_t>(m) * sizeof(RowAct)) +
-         static_cast<size_t>(m * w.no) * sizeof(__half);
+  return m <= 8 ? act_bytes(w, m, gemv_form(w)) : act_bytes(w, gemm_rows(w, m), gemm_form(w));
 }
 
 size_t quik_gemm_scratch_bytes(const QuikDevice& w, int64_t m) {
-  return align16(static_cast<size_t>(m * ((w.n + 3) / 4 * 4)) * sizeof(int32_t)) +
-         (w.wbits == 4 ? static_cast<size_t>(w.n * w.kbp) : 0);
+  return align16(static_cast<size_t>(gemm_rows(w, m) * acc_ld(w)) * 4) + widened_bytes(w);
 }
 
-void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int32_t* acc_out) {
-  LOWBIT_CHECK(m >= 1 && m <= 8, "quik_gemv: batch ", m, " (1..8 served; above, quik_gemm_cublas)");
-  const ActScratch s = quantize_activations(w, x, m, ctx);
+void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int64_t* acc_out) {
+  LOWBIT_CHECK(m >= 1 && m <= 8, "quik_gemv: batch ", m, " (1..8 served; above, quik_gemm)");
+  const ActForm f = gemv_form(w);
+  const ActScratch s = quantize_activations(w, x, m, m, f, ctx);
   switch (m) {
-    case 1: launch_gemv<1>(w, s, y, acc_out, ctx.stream()); break;
-    case 2: launch_gemv<2>(w, s, y, acc_out, ctx.stream()); break;
-    case 3: launch_gemv<3>(w, s, y, acc_out, ctx.stream()); break;
-    case 4: launch_gemv<4>(w, s, y, acc_out, ctx.stream()); break;
-    case 5: launch_gemv<5>(w, s, y, acc_out, ctx.stream()); break;
-    case 6: launch_gemv<6>(w, s, y, acc_out, ctx.stream()); break;
-    case 7: launch_gemv<7>(w, s, y, acc_out, ctx.stream()); break;
-    default: launch_gemv<8>(w, s, y, acc_out, ctx.stream()); break;
+    case 1: launch_gemv<1>(w, f, s, y, acc_out, ctx.stream()); break;
+    case 2: launch_gemv<2>(w, f, s, y, acc_out, ctx.stream()); break;
+    case 3: launch_gemv<3>(w, f, s, y, acc_out, ctx.stream()); break;
+    case 4: launch_gemv<4>(w, f, s, y, acc_out, ctx.stream()); break;
+    case 5: launch_gemv<5>(w, f, s, y, acc_out, ctx.stream()); break;
+    case 6: launch_gemv<6>(w, f, s, y, acc_out, ctx.stream()); break;
+    case 7: launch_gemv<7>(w, f, s, y, acc_out, ctx.stream()); break;
+    default: launch_gemv<8>(w, f, s, y, acc_out, ctx.stream()); break;
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
-void quik_gemm_cublas(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int32_t* acc_out) {
-  LOWBIT_CHECK(m >= 1 && m <= INT32_MAX && w.n <= INT32_MAX, "quik_gemm_cublas: ", m, " x ", w.n, " outputs");
-  const ActScratch s = quantize_activations(w, x, m, ctx);
+void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out,
+               OutlierPass pass) {
+  LOWBIT_CHECK(m >= 1 && m <= INT32_MAX && w.n <= INT32_MAX, "quik_gemm: ", m, " x ", w.n, " outputs");
+  const ActForm f = gemm_form(w);
+  const int64_t rows = gemm_rows(w, m);
+  const ActScratch s = quantize_activations(w, x, m, rows, f, ctx);
+  cudaStream_t st = ctx.stream();
   uint8_t* ws = reinterpret_cast<uint8_t*>(ctx.weight_scratch((quik_gemm_scratch_bytes(w, m) + 1) / 2));
-  // The int32 sums [m, ldc], ldc = n rounded up to 4 (cuBLAS's int8 GEMM wants the leading dimensions so).
-  const int64_t ldc = (w.n + 3) / 4 * 4;
-  int32_t* acc = reinterpret_cast<int32_t*>(ws);
-  const int8_t* wq = w.wq8;
-  if (w.wbits == 4) {
-    int8_t* wide = reinterpret_cast<int8_t*>(ws + align16(static_cast<size_t>(m * ldc) * sizeof(int32_t)));
-    const int64_t chunks = w.n * (w.kbp / 16);
-    if (chunks > 0) quik_widen4_kernel<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, ctx.stream()>>>(w, wide);
-    LOWBIT_CUDA_CHECK(cudaGetLastError());
-    wq = wide;
+  const int64_t ldc = acc_ld(w);
+  void* acc = ws;   // the sums [rows, ldc]: int32 or fp32
+  void* wide = ws + align16(static_cast<size_t>(rows * ldc) * 4);
+  const int N = static_cast<int>(w.n), Mi = static_cast<int>(m), K = static_cast<int>(w.kbp);
+  if (w.no > 0 && pass == OutlierPass::Gemm) {
+    // y [m, n] (column-major [n, m]) = outlier_w [n, no] · xo [m, no]ᵀ: "TN", fp16 in, fp32 accumulation and out.
+    const float one = 1.0f, zero = 0.0f;
+    cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, Mi, static_cast<int>(w.no), &one, w.outlier_w,
+                              CUDA_R_16F, static_cast<int>(w.no), s.xo, CUDA_R_16F, static_cast<int>(w.no), &zero, y,
+                              CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                 "quik outlier GEMM");
   }
-  if (w.kbp == 0) {
-    LOWBIT_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(m * ldc) * sizeof(int32_t), ctx.stream()));
+  if (w.kbp == 0) LOWBIT_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(rows * ldc) * 4, st));
+  if (f == ActForm::Int8) {
+    if (w.kbp > 0) {
+      const int8_t* wq = w.wbits == 8 ? w.wq8 : widen<int8_t>(w, wide, st);
+      const int32_t one = 1, zero = 0;
+      cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, Mi, K, &one, wq, CUDA_R_8I, K, s.xq,
+                                CUDA_R_8I, K, &zero, acc, CUDA_R_32I, static_cast<int>(ldc), CUBLAS_COMPUTE_32I,
+                                CUBLAS_GEMM_DEFAULT),
+                   "quik int8 GEMM");
+    }
+    launch_epilogue<ActForm::Int8>(w, s, m, static_cast<const int32_t*>(acc), ldc, pass, y, acc_out, st);
+  } else if (f == ActForm::Fp8Byte) {
+    if (w.kbp > 0) {
+      if (ldc > w.n)   // the padding rows of the widened weight: e4m3 zeros
+        LOWBIT_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(wide) + w.n * w.kbp, 0, static_cast<size_t>((ldc - w.n) * w.kbp), st));
+      fp8_gemm(w, widen<uint8_t>(w, wide, st), static_cast<const uint8_t*>(s.xq), ldc, rows, static_cast<float*>(acc), ctx);
+    }
+    launch_epilogue<ActForm::Fp8Byte>(w, s, m, static_cast<const float*>(acc), ldc, pass, y, nullptr, st);
   } else {
-    // acc [m, n] (column-major [n, m]) = W [n, kbp] · xq [m, kbp]ᵀ: "TN", both K-contiguous.
-    const int32_t one = 1, zero = 0;
-    cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
-                              static_cast<int>(w.kbp), &one, wq, CUDA_R_8I, static_cast<int>(w.kbp), s.xq, CUDA_R_8I,
-                              static_cast<int>(w.kbp), &zero, acc, CUDA_R_32I, static_cast<int>(ldc), CUBLAS_COMPUTE_32I,
-                              CUBLAS_GEMM_DEFAULT),
-                 "quik int8 GEMM");
+    if (w.kbp > 0) {
+      const __half* wq = widen<__half>(w, wide, st);
+      const float one = 1.0f, zero = 0.0f;
+      cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, Mi, K, &one, wq, CUDA_R_16F, K, s.xq,
+                                CUDA_R_16F, K, &zero, acc, CUDA_R_32F, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT),
+                   "quik A16 GEMM");
+    }
+    launch_epilogue<ActForm::F16>(w, s, m, static_cast<const float*>(acc), ldc, pass, y, nullptr, st);
   }
-  const int64_t total = m * w.n;
-  quik_epilogue_kernel<<<static_cast<unsigned>((total + kWarps * 32 - 1) / (kWarps * 32)), kWarps * 32, 0, ctx.stream()>>>(
-      w, s, m, acc, ldc, y, acc_out);
-  LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
-void quik_matmul(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int32_t* acc_out) {
+void quik_matmul(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out) {
   if (m <= 8) return quik_gemv(w, x, static_cast<int>(m), y, ctx, acc_out);
-  quik_gemm_cublas(w, x, m, y, ctx, acc_out);
+  quik_gemm(w, x, m, y, ctx, acc_out);
 }
 
 }  // namespace lowbit::cuda

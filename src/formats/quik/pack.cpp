@@ -104,6 +104,7 @@ PackedWeight pack_quik(const QuikQuantized& q, std::vector<std::shared_ptr<std::
   } else {
     const int64_t bytes = (kb + 1) / 2;
     std::vector<uint8_t> packed(static_cast<size_t>(n * bytes), 0);
+#pragma omp parallel for if (n * kb > 65536)
     for (int64_t r = 0; r < n; ++r)
       for (int64_t j = 0; j < kb; ++j)
         packed[static_cast<size_t>(r * bytes + j / 2)] |=

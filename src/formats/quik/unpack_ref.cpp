@@ -1,4 +1,5 @@
 // quik format: part shapes, value checks, the unpacker and the integer-exact reference GEMM. Layout: layout.h.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -11,13 +12,28 @@
 namespace lowbit {
 namespace {
 
-int8_t code_at(const PackedWeight& w, int64_t r, int64_t j) {
-  const int64_t kb = w.shape[1] - w.params.at("outliers");
-  if (w.params.at("wbits") == 8) return element<int8_t>(w.parts.at("qweight8"), r * kb + j);
-  const uint8_t byte = element<uint8_t>(w.parts.at("qweight4"), r * ((kb + 1) / 2) + j / 2);
-  const int nib = (byte >> (4 * (j % 2))) & 15;
-  return static_cast<int8_t>(nib >= 8 ? nib - 16 : nib);
-}
+// A weight's codes, read with its parameters and part resolved once (the checks and the reference walk every code:
+// a map lookup per code cost seconds per 7B block).
+class Codes {
+ public:
+  explicit Codes(const PackedWeight& w)
+      : kb_(w.shape[1] - w.params.at("outliers")), w8_(w.params.at("wbits") == 8),
+        p_(w.parts.at(w8_ ? "qweight8" : "qweight4").data), row_bytes_(w8_ ? kb_ : (kb_ + 1) / 2) {}
+  int8_t operator()(int64_t r, int64_t j) const {
+    if (w8_) return static_cast<int8_t>(p_[r * row_bytes_ + j]);
+    const int nib = (p_[r * row_bytes_ + j / 2] >> (4 * (j % 2))) & 15;
+    return static_cast<int8_t>(nib >= 8 ? nib - 16 : nib);
+  }
+  void row(int64_t r, int8_t* out) const {
+    for (int64_t j = 0; j < kb_; ++j) out[j] = (*this)(r, j);
+  }
+
+ private:
+  int64_t kb_;
+  bool w8_;
+  const uint8_t* p_;   // bytes: no alignment needed
+  int64_t row_bytes_;
+};
 
 std::vector<int64_t> base_columns_of(const PackedWeight& w) {
   QuikQuantized q;
@@ -68,13 +84,25 @@ void quik_check_values(const PackedWeight& w, const std::string& where) {
       LOWBIT_CHECK((element<uint16_t>(v, i) & 0x7c00u) != 0x7c00u, where, ": part ", part, " [", i, "] is not finite");
   }
   // wReduced is redundant by definition; a mismatch is a corrupt or foreign file.
-  std::vector<int8_t> row(static_cast<size_t>(kb));
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t j = 0; j < kb; ++j) row[static_cast<size_t>(j)] = code_at(w, r, j);
-    const float want = quik_wreduced(element<uint16_t>(w.parts.at("scale"), r), row.data(), kb);
-    const float got = element<float>(w.parts.at("wreduced"), r);
-    LOWBIT_CHECK(std::memcmp(&want, &got, 4) == 0, where, ": part wreduced [", r, "] = ", got,
-                 " is not scale * sum of the row's codes (", want, ")");
+  const Codes codes(w);
+  const TensorView &scale = w.parts.at("scale"), &wreduced = w.parts.at("wreduced");
+  int64_t first_bad = n;
+#pragma omp parallel if (n * kb > 65536)
+  {
+    std::vector<int8_t> row(static_cast<size_t>(kb));
+#pragma omp for reduction(min : first_bad)
+    for (int64_t r = 0; r < n; ++r) {
+      codes.row(r, row.data());
+      const float want = quik_wreduced(element<uint16_t>(scale, r), row.data(), kb), got = element<float>(wreduced, r);
+      if (std::memcmp(&want, &got, 4) != 0) first_bad = std::min(first_bad, r);
+    }
+  }
+  if (first_bad < n) {
+    std::vector<int8_t> row(static_cast<size_t>(kb));
+    codes.row(first_bad, row.data());
+    fail(where, ": part wreduced [", first_bad, "] = ", element<float>(wreduced, first_bad),
+         " is not scale * sum of the row's codes (", quik_wreduced(element<uint16_t>(scale, first_bad), row.data(), kb),
+         ")");
   }
 }
 
@@ -94,8 +122,9 @@ QuikQuantized unpack_quik(const PackedWeight& w, const std::string& where) {
   copy("outlier_w", q.outlier_w);
   const int64_t kb = q.base();
   q.wq.resize(static_cast<size_t>(q.n * kb));
-  for (int64_t r = 0; r < q.n; ++r)
-    for (int64_t j = 0; j < kb; ++j) q.wq[static_cast<size_t>(r * kb + j)] = code_at(w, r, j);
+  const Codes codes(w);
+#pragma omp parallel for if (q.n * kb > 65536)
+  for (int64_t r = 0; r < q.n; ++r) codes.row(r, q.wq.data() + r * kb);
   return q;
 }
 
@@ -108,6 +137,7 @@ void quik_gemm_packed_ref(const PackedWeight& w, const float* x, int64_t m, cons
   const TensorView& idx = w.parts.at("outlier_idx");
   std::vector<float> xb(static_cast<size_t>(kb));
   std::vector<int32_t> codes(static_cast<size_t>(kb));
+  const Codes code_at(w);
   if (acc_out) acc_out->assign(static_cast<size_t>(m * n), 0);
   for (int64_t t = 0; t < m; ++t) {
     for (int64_t j = 0; j < kb; ++j) xb[static_cast<size_t>(j)] = x[t * k + base[static_cast<size_t>(j)]];
@@ -118,10 +148,10 @@ void quik_gemm_packed_ref(const PackedWeight& w, const float* x, int64_t m, cons
       double out = bias != nullptr ? bias[r] : 0.0;
       if (abits == 16) {
         for (int64_t j = 0; j < kb; ++j)
-          out += static_cast<double>(xb[static_cast<size_t>(j)]) * static_cast<double>(static_cast<float>(sw) * static_cast<float>(code_at(w, r, j)));
+          out += static_cast<double>(xb[static_cast<size_t>(j)]) * static_cast<double>(static_cast<float>(sw) * static_cast<float>(code_at(r, j)));
       } else {
         int64_t acc = 0;   // the integer GEMM, in integers
-        for (int64_t j = 0; j < kb; ++j) acc += static_cast<int64_t>(codes[static_cast<size_t>(j)]) * code_at(w, r, j);
+        for (int64_t j = 0; j < kb; ++j) acc += static_cast<int64_t>(codes[static_cast<size_t>(j)]) * code_at(r, j);
         if (acc_out) (*acc_out)[static_cast<size_t>(t * n + r)] = acc;
         if (fp8) {
           out += static_cast<double>(aq.sa) * sw * static_cast<double>(acc) / 512.0;
