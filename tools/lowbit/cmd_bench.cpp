@@ -115,7 +115,7 @@ void register_bench(CLI::App& app, Common& common) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* sub = app.add_subcommand("bench", "Prefill/decode speed vs measured ceilings; GPU kernel benchmarks");
   sub->add_option("model", a->model, "Model: HF directory, .gguf, llama2.c .bin, or .lowbit (not with --kernels/--e2e)");
-  sub->add_option("--prefill", a->speed.prefill, "Prompt tokens for the prefill measurement (default 512)")
+  sub->add_option("--prefill", a->speed.prefill, "Prompt tokens for the prefill measurement (default 512; also --e2e)")
       ->check(in_range(1, 1 << 16));
   sub->add_option("--decode", a->speed.decode, "Tokens for the decode measurement (default 64)")
       ->check(in_range(3, 1 << 16));
@@ -145,8 +145,9 @@ void register_bench(CLI::App& app, Common& common) {
     refuse_unless(sub, {"--shapes", "--batch", "--iters", "--formats"}, a->kernels, "applies to --kernels only");
     refuse_unless(sub, {"--model-shapes", "--weights", "--decode-batches"}, a->e2e, "applies to --e2e only");
     refuse_unless(sub, {"--kernel-bits"}, a->kernels || a->e2e, "applies to --kernels and --e2e only");
-    refuse_unless(sub, {"--prefill", "--decode", "--reps", "--bits", "--device", "--tokenizer"},
-                  !a->kernels && !a->e2e, "applies to a MODEL's benchmark, not to --kernels / --e2e");
+    refuse_unless(sub, {"--decode", "--reps", "--bits", "--device", "--tokenizer"}, !a->kernels && !a->e2e,
+                  "applies to a MODEL's benchmark, not to --kernels / --e2e");
+    refuse_unless(sub, {"--prefill"}, !a->kernels, "applies to a MODEL's benchmark and to --e2e, not to --kernels");
     if (a->kernels || a->e2e) {
       if (!a->model.empty()) fail("bench ", a->kernels ? "--kernels" : "--e2e", " takes no MODEL (got ", a->model, ")");
       require_gpu(a->kernels ? "--kernels" : "--e2e");
@@ -157,6 +158,7 @@ void register_bench(CLI::App& app, Common& common) {
         o.kinds = a->e2e_weights;
         o.bits = a->kernel_bits;
         o.batches = a->decode_batches;
+        if (sub->count("--prefill") > 0) o.prefill = a->speed.prefill;
         cuda::run_e2e_bench(o, std::cout);
         return;
       }
