@@ -380,6 +380,21 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             const double f8 = fp8_gemm_us(n, k, m, o.iters, s, [&](int it, const std::function<void(int)>& f) { return median_us(it, f); });
             if (f8 > 0) row("FP8 cuBLASLt GEMM (e4m3 x e4m3, fp32 accumulation, fp16 out)", m, f8, base[bi], static_cast<uint64_t>(n * k));
           }
+          if (wb == 8 && !qfm.fp8 && m > kMaxGemvBatch) {   // the int8 GEMM alone: what QUIK's GEMM form adds to it
+            const int64_t kb = k - k / 16, ldc = (n + 3) / 4 * 4;
+            DeviceBuffer<int8_t> xq(static_cast<size_t>(m * kb));
+            DeviceBuffer<int32_t> acc(static_cast<size_t>(m * ldc));
+            fill_random_bytes(reinterpret_cast<uint8_t*>(xq.get()), m * kb, 33);
+            const int32_t one = 1, zero = 0;
+            const double us8 = median_us(o.iters, [&](int i) {
+              cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                        static_cast<int>(kb), &one, w[static_cast<size_t>(i % rot)].quik().wq8, CUDA_R_8I,
+                                        static_cast<int>(w[0].quik().kbp), xq.get(), CUDA_R_8I, static_cast<int>(kb), &zero,
+                                        acc.get(), CUDA_R_32I, static_cast<int>(ldc), CUBLAS_COMPUTE_32I, CUBLAS_GEMM_DEFAULT),
+                           "bench int8 GEMM");
+            });
+            row("cuBLAS int8 GEMM alone (int32 out, the base columns)", m, us8, base[bi], static_cast<uint64_t>(n * kb));
+          }
           const Kernel choice = print_choice(qf, {FormatId::Quik, n, k, m, 0, kPreSplitInRuntime}, out).kernel;
           const double us = median_us(o.iters, [&](int i) {
             quik_matmul(w[static_cast<size_t>(i % rot)].quik(), xf.get(), m, yf.get(), ctx);

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "core/half.h"
 #include "formats/format_table.h"
@@ -159,21 +160,21 @@ TEST(QuikGemm, ZeroPointCorrectionIsExact) {
 
 // Which QUIK weights the GPU runs (format_table's gpu_refuses): integer activations; FP8 and A16 stay on the CPU,
 // and a model holding one is kept off the GPU by --device auto (first_cpu_only_weight) with the reason named.
-TEST(QuikGpu, IntegerActivationsRunThereFp8AndA16StayOnTheCpu) {
+TEST(QuikGpu, EveryActivationFormRunsThere) {
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-  EXPECT_EQ(gpu_refusal(pack_quik(test::random_quik(4, 64, 4, 8, false, 2, 1), storage)), nullptr);
-  EXPECT_EQ(gpu_refusal(pack_quik(test::random_quik(4, 64, 8, 4, false, 2, 1), storage)), nullptr);
-  const char* fp8 = gpu_refusal(pack_quik(test::random_quik(4, 64, 4, 8, true, 2, 1), storage));
-  ASSERT_NE(fp8, nullptr);
-  EXPECT_NE(std::string(fp8).find("FP8"), std::string::npos) << fp8;
-  const char* a16 = gpu_refusal(pack_quik(test::random_quik(4, 64, 8, 16, false, 2, 1), storage));
-  ASSERT_NE(a16, nullptr);
-  EXPECT_NE(std::string(a16).find("A16"), std::string::npos) << a16;
+  for (const auto& [wbits, abits, fp8] : std::vector<std::tuple<int, int, bool>>{{4, 8, false}, {8, 4, false}, {4, 8, true}, {8, 16, false}})
+    EXPECT_EQ(gpu_refusal(pack_quik(test::random_quik(4, 64, wbits, abits, fp8, 2, 1), storage)), nullptr)
+        << "W" << wbits << "A" << abits << (fp8 ? " FP8" : "");
+  // Only a weight without its activation parameters stays on the CPU (by name).
   WeightSet ws;
   ws.packed["model.layers.0.mlp.up_proj.weight"] = pack_quik(test::random_quik(4, 64, 8, 8, false, 2, 1), storage);
-  EXPECT_EQ(first_cpu_only_weight(ws), "");
   ws.packed["model.layers.0.mlp.down_proj.weight"] = pack_quik(test::random_quik(4, 64, 4, 8, true, 2, 1), storage);
+  EXPECT_EQ(first_cpu_only_weight(ws), "");
+  ws.packed["model.layers.0.mlp.down_proj.weight"].params.erase("act_fp8");
   EXPECT_EQ(first_cpu_only_weight(ws), "model.layers.0.mlp.down_proj.weight");
+  const char* why = gpu_refusal(ws.packed["model.layers.0.mlp.down_proj.weight"]);
+  ASSERT_NE(why, nullptr);
+  EXPECT_NE(std::string(why).find("activation parameters are missing"), std::string::npos) << why;
 }
 
 TEST(QuikPack, RoundTripIsBitExactAndBitsFollowTheLayout) {
