@@ -345,7 +345,8 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             const double us = median_us(o.iters, [&](int i) {
               uniform_gemv(w[static_cast<size_t>(i % rot)].uniform(), xf.get(), static_cast<int>(m), yf.get(), s);
             });
-            path_row(uf, uf + (uniform_gemv_chunked(w[0].uniform()) ? " (CUDA cores, chunked)" : " (CUDA cores, per column)"),
+            path_row(uf, uf + (uniform_gemv_tensor_core(w[0].uniform()) ? " (fp16 tensor cores)"
+                               : uniform_gemv_chunked(w[0].uniform()) ? " (CUDA cores, chunked)" : " (CUDA cores, per column)"),
                      choice == Kernel::UniformGemv, m, us, base[bi], ubytes);
           } else {
             __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));

@@ -595,7 +595,10 @@ TEST(CudaKernels, UniformGemvMatchesCpuTwin) {
   };
   const Case cases[] = {{1, 32, 32, false, false},      {5, 64, 0, true, false},      {33, 576, 128, false, false},
                         {17, 1100, 128, false, false},  {300, 172, 32, false, true},  {40, 1536, 48, true, false},
-                        {64, 4096, 128, false, true},   {3, 11008, 128, false, false}, {2000, 256, 64, true, true}};
+                        {64, 4096, 128, false, true},   {3, 11008, 128, false, false}, {2000, 256, 64, true, true},
+                        // the tensor-core GEMV (k and groups multiples of 128, no g_idx): several tiles and CTAs
+                        {300, 1024, 128, false, false}, {1000, 512, 0, false, false}, {70, 2048, 256, true, false},
+                        {4100, 384, 128, false, false}};
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   cudaStream_t st;
   LOWBIT_CUDA_CHECK(cudaStreamCreate(&st));
@@ -613,7 +616,8 @@ TEST(CudaKernels, UniformGemvMatchesCpuTwin) {
         q.dequantize(wd.data());
         const std::string what = "uniform w" + std::to_string(bits) + " " + std::to_string(c.n) + "x" + std::to_string(c.k) +
                                  " g" + std::to_string(c.group) + (c.symmetric ? " sym" : "") + (c.act_order ? " act-order" : "") +
-                                 (cuda::uniform_gemv_chunked(dw.uniform()) ? " chunked" : " per-column");
+                                 (cuda::uniform_gemv_tensor_core(dw.uniform()) ? " tensor-core"
+                                  : cuda::uniform_gemv_chunked(dw.uniform()) ? " chunked" : " per-column");
         for (int m = 1; m <= 8; ++m) {
           if (m > 2 && m < 8 && bits != 4 && bits != 3) continue;   // every batch at 3 and 4 bits; 1, 2, 8 at the others
           const std::vector<float> x = random_x(m, c.k, seed++);

@@ -70,28 +70,35 @@ case "${1:-}" in
       --decode-batches 1,8
     step quik-e2e-2048 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,quik-w8a8,quik-w4a8,quik-w4fp8 \
       --prefill 2048 --decode-batches 1
-    # The QUIK decode chain with programmatic dependent launch (PdlClass kPdlQuik, 0x80) on top of the default mask.
-    ( export LOWBIT_PDL_MASK=0xC7; step quik-e2e-pdl 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b \
-      --weights quik-w8a8,quik-w4a8 --decode-batches 1,8 )
     step quik-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
       --gtest_filter='CudaKernels.Quik*'
     grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48].* \*|^llama2-7b \| (fp16|quik)" "$OUT"/quik-*.txt | head -80
     ;;
-  quik-smollm2)
+  quik-smollm2)   # [quantize | cpu | cuda | all]: the phases can run on different GPUs / the CPU side by side
     M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"
     [ -f "$M" ] || { echo "quik-smollm2: no staged SmolLM2 GGUF at $M"; exit 2; }
-    for wb in 8 4; do
-      step "quik-smollm2-w${wb}a8-quantize" 200 "$LB/pkg/lowbit" quantize "$M" --method quik --wbits "$wb" --abits 8 \
-        --calib "$C" --calib-samples 128 --calib-seqlen 512 --device cuda -o "/tmp/sq-w${wb}a8.lowbit"
-    done
-    # name | file | load option: the CPU runs beside the GPU runs (16 threads each)
-    for run in "w8a8|/tmp/sq-w8a8.lowbit|" "w4a8|/tmp/sq-w4a8.lowbit|" "w4fp8|/tmp/sq-w4a8.lowbit|--abits fp8"; do
-      IFS='|' read -r name file opt <<<"$run"
-      ( export OMP_NUM_THREADS=16; step "quik-smollm2-$name-cpu" 500 "$LB/pkg/lowbit" ppl "$file" --text "$W" --device cpu $opt ) &
-      step "quik-smollm2-$name-cuda" 200 "$LB/pkg/lowbit" ppl "$file" --text "$W" --device cuda $opt
-    done
-    wait
-    grep -hE "^# \$|perplexity|^# exit" "$OUT"/quik-smollm2-*.txt
+    phase="${2:-all}"
+    RUNS=("w8a8|/tmp/sq-w8a8.lowbit|" "w4a8|/tmp/sq-w4a8.lowbit|" "w4fp8|/tmp/sq-w4a8.lowbit|--abits fp8")
+    if [ "$phase" = quantize ] || [ "$phase" = all ]; then
+      for wb in 8 4; do
+        step "quik-smollm2-w${wb}a8-quantize" 200 "$LB/pkg/lowbit" quantize "$M" --method quik --wbits "$wb" --abits 8 \
+          --calib "$C" --calib-samples 128 --calib-seqlen 512 --device cuda -o "/tmp/sq-w${wb}a8.lowbit"
+      done
+    fi
+    if [ "$phase" = cpu ] || [ "$phase" = all ]; then   # the three CPU runs side by side, OMP_NUM_THREADS each
+      for run in "${RUNS[@]}"; do
+        IFS='|' read -r name file opt <<<"$run"
+        step "quik-smollm2-$name-cpu" 560 "$LB/pkg/lowbit" ppl "$file" --text "$W" --device cpu $opt &
+      done
+      wait
+    fi
+    if [ "$phase" = cuda ] || [ "$phase" = all ]; then
+      for run in "${RUNS[@]}"; do
+        IFS='|' read -r name file opt <<<"$run"
+        step "quik-smollm2-$name-cuda" 200 "$LB/pkg/lowbit" ppl "$file" --text "$W" --device cuda $opt
+      done
+    fi
+    grep -hE "^# \$|perplexity|^# exit" "$OUT"/quik-smollm2-*.txt 2>/dev/null
     ;;
   *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform | quik | quik-smollm2" >&2; exit 2 ;;
 esac

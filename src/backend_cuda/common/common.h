@@ -42,8 +42,7 @@ enum PdlClass : unsigned {
   kPdlScalar = 16,    // any-precision CUDA-core GEMVs and the outlier SpMV
   kPdlMixed = 32,     // 2/4/16 GEMVs
   kPdlDense = 64,     // the fp16 dense GEMV (dense_gemv.cu)
-  kPdlQuik = 128,     // QUIK's activation kernel and GEMV (batch 1..8)
-  kPdlAll = 255,
+  kPdlAll = 127,
   // The default, from `lowbit bench --e2e` on the H100: with the shared-table tensor-core
   // GEMV also PDL-launched, any-precision 4-bit decode at batch 8 fell from 1,289 to 901 tokens/s; with the 2/4/16
   // GEMVs, 2/4/16 batch 1 from 232 to 216; the CUDA-core GEMVs gained nothing.

@@ -7,9 +7,7 @@
 //   conversion, which is the reference's e4m3_round), rows padded to kbp with zeros; the outlier columns' activations
 //   rounded to fp16 beside them. The quantization runs once per linear call (fusing it into the kernels that produce x,
 //   as QUIK does, is the next step).
-//   GEMV (batch 1..8): one warp per output row, lane L taking the pairs of 16-code chunks 2L, 2L + 64, ... of the row
-//   (32 bytes of 8-bit codes or 16 of 4-bit ones per step, the next pair's load issued before the current one is used;
-//   with PDL the first pair is loaded before the activation kernel has finished). Integer
+//   GEMV (batch 1..8): one warp per output row, lane L taking the 16-code chunks L, L + 32, ... of the row. Integer
 //   activations: 16 bytes of 8-bit codes, or 8 bytes of 4-bit ones whose even and odd nibbles are sign-extended into two
 //   words of int8 (the activations' even and odd bytes gathered to match with byte permutes), then __dp4a into int32:
 //   exact (|code| <= 128, kb < 2^17: below 2^31). FP8: the activations as the reference's integers (e4m3 value x 512,
@@ -30,7 +28,6 @@
 #include <type_traits>
 
 #include "backend_cuda/common/common.h"
-#include "backend_cuda/common/launch.cuh"
 #include "core/error.h"
 
 namespace lowbit::cuda {
@@ -96,8 +93,6 @@ __device__ __forceinline__ float from_e4m3(uint8_t b) {
 template <ActForm F>
 __global__ void __launch_bounds__(kActThreads) quik_act_kernel(QuikDevice w, const float* __restrict__ x, ActScratch s) {
   constexpr bool kInt = F == ActForm::Int8, kFp8 = F == ActForm::Fp8Int || F == ActForm::Fp8Byte;
-  pdl_wait();                  // x comes from the kernel before
-  pdl_launch_dependents();     // the GEMV may start streaming its weights meanwhile
   const int64_t t = blockIdx.x;
   const float* xr = x + t * w.k;
   float sa = 1.0f, lo = 0.0f;   // no base column: the reference's defaults
@@ -195,109 +190,65 @@ __device__ __forceinline__ int code_at(const uint4& c, int i) {   // signed byte
 template <ActForm F>
 using GemvAcc = std::conditional_t<F == ActForm::Int8, int, std::conditional_t<F == ActForm::Fp8Int, long long, float>>;
 
-// Two consecutive 16-code chunks of a row (j even): W8 32 bytes, W4 16 bytes (a only).
-struct ChunkPair {
-  uint4 a, b;
-};
-template <int WBITS>
-__device__ __forceinline__ ChunkPair load_pair(const QuikDevice& w, int64_t r, int64_t j) {
-  ChunkPair p;
-  if constexpr (WBITS == 8) {
-    const uint4* q = reinterpret_cast<const uint4*>(w.wq8 + r * w.kbp) + j;
-    p.a = __ldg(q);
-    p.b = __ldg(q + 1);
-  } else {
-    p.a = __ldg(reinterpret_cast<const uint4*>(w.wq4 + r * (w.kbp / 2)) + j / 2);
-    p.b = make_uint4(0, 0, 0, 0);
-  }
-  return p;
-}
-// The 16 codes of chunk h (0, 1) of a pair as int8 in column order.
-template <int WBITS>
-__device__ __forceinline__ uint4 pair_codes(const ChunkPair& p, int h) {
-  if constexpr (WBITS == 8) return h == 0 ? p.a : p.b;
-  const uint32_t u0 = h == 0 ? p.a.x : p.a.z, u1 = h == 0 ? p.a.y : p.a.w;
-  int e0, o0, e1, o1;
-  widen4(u0, e0, o0);
-  widen4(u1, e1, o1);
-  uint4 c;   // even / odd interleaved back into column order
-  c.x = __byte_perm(e0, o0, 0x5140);
-  c.y = __byte_perm(e0, o0, 0x7362);
-  c.z = __byte_perm(e1, o1, 0x5140);
-  c.w = __byte_perm(e1, o1, 0x7362);
-  return c;
-}
-
-// One warp per output row; lane L takes the chunk pairs 2L, 2L + 64, ... (16 or 32 bytes of weights per lane and
-// step), the next pair's load issued before the current one is used. Launched with PDL: the first weights are loaded
-// before waiting for the activation kernel.
 template <int M, int WBITS, ActForm F>
 __global__ void __launch_bounds__(kWarps * 32) quik_gemv_kernel(QuikDevice w, ActScratch s, float* __restrict__ y,
                                                                 int64_t* __restrict__ acc_out) {
   using Acc = GemvAcc<F>;
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  const bool valid = r < w.n;
-  const int64_t chunks = w.kbp / 16;   // even: kbp is a multiple of 32
-  ChunkPair next{};
-  if (valid && 2 * lane < chunks) next = load_pair<WBITS>(w, r, 2 * lane);
-  pdl_wait();
-  if (!valid) return;   // whole warps, after the wait
+  if (r >= w.n) return;   // whole warps
   Acc acc[M];
 #pragma unroll
   for (int b = 0; b < M; ++b) acc[b] = 0;
-  for (int64_t j0 = 2 * lane; j0 < chunks; j0 += 64) {
-    const ChunkPair cur = next;
-    if (j0 + 64 < chunks) next = load_pair<WBITS>(w, r, j0 + 64);
+  const int64_t chunks = w.kbp / 16;
+#pragma unroll 2
+  for (int64_t j = lane; j < chunks; j += 32) {
+    if constexpr (F == ActForm::Int8 && WBITS == 8) {
+      const uint4 wv = __ldg(reinterpret_cast<const uint4*>(w.wq8 + r * w.kbp) + j);
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t j = j0 + h;
-      if constexpr (F == ActForm::Int8 && WBITS == 8) {
-        const uint4 wv = h == 0 ? cur.a : cur.b;
+      for (int b = 0; b < M; ++b) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const int8_t*>(s.xq) + b * w.kbp) + j);
+        acc[b] = __dp4a(static_cast<int>(xv.x), static_cast<int>(wv.x), acc[b]);
+        acc[b] = __dp4a(static_cast<int>(xv.y), static_cast<int>(wv.y), acc[b]);
+        acc[b] = __dp4a(static_cast<int>(xv.z), static_cast<int>(wv.z), acc[b]);
+        acc[b] = __dp4a(static_cast<int>(xv.w), static_cast<int>(wv.w), acc[b]);
+      }
+    } else if constexpr (F == ActForm::Int8) {
+      const uint2 wv = __ldg(reinterpret_cast<const uint2*>(w.wq4 + r * (w.kbp / 2)) + j);
+      int e0, o0, e1, o1;
+      widen4(wv.x, e0, o0);
+      widen4(wv.y, e1, o1);
 #pragma unroll
-        for (int b = 0; b < M; ++b) {
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const int8_t*>(s.xq) + b * w.kbp) + j);
-          acc[b] = __dp4a(static_cast<int>(xv.x), static_cast<int>(wv.x), acc[b]);
-          acc[b] = __dp4a(static_cast<int>(xv.y), static_cast<int>(wv.y), acc[b]);
-          acc[b] = __dp4a(static_cast<int>(xv.z), static_cast<int>(wv.z), acc[b]);
-          acc[b] = __dp4a(static_cast<int>(xv.w), static_cast<int>(wv.w), acc[b]);
-        }
-      } else if constexpr (F == ActForm::Int8) {
-        int e0, o0, e1, o1;
-        widen4(h == 0 ? cur.a.x : cur.a.z, e0, o0);
-        widen4(h == 0 ? cur.a.y : cur.a.w, e1, o1);
+      for (int b = 0; b < M; ++b) {
+        const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const int8_t*>(s.xq) + b * w.kbp) + j);
+        acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.x, xv.y, 0x6420)), e0, acc[b]);
+        acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.x, xv.y, 0x7531)), o0, acc[b]);
+        acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.z, xv.w, 0x6420)), e1, acc[b]);
+        acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.z, xv.w, 0x7531)), o1, acc[b]);
+      }
+    } else {
+      const uint4 wc = codes16(w, r, j);
 #pragma unroll
-        for (int b = 0; b < M; ++b) {
-          const uint4 xv = __ldg(reinterpret_cast<const uint4*>(static_cast<const int8_t*>(s.xq) + b * w.kbp) + j);
-          acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.x, xv.y, 0x6420)), e0, acc[b]);
-          acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.x, xv.y, 0x7531)), o0, acc[b]);
-          acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.z, xv.w, 0x6420)), e1, acc[b]);
-          acc[b] = __dp4a(static_cast<int>(__byte_perm(xv.z, xv.w, 0x7531)), o1, acc[b]);
-        }
-      } else {
-        const uint4 wc = pair_codes<WBITS>(cur, h);
+      for (int b = 0; b < M; ++b) {
+        if constexpr (F == ActForm::Fp8Int) {
+          const int4* xp = reinterpret_cast<const int4*>(static_cast<const int32_t*>(s.xq) + b * w.kbp) + 4 * j;
+          int part = 0;   // 16 products of |v| <= 229376 and |code| <= 8: below 2^26
 #pragma unroll
-        for (int b = 0; b < M; ++b) {
-          if constexpr (F == ActForm::Fp8Int) {
-            const int4* xp = reinterpret_cast<const int4*>(static_cast<const int32_t*>(s.xq) + b * w.kbp) + 4 * j;
-            int part = 0;   // 16 products of |v| <= 229376 and |code| <= 8: below 2^26
+          for (int q = 0; q < 4; ++q) {
+            const int4 xv = __ldg(xp + q);
+            part += xv.x * code_at(wc, 4 * q) + xv.y * code_at(wc, 4 * q + 1) + xv.z * code_at(wc, 4 * q + 2) +
+                    xv.w * code_at(wc, 4 * q + 3);
+          }
+          acc[b] += part;
+        } else {
+          const float4* xp = reinterpret_cast<const float4*>(static_cast<const float*>(s.xq) + b * w.kbp) + 4 * j;
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const int4 xv = __ldg(xp + q);
-              part += xv.x * code_at(wc, 4 * q) + xv.y * code_at(wc, 4 * q + 1) + xv.z * code_at(wc, 4 * q + 2) +
-                      xv.w * code_at(wc, 4 * q + 3);
-            }
-            acc[b] += part;
-          } else {
-            const float4* xp = reinterpret_cast<const float4*>(static_cast<const float*>(s.xq) + b * w.kbp) + 4 * j;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-              const float4 xv = __ldg(xp + q);
-              acc[b] = fmaf(xv.x, static_cast<float>(code_at(wc, 4 * q)), acc[b]);
-              acc[b] = fmaf(xv.y, static_cast<float>(code_at(wc, 4 * q + 1)), acc[b]);
-              acc[b] = fmaf(xv.z, static_cast<float>(code_at(wc, 4 * q + 2)), acc[b]);
-              acc[b] = fmaf(xv.w, static_cast<float>(code_at(wc, 4 * q + 3)), acc[b]);
-            }
+          for (int q = 0; q < 4; ++q) {
+            const float4 xv = __ldg(xp + q);
+            acc[b] = fmaf(xv.x, static_cast<float>(code_at(wc, 4 * q)), acc[b]);
+            acc[b] = fmaf(xv.y, static_cast<float>(code_at(wc, 4 * q + 1)), acc[b]);
+            acc[b] = fmaf(xv.z, static_cast<float>(code_at(wc, 4 * q + 2)), acc[b]);
+            acc[b] = fmaf(xv.w, static_cast<float>(code_at(wc, 4 * q + 3)), acc[b]);
           }
         }
       }
@@ -382,22 +333,23 @@ ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, 
   if (rows > m)
     LOWBIT_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(s.xq) + m * w.kbp * act_elem_bytes(f), 0,
                                       static_cast<size_t>((rows - m) * w.kbp) * act_elem_bytes(f), ctx.stream()));
-  const dim3 grid(static_cast<unsigned>(m)), block(kActThreads);
-  switch (f) {   // PDL at batch 1..8 (the decode chain), plain launches for the GEMM
-    case ActForm::Int8: launch_pdl(kPdlQuik, quik_act_kernel<ActForm::Int8>, grid, block, 0, ctx.stream(), w, x, s); break;
-    case ActForm::Fp8Int: launch_pdl(kPdlQuik, quik_act_kernel<ActForm::Fp8Int>, grid, block, 0, ctx.stream(), w, x, s); break;
-    case ActForm::Fp8Byte: quik_act_kernel<ActForm::Fp8Byte><<<grid, block, 0, ctx.stream()>>>(w, x, s); break;
-    case ActForm::F32: launch_pdl(kPdlQuik, quik_act_kernel<ActForm::F32>, grid, block, 0, ctx.stream(), w, x, s); break;
-    case ActForm::F16: quik_act_kernel<ActForm::F16><<<grid, block, 0, ctx.stream()>>>(w, x, s); break;
+  const unsigned grid = static_cast<unsigned>(m);
+  switch (f) {
+    case ActForm::Int8: quik_act_kernel<ActForm::Int8><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::Fp8Int: quik_act_kernel<ActForm::Fp8Int><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::Fp8Byte: quik_act_kernel<ActForm::Fp8Byte><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::F32: quik_act_kernel<ActForm::F32><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::F16: quik_act_kernel<ActForm::F16><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
   }
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
   return s;
 }
 
 template <int M, ActForm F>
 void launch_gemv_form(const QuikDevice& w, const ActScratch& s, float* y, int64_t* acc_out, cudaStream_t st) {
-  const dim3 grid(static_cast<unsigned>((w.n + kWarps - 1) / kWarps)), block(kWarps * 32);
-  if (w.wbits == 8) launch_pdl(kPdlQuik, quik_gemv_kernel<M, 8, F>, grid, block, 0, st, w, s, y, acc_out);
-  else launch_pdl(kPdlQuik, quik_gemv_kernel<M, 4, F>, grid, block, 0, st, w, s, y, acc_out);
+  const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
+  if (w.wbits == 8) quik_gemv_kernel<M, 8, F><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
+  else quik_gemv_kernel<M, 4, F><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
 }
 
 template <int M>
