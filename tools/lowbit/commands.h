@@ -22,6 +22,7 @@ void register_inspect(CLI::App& app, Common& common);
 void register_convert(CLI::App& app, Common& common);
 void register_bench(CLI::App& app, Common& common);
 void register_quantize(CLI::App& app, Common& common);
+void register_serve(CLI::App& app, Common& common);
 
 void apply_threads(const Common& common);
 // --device auto|cuda|cpu (see lowbit::api::Device).

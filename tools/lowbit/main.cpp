@@ -107,6 +107,7 @@ int main(int argc, char** argv) {
   lowbit::cli::register_convert(app, common);
   lowbit::cli::register_bench(app, common);
   lowbit::cli::register_quantize(app, common);
+  lowbit::cli::register_serve(app, common);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,42 @@
+// Prometheus text-format metrics of `lowbit serve`: plain counters, gauges and fixed-bucket histograms behind one
+// mutex (a few updates per generated token, far below the cost of the token itself).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace lowbit::serve {
+
+class Metrics {
+ public:
+  void count_response(int status);
+  void add_tokens(int64_t prompt, int64_t generated);
+  void set_queue_length(int64_t n);
+  void set_running(int64_t n);
+  void observe_time_to_first_token(double seconds);
+  void observe_inter_token_latency(double seconds);
+  std::string render() const;   // the /metrics body (text/plain; version=0.0.4)
+
+ private:
+  struct Histogram {
+    std::vector<double> bounds;           // upper bounds of the buckets, ascending; +Inf implied
+    std::vector<uint64_t> counts;         // [bounds.size() + 1], not cumulative
+    double sum = 0;
+    uint64_t count = 0;
+    void observe(double v);
+    void render(std::string& out, const char* name, const char* help) const;
+  };
+  static Histogram make(std::vector<double> bounds);
+
+  mutable std::mutex mu_;
+  std::map<int, uint64_t> responses_;     // HTTP status -> responses
+  int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
+  int64_t queue_length_ = 0, running_ = 0;
+  // Buckets from 1 ms (a tiny model's token on the CPU) to a minute (a long prompt on a big model on the CPU).
+  Histogram ttft_ = make({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  Histogram itl_ = make({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5});
+};
+
+}  // namespace lowbit::serve

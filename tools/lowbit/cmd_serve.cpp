@@ -1,0 +1,48 @@
+// lowbit serve MODEL: an OpenAI-compatible HTTP server over the model (src/serve; docs/SERVE.md).
+#include "commands.h"
+#include "serve/server.h"
+
+namespace lowbit::cli {
+
+namespace {
+struct ServeArgs {
+  std::string model, device = "auto";
+  int max_batch = 1;
+  serve::ServerOptions opts;
+};
+}  // namespace
+
+void register_serve(CLI::App& app, Common& common) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* sub = app.add_subcommand("serve", "Serve the model over an OpenAI-compatible HTTP API (docs/SERVE.md)");
+  sub->add_option("model", a->model, "Model: HF directory, .gguf, llama2.c .bin, or .lowbit")->required();
+  sub->add_option("--host", a->opts.host, "Address to listen on (default 127.0.0.1: this machine only)");
+  sub->add_option("--port", a->opts.port, "TCP port (default 8080)")->check(in_range(1, 65535));
+  sub->add_option("--api-key", a->opts.api_key, "Require 'Authorization: Bearer KEY' on every endpoint but /health");
+  sub->add_option("--model-name", a->opts.model_name, "Name clients ask for (default: the file name without extension)");
+  sub->add_option("--max-queue", a->opts.max_queue, "Requests waiting for the model at most; past it 503 (default 64)")
+      ->check(in_range(1, 4096));
+  sub->add_option("--ctx", a->opts.ctx, "Tokens of prompt + completion per request (default: the model's context)")
+      ->check(at_least(0, "0 = the model's context"));
+  sub->add_option("--max-batch", a->max_batch,
+                  "Sequences decoded together; 1 only: requests run one at a time (continuous batching is not built)")
+      ->check(at_least(1));
+  sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
+  add_device_option(sub, a->device);
+  sub->callback([a, &common] {
+    if (a->max_batch != 1)
+      fail("--max-batch ", a->max_batch, ": only 1 is supported; requests are generated one at a time "
+           "(continuous batching is not built yet, docs/SERVE.md)");
+    if (a->opts.model_name.find('@') != std::string::npos)
+      fail("--model-name ", a->opts.model_name, ": must not contain '@' (it separates the name from the width)");
+    apply_threads(common);
+    api::OpenOptions oo;
+    oo.device = parse_device(a->device);
+    oo.tokenizer_path = common.tokenizer;
+    api::Model model = api::Model::open(a->model, oo);
+    if (!model.has_tokenizer()) fail(a->model, ": the model carries no tokenizer; serving needs one");
+    serve::run_server(model, a->opts);
+  });
+}
+
+}  // namespace lowbit::cli
