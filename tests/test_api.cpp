@@ -454,7 +454,8 @@ namespace lowbit {
 namespace {
 
 // The public headers name nothing but each other and the standard library; the CLI (tools/lowbit) includes nothing
-// but the public API, CLI11, and the benchmarks' own headers (bench/, plus cblas.h for the CPU sgemm ceiling).
+// but the public API, CLI11, the benchmarks' own headers (bench/, plus cblas.h for the CPU sgemm ceiling) and the
+// server's (serve/); the server (src/serve) is a front end of the public API too: it includes nothing of the engine.
 TEST(Api, HeadersAndCliIncludeOnlyWhatIsPublic) {
   namespace fs = std::filesystem;
   const std::regex include(R"re(#include\s*([<"])([^>"]+)[>"])re");
@@ -474,8 +475,13 @@ TEST(Api, HeadersAndCliIncludeOnlyWhatIsPublic) {
     return angle ? h.find('/') == std::string::npos && h.find('.') == std::string::npos : h.rfind("lowbit/", 0) == 0;
   });
   check_dir("tools/lowbit", [](bool angle, const std::string& h) {
-    if (!angle) return h == "commands.h" || h.rfind("lowbit/", 0) == 0 || h.rfind("bench/", 0) == 0;
+    if (!angle) return h == "commands.h" || h.rfind("lowbit/", 0) == 0 || h.rfind("bench/", 0) == 0 || h.rfind("serve/", 0) == 0;
     return h == "CLI/CLI.hpp" || h == "cblas.h" || h == "unistd.h" ||
+           (h.find('/') == std::string::npos && h.find('.') == std::string::npos);
+  });
+  check_dir("src/serve", [](bool angle, const std::string& h) {
+    if (!angle) return h.rfind("lowbit/", 0) == 0 || h.rfind("serve/", 0) == 0;
+    return h == "httplib.h" || h == "nlohmann/json.hpp" || h == "pthread.h" || h == "signal.h" || h == "sys/socket.h" ||
            (h.find('/') == std::string::npos && h.find('.') == std::string::npos);
   });
 }
