@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "core/rss.h"
 #include "model/model.h"
 #include "runtime/backend.h"
+#include "runtime/batch.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
 #include "quantize/calibration.h"
@@ -204,6 +206,99 @@ TEST(CudaModel, DecodeAndBatchMatchPrefill) {
     const std::vector<float> part(all.begin() + static_cast<ptrdiff_t>(s) * n * V, all.begin() + static_cast<ptrdiff_t>(s + 1) * n * V);
     EXPECT_LE(compare_logits(part, one, V).first, kSameDeviceBudget) << "sequence " << s << " of the batch";
   }
+}
+
+// Continuous batching's decode step (decode_slots): any subset of a cache's slots, in any order, at different
+// positions, padded to a bucket with the cache's last slot, gives each sequence the logits of its own
+// single-sequence run; graph replays give plain launches' logits bit for bit; the padding slot stays empty.
+TEST(CudaModel, SlotDecodeMatchesEachSequenceAlone) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  auto cpu = Model::load(bin);
+  cuda::GpuModel gpu(cpu->weights());
+  const int V = cpu->config().vocab_size, S = 5, cap = 64;
+  const std::vector<std::vector<int>> schedule = {{0}, {2, 0}, {3, 1, 4}, {1, 2, 3, 4, 0}, {4}, {0, 3}, {2, 4, 1, 0, 3}, {1}};
+  auto run = [&](bool graph, bool check) {
+    cuda::GpuKVCache cb = gpu.new_cache(S + 1, cap);
+    std::vector<cuda::GpuKVCache> alone;
+    for (int s = 0; s < S; ++s) {
+      std::vector<int32_t> prompt;
+      for (int t = 0; t < 5 + 3 * s; ++t) prompt.push_back(static_cast<int32_t>((t * 29 + s * 53 + 3) % V));
+      const auto got = download(gpu, gpu.forward(prompt.data(), 1, static_cast<int>(prompt.size()), cb, false, 0, s),
+                                static_cast<size_t>(V));
+      alone.push_back(gpu.new_cache(1, cap));
+      const auto want = download(gpu, gpu.forward(prompt.data(), 1, static_cast<int>(prompt.size()), alone.back(), false, 0),
+                                 static_cast<size_t>(V));
+      if (check) EXPECT_EQ(got, want) << "slot " << s << " prefill";
+    }
+    std::vector<std::vector<float>> logits;
+    for (size_t k = 0; k < schedule.size(); ++k) {
+      const std::vector<int>& slots = schedule[k];
+      std::vector<int32_t> toks;
+      for (int s : slots) toks.push_back(static_cast<int32_t>((k * 71 + static_cast<size_t>(s) * 13 + 1) % V));
+      const auto rows = download(gpu, gpu.decode_slots(cb, slots, toks, 0, graph), slots.size() * static_cast<size_t>(V));
+      logits.push_back(rows);
+      if (!check) continue;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const auto want = download(gpu, gpu.forward(&toks[i], 1, 1, alone[static_cast<size_t>(slots[i])], false, 0),
+                                   static_cast<size_t>(V));
+        const std::vector<float> row(rows.begin() + static_cast<ptrdiff_t>(i) * V, rows.begin() + static_cast<ptrdiff_t>(i + 1) * V);
+        EXPECT_LE(compare_logits(row, want, V).first, kSameDeviceBudget) << "step " << k << " slot " << slots[i];
+      }
+    }
+    for (int s = 0; s < S; ++s)
+      EXPECT_EQ(cb.len[static_cast<size_t>(s)], alone[static_cast<size_t>(s)].len[0]) << "slot " << s;
+    EXPECT_EQ(cb.len[S], 0) << "the padding slot";
+    return logits;
+  };
+  const auto plain = run(false, true);
+  const int before = gpu.graph_captures();
+  const auto graphed = run(true, false);
+  EXPECT_EQ(plain, graphed) << "graph replays give plain launches' logits";
+  EXPECT_EQ(gpu.graph_captures() - before, 4) << "buckets 1, 2, 4 and 6 (8 capped at the cache's 6 slots): one capture each";
+}
+
+// The batch generator on the GPU (CudaBackend's batch cache): greedy requests that join and leave the batch give the
+// tokens they give alone.
+TEST(CudaModel, ContinuousBatchGreedyEqualsGenerateAlone) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  BackendOptions bo;
+  bo.device = Device::Cuda;
+  std::unique_ptr<Backend> b = open_backend(bin, bo);
+  const Tokenizer& tok = b->tokenizer();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* p : {"Once upon a time", "The cat sat", "Lily and Tom went to the park to play", "It was"})
+    prompts.push_back(tok.encode(p, true, false));
+  BatchOptions o;
+  o.max_seqs = 3;
+  o.capacity = 160;
+  o.prefill_chunk = 5;
+  BatchGenerator gen(*b, o);
+  std::map<uint64_t, size_t> index;
+  std::map<size_t, GenerateResult> got;
+  size_t next = 0;
+  for (int round = 0; got.size() < 2 * prompts.size() && round < 2000; ++round) {
+    while (next < 2 * prompts.size() && gen.free_slots() > 0) {
+      GenerateOptions g;
+      g.max_new_tokens = 20 + static_cast<int>(next) * 7;
+      index[gen.add(prompts[next % prompts.size()], g)] = next;
+      ++next;
+    }
+    for (auto& f : gen.step()) got[index.at(f.id)] = f.result;
+  }
+  ASSERT_EQ(got.size(), 2 * prompts.size());
+  int same = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    GenerateOptions g;
+    g.max_new_tokens = 20 + static_cast<int>(i) * 7;
+    const GenerateResult alone = generate(*b, prompts[i % prompts.size()], g);
+    same += alone.new_ids == got[i].new_ids;
+    EXPECT_EQ(alone.new_ids, got[i].new_ids) << "request " << i;
+  }
+  std::printf("[ continuous batch on the GPU ] %d of %zu greedy requests equal to generate() alone\n", same, got.size());
 }
 
 // Greedy decode replayed from a CUDA graph produces exactly the tokens of plain launches, for a batch of 2, with a

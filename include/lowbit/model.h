@@ -135,6 +135,57 @@ struct PplResult {
   double tokens_per_s() const { return seconds > 0 ? evaluated_tokens / seconds : 0.0; }
 };
 
+// Continuous batching (what `lowbit serve` runs): settings of Model::new_batch.
+struct BatchParams {
+  int max_seqs = 8;              // generations in flight at most
+  int ctx = 0;                   // positions per generation, prompt and completion (0 = the model's context)
+  int prefill_chunk = 512;       // prompt tokens one step() runs at most, so that running streams keep moving
+  uint64_t kv_cache_bytes = 0;   // > 0: fewer generations in flight when their KV caches would not fit this
+};
+
+class Model;
+
+// Many generations on one model, advanced together: each step() runs a chunk of the waiting prompts and then one
+// token of every running generation, in one batched forward per width (any-precision models: each generation at
+// its own width, from the one copy of the weights). A generation ends, streams and stops exactly as
+// Model::generate would run it (tokens picked on the host by the CPU sampler; greedy requests give generate()'s
+// tokens up to rounding of the batched matrix products). Not safe to use from two threads at once; it borrows the
+// Model, which must outlive it and must not generate on its own meanwhile.
+class Batch {
+ public:
+  ~Batch();
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  int slots() const;        // generations in flight at most
+  int free_slots() const;
+  int active() const;       // generations started and not yet ended
+  int ctx() const;          // positions per generation
+  // Starts a generation of a tokenized prompt (Model::prompt_ids for text); params.cancel is honoured before every
+  // token. Returns its id. Errors (nothing started): no free slot, a bad prompt or setting, an unserved width.
+  uint64_t add(const std::vector<int32_t>& prompt_ids, const GenerateParams& params,
+               TokenCallback on_token = nullptr);
+  struct Finished {
+    uint64_t id;
+    GenerateResult result;
+  };
+  // One round; on_token callbacks run inside it. Returns the generations that ended (their slots free again).
+  std::vector<Finished> step();
+
+  int last_decode_rows() const;        // generations that ran a decode step in the last round
+  int last_decode_forwards() const;    // forwards that step took (one per width present)
+  int64_t kv_positions_used() const;   // KV positions the active generations hold
+  int64_t kv_positions_total() const;  // slots() x ctx()
+  uint64_t kv_bytes() const;           // device memory of the KV cache
+
+  class Impl;
+
+ private:
+  friend class Model;
+  explicit Batch(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 // Called after each window: windows done so far, windows to score, predicted tokens so far, seconds so far.
 using PplProgress = std::function<void(int done, int total, int64_t predicted_tokens, double seconds)>;
 
@@ -201,6 +252,12 @@ class Model {
   // A tokenized prompt (params.chat and params.system must be unset).
   GenerateResult generate(const std::vector<int32_t>& prompt_ids, const GenerateParams& params,
                           const TokenCallback& on_token = nullptr);
+
+  // The token ids generate(prompt, params) runs for a text prompt (chat template, BOS).
+  std::vector<int32_t> prompt_ids(const std::string& prompt, const GenerateParams& params) const;
+
+  // --- continuous batching ---
+  std::unique_ptr<Batch> new_batch(const BatchParams& params);
 
   // --- perplexity ---
   // Reads a text file and cuts it into windows under params (mode, ctx, jsonl_field, doc_separator).

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "runtime/backend.h"
 #include "runtime/chat_template.h"
+#include "runtime/batch.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/eval_text.h"
 
@@ -82,6 +83,33 @@ StopReason public_stop(const std::string& s) {
   if (s == "stop") return StopReason::Stop;
   if (s == "cancelled") return StopReason::Cancelled;
   return StopReason::Length;
+}
+
+GenerateOptions generate_options(const GenerateParams& params) {
+  GenerateOptions o;
+  o.max_new_tokens = params.max_tokens;
+  o.sampling.temperature = params.temperature;
+  o.sampling.top_k = params.top_k;
+  o.sampling.top_p = params.top_p;
+  o.sampling.repetition_penalty = params.repetition_penalty;
+  o.sampling.seed = params.seed;
+  o.stop_at_eos = params.stop_at_eos;
+  o.ctx = params.ctx;
+  o.bits = params.bits;
+  o.stop = params.stop;
+  o.cancel = params.cancel;
+  return o;
+}
+
+GenerateResult public_result(const lowbit::GenerateResult& r) {
+  GenerateResult out;
+  out.prompt_ids = r.prompt_ids;
+  out.new_ids = r.new_ids;
+  out.text = r.text;
+  out.stop_reason = public_stop(r.stop_reason);
+  out.prefill_seconds = r.prefill_seconds;
+  out.decode_seconds = r.decode_seconds;
+  return out;
 }
 
 }  // namespace
@@ -169,8 +197,7 @@ std::string Model::apply_chat_template(const std::vector<ChatMessage>& messages)
   return lowbit::apply_chat_template(tok.vocab().chat_template, msgs, bos);
 }
 
-GenerateResult Model::generate(const std::string& prompt, const GenerateParams& params, const TokenCallback& on_token) {
-  validate(params);
+std::vector<int32_t> Model::prompt_ids(const std::string& prompt, const GenerateParams& params) const {
   LOWBIT_CHECK(params.chat || params.system.empty(), "--system needs --chat");
   const Tokenizer& tok = impl_->tok();
   std::vector<int32_t> ids;
@@ -183,6 +210,12 @@ GenerateResult Model::generate(const std::string& prompt, const GenerateParams& 
     ids = tok.encode(prompt, tok.add_bos_default() || tok.kind() == TokenizerKind::SentencePieceBpe,
                      /*parse_special=*/false);
   }
+  return ids;
+}
+
+GenerateResult Model::generate(const std::string& prompt, const GenerateParams& params, const TokenCallback& on_token) {
+  validate(params);
+  const std::vector<int32_t> ids = prompt_ids(prompt, params);
   GenerateParams p = params;
   p.chat = false;
   p.system.clear();
@@ -197,29 +230,61 @@ GenerateResult Model::generate(const std::vector<int32_t>& prompt_ids, const Gen
   const int vocab = impl_->backend->config().vocab_size;
   for (int32_t id : prompt_ids)
     LOWBIT_CHECK(id >= 0 && id < vocab, "generate: prompt token id ", id, " is outside the vocabulary of ", vocab);
-  GenerateOptions o;
-  o.max_new_tokens = params.max_tokens;
-  o.sampling.temperature = params.temperature;
-  o.sampling.top_k = params.top_k;
-  o.sampling.top_p = params.top_p;
-  o.sampling.repetition_penalty = params.repetition_penalty;
-  o.sampling.seed = params.seed;
-  o.stop_at_eos = params.stop_at_eos;
-  o.ctx = params.ctx;
-  o.bits = params.bits;
-  o.stop = params.stop;
-  o.cancel = params.cancel;
   std::function<void(const std::string&)> on_text;
   if (on_token) on_text = [&on_token](const std::string& piece) { on_token(piece); };
-  const lowbit::GenerateResult r = lowbit::generate(*impl_->backend, prompt_ids, o, on_text);
-  GenerateResult out;
-  out.prompt_ids = r.prompt_ids;
-  out.new_ids = r.new_ids;
-  out.text = r.text;
-  out.stop_reason = public_stop(r.stop_reason);
-  out.prefill_seconds = r.prefill_seconds;
-  out.decode_seconds = r.decode_seconds;
+  return public_result(lowbit::generate(*impl_->backend, prompt_ids, generate_options(params), on_text));
+}
+
+class Batch::Impl {
+ public:
+  Impl(lowbit::Backend& b, const BatchOptions& o) : gen(b, o) {}
+  lowbit::BatchGenerator gen;
+  uint64_t kv_bytes = 0;
+};
+
+Batch::Batch(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Batch::~Batch() = default;
+int Batch::slots() const { return static_cast<int>(impl_->gen.kv_positions_total() / impl_->gen.capacity()); }
+int Batch::free_slots() const { return impl_->gen.free_slots(); }
+int Batch::active() const { return impl_->gen.active(); }
+int Batch::ctx() const { return impl_->gen.capacity(); }
+int Batch::last_decode_rows() const { return impl_->gen.last_decode_rows(); }
+int Batch::last_decode_forwards() const { return impl_->gen.last_decode_forwards(); }
+int64_t Batch::kv_positions_used() const { return impl_->gen.kv_positions_used(); }
+int64_t Batch::kv_positions_total() const { return impl_->gen.kv_positions_total(); }
+uint64_t Batch::kv_bytes() const { return impl_->kv_bytes; }
+
+uint64_t Batch::add(const std::vector<int32_t>& prompt_ids, const GenerateParams& params, TokenCallback on_token) {
+  validate(params);
+  LOWBIT_CHECK(!params.chat && params.system.empty(), "batch: chat and system apply to text prompts (Model::prompt_ids)");
+  std::function<void(const std::string&)> on_text;
+  if (on_token) on_text = [cb = std::move(on_token)](const std::string& piece) { cb(piece); };
+  return impl_->gen.add(prompt_ids, generate_options(params), std::move(on_text));
+}
+
+std::vector<Batch::Finished> Batch::step() {
+  std::vector<Finished> out;
+  for (lowbit::BatchGenerator::Finished& f : impl_->gen.step()) out.push_back({f.id, public_result(f.result)});
   return out;
+}
+
+std::unique_ptr<Batch> Model::new_batch(const BatchParams& params) {
+  lowbit::Backend& b = *impl_->backend;
+  LOWBIT_CHECK(params.ctx >= 0, "batch: ctx must be >= 0 (0 = the model's context), got ", params.ctx);
+  BatchOptions o;
+  o.capacity = params.ctx > 0 ? std::min(params.ctx, b.config().max_seq_len) : b.config().max_seq_len;
+  o.prefill_chunk = params.prefill_chunk;
+  o.max_seqs = params.max_seqs;
+  const uint64_t per_seq = b.kv_bytes_per_position() * static_cast<uint64_t>(o.capacity);
+  if (params.kv_cache_bytes > 0) {
+    const uint64_t fit = params.kv_cache_bytes / per_seq;
+    LOWBIT_CHECK(fit >= 1, "--kv-cache-gb: ", params.kv_cache_bytes / 1e9, " GB holds no generation of ", o.capacity,
+                 " positions (", per_seq / 1e9, " GB each); raise it or lower --ctx");
+    o.max_seqs = static_cast<int>(std::min<uint64_t>(fit, static_cast<uint64_t>(std::max(params.max_seqs, 1))));
+  }
+  auto impl = std::make_unique<Batch::Impl>(b, o);
+  impl->kv_bytes = per_seq * static_cast<uint64_t>(o.max_seqs);
+  return std::unique_ptr<Batch>(new Batch(std::move(impl)));
 }
 
 EvalWindows Model::Impl::windows(const EvalText& text, const PplParams& p) const {

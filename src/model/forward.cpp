@@ -150,8 +150,16 @@ void Model::embed(const int32_t* tokens, int n, float* x) const {
 
 void Model::layer_forward(int l, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook,
                           int bits) const {
+  const RowSpan one{&cache, pos0, n};
+  layer_forward_spans(l, x, std::span<const RowSpan>(&one, 1), hook, bits);
+}
+
+void Model::layer_forward_spans(int l, float* x, std::span<const RowSpan> spans, const LinearInputHook* hook,
+                                int bits) const {
   const ModelConfig& c = config();
   const int64_t dim = c.dim, qd = c.q_dim(), kvd = c.kv_dim(), hid = c.hidden_dim;
+  int n = 0;
+  for (const RowSpan& sp : spans) n += sp.n;
   std::vector<float> xn(static_cast<size_t>(n * dim)), q(static_cast<size_t>(n * qd)), att(q.size()),
       k(static_cast<size_t>(n * kvd)), v(k.size()), g(static_cast<size_t>(n * hid)), u(g.size());
   const LayerWeights& L = layers_[static_cast<size_t>(l)];
@@ -160,13 +168,18 @@ void Model::layer_forward(int l, float* x, int n, int pos0, KVCache& cache, cons
   L.q->forward(xn.data(), n, q.data(), bits);
   L.k->forward(xn.data(), n, k.data(), bits);
   L.v->forward(xn.data(), n, v.data(), bits);
-  rope(q.data(), static_cast<int>(qd), pos0, n, c.n_heads);
-  rope(k.data(), static_cast<int>(kvd), pos0, n, c.n_kv_heads);
-  for (int t = 0; t < n; ++t) {
-    std::copy_n(k.data() + t * kvd, kvd, cache.k_at(l, pos0 + t));
-    std::copy_n(v.data() + t * kvd, kvd, cache.v_at(l, pos0 + t));
+  for (int64_t r0 = 0; const RowSpan& sp : spans) {
+    float* qs = q.data() + r0 * qd;
+    float* ks = k.data() + r0 * kvd;
+    rope(qs, static_cast<int>(qd), sp.pos0, sp.n, c.n_heads);
+    rope(ks, static_cast<int>(kvd), sp.pos0, sp.n, c.n_kv_heads);
+    for (int t = 0; t < sp.n; ++t) {
+      std::copy_n(ks + t * kvd, kvd, sp.cache->k_at(l, sp.pos0 + t));
+      std::copy_n(v.data() + (r0 + t) * kvd, kvd, sp.cache->v_at(l, sp.pos0 + t));
+    }
+    attention(l, qs, sp.n, sp.pos0, *sp.cache, att.data() + r0 * qd);
+    r0 += sp.n;
   }
-  attention(l, q.data(), n, pos0, cache, att.data());
   if (hook) (*hook)(l, LinearSlot::O, att.data(), n, qd);
   L.o->forward(att.data(), n, xn.data(), bits);
 #pragma omp parallel for schedule(static) if (n * dim >= kMinParallelElems)
@@ -205,6 +218,26 @@ void Model::forward(const int32_t* tokens, int n, KVCache& cache, float* logits,
   if (logits == nullptr) return;
   if (all_logits) head_forward(x.data(), n, logits);
   else head_forward(x.data() + (n - 1) * dim, 1, logits);
+}
+
+void Model::forward_batch(const int32_t* tokens, std::span<KVCache* const> caches, float* logits, int bits) const {
+  const ModelConfig& c = config();
+  const int n = static_cast<int>(caches.size());
+  LOWBIT_CHECK(n > 0, "forward_batch: no sequences");
+  check_bits(bits);
+  std::vector<RowSpan> spans;
+  spans.reserve(caches.size());
+  for (KVCache* cache : caches) {
+    LOWBIT_CHECK(cache->len + 1 <= cache->capacity, "forward_batch: a sequence's KV cache of ", cache->capacity,
+                 " positions is full");
+    for (const RowSpan& sp : spans) LOWBIT_CHECK(sp.cache != cache, "forward_batch: a sequence appears twice");
+    spans.push_back({cache, cache->len, 1});
+  }
+  std::vector<float> x(static_cast<size_t>(n * c.dim));
+  embed(tokens, n, x.data());
+  for (int l = 0; l < c.n_layers; ++l) layer_forward_spans(l, x.data(), spans, nullptr, bits);
+  for (KVCache* cache : caches) ++cache->len;
+  head_forward(x.data(), n, logits);
 }
 
 // The oracle: llama2.c-style single-token loop, no BLAS, no threads, double accumulators.

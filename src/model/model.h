@@ -10,6 +10,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,11 @@ class Model {
   // Scalar oracle: same result, one token at a time.
   void forward_ref(const int32_t* tokens, int n, KVCache& cache, float* logits, bool all_logits,
                    int bits = 0) const;
+  // One decode step of several sequences together (continuous batching): tokens[i] runs at position
+  // caches[i]->len of its own cache, which then advances by one; logits [caches.size(), vocab]. The linears see all
+  // the rows at once (one GEMM instead of a GEMV per sequence); attention reads each row's own cache. A batch of one
+  // is forward() of one token, bit for bit.
+  void forward_batch(const int32_t* tokens, std::span<KVCache* const> caches, float* logits, int bits = 0) const;
   // Widths every quantized linear serves (sorted); empty for a single-precision model.
   std::vector<int> widths() const;
   // Fails with a one-line message unless bits is 0 or one of widths().
@@ -76,6 +82,14 @@ class Model {
   void embed(const int32_t* tokens, int n, float* x) const;
   void layer_forward(int layer, float* x, int n, int pos0, KVCache& cache, const LinearInputHook* hook,
                      int bits = 0) const;
+  // Rows of x that belong to one sequence: n rows at positions pos0.. of cache.
+  struct RowSpan {
+    KVCache* cache;
+    int pos0, n;
+  };
+  // layer_forward over rows of several sequences, spans in row order (their n summing to the rows of x).
+  void layer_forward_spans(int layer, float* x, std::span<const RowSpan> spans, const LinearInputHook* hook,
+                           int bits = 0) const;
   void head_forward(const float* x, int n, float* logits) const;
 
   // Replaces the linear layer of a canonical weight name ("model.layers.3.mlp.down_proj.weight"): quantizers swap

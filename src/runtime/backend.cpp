@@ -11,6 +11,7 @@ namespace lowbit {
 
 Sequence::~Sequence() = default;
 Decoder::~Decoder() = default;
+BatchCache::~BatchCache() = default;
 Backend::~Backend() = default;
 
 const char* device_option_name(Device d) {

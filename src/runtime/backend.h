@@ -48,6 +48,18 @@ class Sequence {
   virtual int length() const = 0;
 };
 
+// The KV cache of continuous batching (runtime/batch.h): `slots` sequences of up to capacity() positions each,
+// advanced together by Backend::batch_decode. A slot is reused once its sequence ends (clear()).
+class BatchCache {
+ public:
+  virtual ~BatchCache();
+  virtual int slots() const = 0;
+  virtual int capacity() const = 0;          // positions per slot
+  virtual int length(int slot) const = 0;    // positions filled in the slot
+  virtual void clear(int slot) = 0;          // empties the slot for a new sequence
+  virtual uint64_t bytes() const = 0;        // memory the cache holds now
+};
+
 // Negative log-likelihood summed over a window's predicted positions and how many of them the model ranked first.
 struct WindowScore {
   double nll_sum = 0;
@@ -97,6 +109,18 @@ class Backend {
   virtual WindowScore score_window(Sequence& seq, std::span<const int32_t> tokens, int bits, bool reference) = 0;
   // A decoder that generates into seq at width `bits` (0: the widest), picking tokens as `sampling` says.
   virtual std::unique_ptr<Decoder> new_decoder(Sequence& seq, const SamplingParams& sampling, int bits) = 0;
+
+  // --- continuous batching (runtime/batch.h) ---
+  // KV bytes one position of one sequence takes on this device (every layer's K and V).
+  virtual uint64_t kv_bytes_per_position() const = 0;
+  virtual std::unique_ptr<BatchCache> new_batch_cache(int slots, int capacity) = 0;
+  // Runs tokens (a prompt, or a chunk of one) at the end of the slot's sequence at width `bits`; the last position's
+  // logits into logits [vocab] (host memory) when not null.
+  virtual void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) = 0;
+  // One decode step of several sequences: tokens[i] at the end of slots[i] (distinct slots), all at width `bits`;
+  // logits [slots.size(), vocab] (host memory).
+  virtual void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
+                            float* logits) = 0;
 
  protected:
   Backend(std::string path, ModelFormat format) : path_(std::move(path)), format_(format) {}

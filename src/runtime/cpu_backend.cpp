@@ -52,6 +52,41 @@ class CpuDecoder final : public Decoder {
   bool reference_;
 };
 
+// One KVCache per slot, allocated at the slot's first use and kept for the sequences that reuse it.
+class CpuBatchCache final : public BatchCache {
+ public:
+  CpuBatchCache(const Model& m, int slots, int capacity) : m_(m), capacity_(capacity), caches_(static_cast<size_t>(slots)) {}
+  int slots() const override { return static_cast<int>(caches_.size()); }
+  int capacity() const override { return capacity_; }
+  int length(int slot) const override { return caches_[checked(slot)].len; }
+  void clear(int slot) override { caches_[checked(slot)].len = 0; }
+  uint64_t bytes() const override {
+    uint64_t b = 0;
+    for (const KVCache& c : caches_) b += (c.k.size() + c.v.size()) * sizeof(float);
+    return b;
+  }
+  KVCache& at(int slot) {
+    KVCache& c = caches_[checked(slot)];
+    if (c.capacity == 0) c = m_.new_cache(capacity_);
+    return c;
+  }
+
+ private:
+  size_t checked(int slot) const {
+    LOWBIT_CHECK(slot >= 0 && slot < slots(), "batch cache: slot ", slot, " of ", slots());
+    return static_cast<size_t>(slot);
+  }
+  const Model& m_;
+  int capacity_;
+  std::vector<KVCache> caches_;
+};
+
+CpuBatchCache& batch_cache_of(BatchCache& cache) {
+  auto* c = dynamic_cast<CpuBatchCache*>(&cache);
+  LOWBIT_CHECK(c != nullptr, "cpu backend: the batch cache belongs to another backend");
+  return *c;
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(std::unique_ptr<Model> model, const BackendOptions& opts, const LoadStats& stats)
@@ -101,6 +136,39 @@ WindowScore CpuBackend::score_window(Sequence& seq, std::span<const int32_t> tok
 
 std::unique_ptr<Decoder> CpuBackend::new_decoder(Sequence& seq, const SamplingParams& sampling, int bits) {
   return std::make_unique<CpuDecoder>(*model_, cache_of(seq), sampling, bits, reference_);
+}
+
+uint64_t CpuBackend::kv_bytes_per_position() const {
+  const ModelConfig& c = config();
+  return static_cast<uint64_t>(c.n_layers) * 2 * c.kv_dim() * sizeof(float);
+}
+
+std::unique_ptr<BatchCache> CpuBackend::new_batch_cache(int slots, int capacity) {
+  LOWBIT_CHECK(slots >= 1 && capacity >= 1 && capacity <= config().max_seq_len, "batch cache: ", slots, " slots of ",
+               capacity, " positions (the model's context is ", config().max_seq_len, ")");
+  return std::make_unique<CpuBatchCache>(*model_, slots, capacity);
+}
+
+void CpuBackend::batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
+  KVCache& c = batch_cache_of(cache).at(slot);
+  const int n = static_cast<int>(tokens.size());
+  if (reference_) model_->forward_ref(tokens.data(), n, c, logits, false, bits);
+  else model_->forward(tokens.data(), n, c, logits, false, bits);
+}
+
+void CpuBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
+                              float* logits) {
+  LOWBIT_CHECK(slots.size() == tokens.size() && !slots.empty(), "batch_decode: ", slots.size(), " slots, ",
+               tokens.size(), " tokens");
+  CpuBatchCache& bc = batch_cache_of(cache);
+  const size_t V = static_cast<size_t>(config().vocab_size);
+  if (reference_) {
+    for (size_t i = 0; i < slots.size(); ++i) model_->forward_ref(&tokens[i], 1, bc.at(slots[i]), logits + i * V, false, bits);
+    return;
+  }
+  std::vector<KVCache*> caches;
+  for (int s : slots) caches.push_back(&bc.at(s));
+  model_->forward_batch(tokens.data(), caches, logits, bits);
 }
 
 }  // namespace lowbit

@@ -21,60 +21,60 @@ std::vector<int32_t> stop_tokens(const ModelConfig& c, const Tokenizer& tok) {
   return stops;
 }
 
-bool accept_token(int32_t next, const std::vector<int32_t>& stops, const GenerateOptions& opts, const Tokenizer& tok,
-                  GenerateResult& r, std::vector<int32_t>& history,
-                  const std::function<void(const std::string&)>& on_text) {
-  if (opts.stop_at_eos && std::find(stops.begin(), stops.end(), next) != stops.end()) {
+TokenStream::TokenStream(const GenerateOptions& opts, const Tokenizer* tok, std::vector<int32_t> stops,
+                         std::function<void(const std::string&)> on_text)
+    : opts_(opts), tok_(tok), stops_(std::move(stops)), on_text_(std::move(on_text)) {
+  for (const std::string& s : opts_.stop) {
+    LOWBIT_CHECK(!s.empty(), "generate: a stop string is empty");
+    longest_ = std::max(longest_, s.size());
+  }
+}
+
+bool TokenStream::accept(int32_t next, GenerateResult& r, std::vector<int32_t>& history) {
+  if (opts_.stop_at_eos && std::find(stops_.begin(), stops_.end(), next) != stops_.end()) {
     r.stop_reason = "eos";
     return false;
   }
   r.new_ids.push_back(next);
   history.push_back(next);
-  const std::string piece = tok.token_bytes(next);
-  r.text += piece;
-  if (on_text) on_text(piece);
+  if (tok_ != nullptr) {
+    r.text += tok_->token_bytes(next);
+    // Without stop strings every piece is streamed as it comes; with them, through the hold-back.
+    if (opts_.stop.empty()) emit(r.text, r.text.size());
+    else if (held_text_stops(r.text)) {
+      r.stop_reason = "stop";
+      return false;
+    }
+  }
+  if (static_cast<int>(r.new_ids.size()) >= opts_.max_new_tokens) {
+    r.stop_reason = "length";
+    return false;
+  }
   return true;
 }
 
-namespace {
-
-// The stop strings and the streamed bytes: emits r.text up to what can no longer be the start of a stop string.
-class StopStrings {
- public:
-  StopStrings(const std::vector<std::string>& stops, const std::function<void(const std::string&)>& on_text)
-      : stops_(stops), on_text_(on_text) {
-    for (const std::string& s : stops_) {
-      LOWBIT_CHECK(!s.empty(), "generate: a stop string is empty");
-      longest_ = std::max(longest_, s.size());
-    }
+// After text grew: true (and text cut before it) when it now holds a stop string; otherwise streams what can no
+// longer be the start of one.
+bool TokenStream::held_text_stops(std::string& text) {
+  const size_t from = emitted_ > longest_ ? emitted_ - longest_ : 0;
+  size_t cut = std::string::npos;
+  for (const std::string& s : opts_.stop) cut = std::min(cut, text.find(s, from));
+  if (cut != std::string::npos) {
+    text.resize(cut);
+    emit(text, text.size());
+    return true;
   }
-  // After r.text grew: true (and r.text cut before it) when it now holds a stop string.
-  bool check(std::string& text) {
-    const size_t from = emitted_ > longest_ ? emitted_ - longest_ : 0;
-    size_t cut = std::string::npos;
-    for (const std::string& s : stops_) cut = std::min(cut, text.find(s, from));
-    if (cut != std::string::npos) {
-      text.resize(cut);
-      flush(text);
-      return true;
-    }
-    const size_t safe = text.size() >= longest_ ? text.size() - (longest_ > 0 ? longest_ - 1 : 0) : 0;
-    emit(text, std::max(safe, emitted_));
-    return false;
-  }
-  void flush(const std::string& text) { emit(text, text.size()); }
+  const size_t safe = text.size() >= longest_ ? text.size() - (longest_ > 0 ? longest_ - 1 : 0) : 0;
+  emit(text, std::max(safe, emitted_));
+  return false;
+}
 
- private:
-  void emit(const std::string& text, size_t end) {
-    if (end > emitted_ && on_text_) on_text_(text.substr(emitted_, end - emitted_));
-    emitted_ = std::max(emitted_, end);
-  }
-  const std::vector<std::string>& stops_;
-  const std::function<void(const std::string&)>& on_text_;
-  size_t longest_ = 0, emitted_ = 0;
-};
+void TokenStream::finish(GenerateResult& r) { emit(r.text, r.text.size()); }
 
-}  // namespace
+void TokenStream::emit(const std::string& text, size_t end) {
+  if (end > emitted_ && on_text_) on_text_(text.substr(emitted_, end - emitted_));
+  emitted_ = std::max(emitted_, end);
+}
 
 GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids, const GenerateOptions& opts,
                         const std::function<void(const std::string&)>& on_text) {
@@ -90,8 +90,6 @@ GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids
   const std::unique_ptr<Sequence> seq =
       backend.new_sequence(std::max(capacity, static_cast<int>(prompt_ids.size())));
 
-  const std::vector<int32_t> stops = stop_tokens(c, tok);
-
   GenerateResult r;
   r.prompt_ids = prompt_ids;
   const std::unique_ptr<Decoder> decoder = backend.new_decoder(*seq, opts.sampling, opts.bits);
@@ -101,22 +99,14 @@ GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids
   const auto t1 = std::chrono::steady_clock::now();
   r.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   r.stop_reason = "length";
-  StopStrings stop_strings(opts.stop, on_text);
-  // Without stop strings every piece is streamed as it comes; with them, through StopStrings' hold-back.
-  const std::function<void(const std::string&)> none;
-  const std::function<void(const std::string&)>& direct = opts.stop.empty() ? on_text : none;
-  for (int i = 0; i < opts.max_new_tokens; ++i) {
+  TokenStream stream(opts, &tok, stop_tokens(c, tok), on_text);
+  while (static_cast<int>(r.new_ids.size()) < opts.max_new_tokens) {
     if (opts.cancel != nullptr && opts.cancel->load()) {
       r.stop_reason = "cancelled";
       break;
     }
     const int32_t next = decoder->next(history);
-    if (!accept_token(next, stops, opts, tok, r, history, direct)) break;
-    if (!opts.stop.empty() && stop_strings.check(r.text)) {
-      r.stop_reason = "stop";
-      break;
-    }
-    if (i + 1 == opts.max_new_tokens) break;
+    if (!stream.accept(next, r, history)) break;
     if (seq->length() >= seq->capacity()) {
       r.stop_reason = "context";
       break;
@@ -124,7 +114,7 @@ GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids
     decoder->advance(next);
   }
   decoder->wait();
-  if (!opts.stop.empty()) stop_strings.flush(r.text);   // whatever the hold-back kept, when another reason ended it
+  stream.finish(r);
   r.decode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
   return r;
 }

@@ -37,11 +37,30 @@ struct GenerateResult {
 // The tokens that end a generation: the config's and tokenizer's EOS and the chat templates' end-of-turn tokens.
 std::vector<int32_t> stop_tokens(const ModelConfig& c, const Tokenizer& tok);
 
-// Takes the sampled token `next` into r (ids, history, text, streamed to on_text), or records r.stop_reason = "eos"
-// and returns false when it ends the generation.
-bool accept_token(int32_t next, const std::vector<int32_t>& stops, const GenerateOptions& opts, const Tokenizer& tok,
-                  GenerateResult& r, std::vector<int32_t>& history,
-                  const std::function<void(const std::string&)>& on_text);
+// One generation's bookkeeping, token by token: EOS / end-of-turn tokens, max_new_tokens, stop strings (with the
+// hold-back of streamed bytes that could still start one), the text and the streamed bytes. generate() and the
+// batch generator (runtime/batch.h) both drive one, so a request ends the same way on either.
+class TokenStream {
+ public:
+  // stops: stop_tokens() of the model. tok may be null (a model without a tokenizer: ids only, no text).
+  TokenStream(const GenerateOptions& opts, const Tokenizer* tok, std::vector<int32_t> stops,
+              std::function<void(const std::string&)> on_text);
+  // Takes the sampled token `next` into r and history. False when the generation ends here, r.stop_reason set:
+  // "eos" (next not taken), "stop" (a stop string appeared; r.text cut before it) or "length" (max_new_tokens
+  // reached with next).
+  bool accept(int32_t next, GenerateResult& r, std::vector<int32_t>& history);
+  // Streams what the stop-string hold-back kept (call once the generation has ended, whatever the reason).
+  void finish(GenerateResult& r);
+
+ private:
+  bool held_text_stops(std::string& text);
+  void emit(const std::string& text, size_t end);
+  const GenerateOptions& opts_;
+  const Tokenizer* tok_;
+  std::vector<int32_t> stops_;
+  std::function<void(const std::string&)> on_text_;
+  size_t longest_ = 0, emitted_ = 0;
+};
 
 // The tokens come from the backend's Decoder (its fastest exact path for opts.sampling); the same seed gives the same
 // tokens on the same device. prefill_seconds: the prompt's forward (and, on the GPU, its first token); decode_seconds:

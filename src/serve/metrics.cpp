@@ -65,6 +65,22 @@ void Metrics::set_running(int64_t n) {
   running_ = n;
 }
 
+void Metrics::set_batch(int64_t decode_rows, int64_t decode_forwards) {
+  std::lock_guard<std::mutex> lock(mu_);
+  batch_rows_ = decode_rows;
+  batch_forwards_ = decode_forwards;
+}
+
+void Metrics::set_kv_used(int64_t positions) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_used_ = positions;
+}
+
+void Metrics::set_kv_capacity(int64_t positions) {
+  std::lock_guard<std::mutex> lock(mu_);
+  kv_capacity_ = positions;
+}
+
 void Metrics::observe_time_to_first_token(double seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   ttft_.observe(seconds);
@@ -86,6 +102,11 @@ std::string Metrics::render() const {
   series(out, "lowbit_generated_tokens_total", "counter", "Tokens generated.", generated_tokens_);
   series(out, "lowbit_queue_length", "gauge", "Requests waiting for the generation worker.", queue_length_);
   series(out, "lowbit_running_requests", "gauge", "Requests being generated.", running_);
+  series(out, "lowbit_batch_size", "gauge", "Requests in the last decode step (the running batch).", batch_rows_);
+  series(out, "lowbit_batch_forwards", "gauge", "Forwards the last decode step took (one per width present).",
+         batch_forwards_);
+  series(out, "lowbit_kv_cache_used_positions", "gauge", "KV cache positions the running requests hold.", kv_used_);
+  series(out, "lowbit_kv_cache_capacity_positions", "gauge", "KV cache positions in all slots.", kv_capacity_);
   ttft_.render(out, "lowbit_time_to_first_token_seconds", "From the request's arrival to its first generated token.");
   itl_.render(out, "lowbit_inter_token_latency_seconds", "Between consecutive generated tokens of one request.");
   return out;

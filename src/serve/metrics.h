@@ -15,6 +15,9 @@ class Metrics {
   void add_tokens(int64_t prompt, int64_t generated);
   void set_queue_length(int64_t n);
   void set_running(int64_t n);
+  void set_batch(int64_t decode_rows, int64_t decode_forwards);   // the last round's
+  void set_kv_used(int64_t positions);
+  void set_kv_capacity(int64_t positions);
   void observe_time_to_first_token(double seconds);
   void observe_inter_token_latency(double seconds);
   std::string render() const;   // the /metrics body (text/plain; version=0.0.4)
@@ -33,7 +36,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<int, uint64_t> responses_;     // HTTP status -> responses
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
-  int64_t queue_length_ = 0, running_ = 0;
+  int64_t queue_length_ = 0, running_ = 0, batch_rows_ = 0, batch_forwards_ = 0, kv_used_ = 0, kv_capacity_ = 0;
   // Buckets from 1 ms (a tiny model's token on the CPU) to a minute (a long prompt on a big model on the CPU).
   Histogram ttft_ = make({0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
   Histogram itl_ = make({0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5});

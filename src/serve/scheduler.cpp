@@ -17,9 +17,12 @@ void finish(Job& job, ApiError error) {
 }
 }  // namespace
 
-Scheduler::Scheduler(api::Model& model, int max_queue, int ctx_limit, Metrics& metrics)
-    : model_(model), max_queue_(static_cast<size_t>(std::max(max_queue, 0))), ctx_limit_(ctx_limit),
-      metrics_(metrics), thread_([this] { worker(); }) {}
+Scheduler::Scheduler(api::Model& model, int max_queue, const api::BatchParams& batch, Metrics& metrics)
+    : model_(model), max_queue_(static_cast<size_t>(std::max(max_queue, 0))), batch_params_(batch), metrics_(metrics),
+      batch_(model.new_batch(batch)), slots_(batch_->slots()) {
+  metrics_.set_kv_capacity(batch_->kv_positions_total());
+  thread_ = std::thread([this] { worker(); });
+}
 
 Scheduler::~Scheduler() {
   {
@@ -27,7 +30,6 @@ Scheduler::~Scheduler() {
     accepting_ = false;
     stopping_ = true;
     for (auto& j : queue_) j->cancel = true;
-    if (running_) running_->cancel = true;
   }
   cv_.notify_all();
   thread_.join();
@@ -54,35 +56,141 @@ void Scheduler::stop_accepting() {
 bool Scheduler::drain(double seconds) {
   std::unique_lock<std::mutex> lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  const bool idle = cv_.wait_until(lock, deadline, [this] { return queue_.empty() && !running_; });
+  const bool idle = cv_.wait_until(lock, deadline, [this] { return queue_.empty() && inflight_ == 0; });
   if (!idle) {
+    // The running jobs' cancel flags are read by the batch before their next token.
     for (auto& j : queue_) j->cancel = true;
-    if (running_) running_->cancel = true;
+    for (auto& [id, j] : running_snapshot_) j->cancel = true;
   }
   return idle;
 }
 
 void Scheduler::worker() {
   for (;;) {
-    std::shared_ptr<Job> job;
+    std::vector<std::shared_ptr<Job>> admit;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;   // stopping, nothing left
-      job = queue_.front();
-      queue_.pop_front();
-      running_ = job;
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty() || !running_.empty(); });
+      if (stopping_) {   // the destructor: cancel what runs, end what waits
+        for (auto& [id, j] : running_) j->cancel = true;
+        for (auto& j : queue_) admit.push_back(j);
+        queue_.clear();
+      } else {
+        for (int free = batch_->free_slots(); free > 0 && !queue_.empty(); --free) {
+          admit.push_back(queue_.front());
+          queue_.pop_front();
+        }
+      }
+      inflight_ += admit.size();
       metrics_.set_queue_length(static_cast<int64_t>(queue_.size()));
-      metrics_.set_running(1);
     }
-    run(*job);
+    size_t refused = 0;
+    for (const auto& job : admit)
+      if (!start(job)) ++refused;
+    std::vector<api::Batch::Finished> done;
+    std::string failure;
+    if (!running_.empty()) {
+      try {
+        done = batch_->step();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    size_t ended = refused;
+    for (api::Batch::Finished& f : done) {
+      const auto it = running_.find(f.id);
+      if (it == running_.end()) continue;
+      Job& job = *it->second;
+      metrics_.add_tokens(static_cast<int64_t>(f.result.prompt_ids.size()), static_cast<int64_t>(f.result.new_ids.size()));
+      {
+        std::lock_guard<std::mutex> lock(job.mu);
+        job.result = std::move(f.result);
+        job.done = true;
+        job.cv.notify_all();
+      }
+      running_.erase(it);
+      ++ended;
+    }
+    if (!failure.empty()) {
+      // A failed round leaves the batch's sequences in an unknown state: every running job fails, the batch is
+      // made anew.
+      for (auto& [id, job] : running_) finish(*job, {500, "generation failed: " + failure, "server_error", ""});
+      ended += running_.size();
+      running_.clear();
+      batch_ = model_.new_batch(batch_params_);
+    }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      running_.reset();
-      metrics_.set_running(0);
+      inflight_ -= ended;
+      running_snapshot_ = running_;
+      publish_state();
+      if (stopping_ && queue_.empty() && running_.empty()) {
+        cv_.notify_all();
+        return;
+      }
     }
     cv_.notify_all();   // drain() may be waiting for idleness
   }
+}
+
+void Scheduler::publish_state() {
+  metrics_.set_running(static_cast<int64_t>(running_.size()));
+  metrics_.set_batch(batch_->last_decode_rows(), batch_->last_decode_forwards());
+  metrics_.set_kv_used(batch_->kv_positions_used());
+}
+
+bool Scheduler::start(const std::shared_ptr<Job>& job_ptr) {
+  Job& job = *job_ptr;
+  if (job.cancel) {   // the client left while the job waited in the queue
+    job.result.stop_reason = api::StopReason::Cancelled;
+    finish(job, {});
+    return false;
+  }
+  try {
+    if (job.chat) render_chat(job);
+    if (!job.use_ids) {
+      job.prompt_ids = model_.prompt_ids(job.prompt, job.params);
+      job.use_ids = true;
+    }
+    const int ctx = batch_->ctx();
+    if (job.prompt_ids.size() >= static_cast<size_t>(ctx)) {
+      finish(job, {413,
+                   "the prompt has " + std::to_string(job.prompt_ids.size()) + " tokens; the context holds " +
+                       std::to_string(ctx) + " (prompt and completion together)",
+                   "invalid_request_error", "prompt"});
+      return false;
+    }
+    api::GenerateParams p = job.params;
+    p.chat = false;
+    p.system.clear();
+    std::weak_ptr<Job> weak = job_ptr;
+    auto on_piece = [this, weak](std::string_view piece) {
+      const std::shared_ptr<Job> j = weak.lock();
+      if (!j) return;
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - (j->got_piece ? j->last_piece : j->arrived)).count();
+      if (!j->got_piece) metrics_.observe_time_to_first_token(dt);
+      else metrics_.observe_inter_token_latency(dt);
+      j->got_piece = true;
+      j->last_piece = now;
+      std::lock_guard<std::mutex> lock(j->mu);
+      j->pending.append(piece.data(), piece.size());
+      j->cv.notify_all();
+    };
+    const uint64_t id = batch_->add(job.prompt_ids, p, on_piece);
+    running_[id] = job_ptr;
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.started = true;
+    job.cv.notify_all();
+    return true;
+  } catch (const lowbit::Error& e) {
+    finish(job, {400, e.what(), "invalid_request_error", ""});
+  } catch (const std::bad_alloc&) {
+    finish(job, {500, "out of memory", "server_error", ""});
+  } catch (const std::exception& e) {
+    finish(job, {500, std::string("internal error: ") + e.what(), "server_error", ""});
+  }
+  return false;
 }
 
 void Scheduler::render_chat(Job& job) const {
@@ -99,61 +207,6 @@ void Scheduler::render_chat(Job& job) const {
   }
   job.prompt = text + "Assistant:";
   job.use_ids = false;
-}
-
-void Scheduler::run(Job& job) {
-  if (job.cancel) {   // the client left while the job waited in the queue
-    job.result.stop_reason = api::StopReason::Cancelled;
-    finish(job, {});
-    return;
-  }
-  try {
-    if (job.chat) render_chat(job);
-    // The prompt must leave room for at least one token. A text prompt is counted with BOS (at most one token more
-    // than Model::generate runs), so the check never lets through a prompt that the model would refuse.
-    const size_t prompt_tokens = job.use_ids ? job.prompt_ids.size() : model_.tokenize(job.prompt, true).size();
-    if (prompt_tokens >= static_cast<size_t>(ctx_limit_)) {
-      finish(job, {413,
-                   "the prompt has " + std::to_string(prompt_tokens) + " tokens; the context holds " +
-                       std::to_string(ctx_limit_) + " (prompt and completion together)",
-                   "invalid_request_error", "prompt"});
-      return;
-    }
-    api::GenerateParams p = job.params;
-    p.ctx = static_cast<int>(std::min<int64_t>(ctx_limit_, static_cast<int64_t>(prompt_tokens) + p.max_tokens));
-    {
-      std::lock_guard<std::mutex> lock(job.mu);
-      job.started = true;
-      job.cv.notify_all();
-    }
-    auto last = job.arrived;
-    bool first = true;
-    auto on_piece = [&](std::string_view piece) {
-      const auto now = std::chrono::steady_clock::now();
-      const double dt = std::chrono::duration<double>(now - last).count();
-      if (first) metrics_.observe_time_to_first_token(dt);
-      else metrics_.observe_inter_token_latency(dt);
-      first = false;
-      last = now;
-      std::lock_guard<std::mutex> lock(job.mu);
-      job.pending.append(piece.data(), piece.size());
-      job.cv.notify_all();
-    };
-    api::GenerateResult r = job.use_ids ? model_.generate(job.prompt_ids, p, on_piece) : model_.generate(job.prompt, p, on_piece);
-    metrics_.add_tokens(static_cast<int64_t>(r.prompt_ids.size()), static_cast<int64_t>(r.new_ids.size()));
-    {
-      std::lock_guard<std::mutex> lock(job.mu);
-      job.result = std::move(r);
-      job.done = true;
-      job.cv.notify_all();
-    }
-  } catch (const lowbit::Error& e) {
-    finish(job, {400, e.what(), "invalid_request_error", ""});
-  } catch (const std::bad_alloc&) {
-    finish(job, {500, "out of memory", "server_error", ""});
-  } catch (const std::exception& e) {
-    finish(job, {500, std::string("internal error: ") + e.what(), "server_error", ""});
-  }
 }
 
 }  // namespace lowbit::serve

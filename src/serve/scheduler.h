@@ -1,16 +1,15 @@
 // The generation queue of `lowbit serve`: HTTP handler threads submit Jobs to a bounded FIFO; one worker thread owns
-// the api::Model (which is not safe to use from two threads) and runs the jobs one at a time, appending each
-// generated piece to its Job, where the handler that waits on it picks it up and streams it.
-//
-// One sequence at a time is what the public API generates today. Continuous batching (several sequences advancing
-// one decode step together, with chunked prefill and a paged KV cache) replaces the worker's loop body, not this
-// interface: a Job already carries everything a batched step needs (prompt, params, cancel flag, output sink).
+// the api::Model (which is not safe to use from two threads) and its api::Batch. Between rounds of the batch it
+// admits waiting jobs into free slots (continuous batching: a request joins the running batch at the next decode
+// step and leaves it when it ends); each round runs a chunk of the new prompts and one token of every running
+// request. Generated pieces are appended to their Job, where the handler that waits on it picks them up.
 #pragma once
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,6 +41,8 @@ struct Job {
   api::GenerateParams params;            // params.cancel is pointed at `cancel` by the scheduler
   std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
   std::atomic<bool> cancel{false};       // set by the handler when its client is gone
+  std::chrono::steady_clock::time_point last_piece{};   // the worker's: time-to-first-token / inter-token latency
+  bool got_piece = false;
 
   // --- written by the worker under mu; the handler waits on cv ---
   std::mutex mu;
@@ -55,8 +56,10 @@ struct Job {
 
 class Scheduler {
  public:
-  // ctx_limit: the longest prompt + generation a job may use (the model's context, or --ctx).
-  Scheduler(api::Model& model, int max_queue, int ctx_limit, Metrics& metrics);
+  // batch: the batch settings (ctx: the longest prompt + generation a job may use). Throws lowbit::Error when the
+  // batch cannot be made (a KV budget too small for one sequence).
+  Scheduler(api::Model& model, int max_queue, const api::BatchParams& batch, Metrics& metrics);
+  int slots() const { return slots_; }   // sequences decoded together at most
   ~Scheduler();   // cancels what is left and joins the worker
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
@@ -70,17 +73,23 @@ class Scheduler {
 
  private:
   void worker();
-  void run(Job& job);
+  // Prepares the job's prompt and adds it to the batch; false (the job finished with its error) when refused.
+  bool start(const std::shared_ptr<Job>& job);
   void render_chat(Job& job) const;
+  void publish_state();
 
   api::Model& model_;
   const size_t max_queue_;
-  const int ctx_limit_;
+  const api::BatchParams batch_params_;
   Metrics& metrics_;
+  std::unique_ptr<api::Batch> batch_;           // used by the worker only
+  int slots_ = 0;
+  std::map<uint64_t, std::shared_ptr<Job>> running_;   // batch id -> job; the worker's only
+  std::map<uint64_t, std::shared_ptr<Job>> running_snapshot_;   // a copy under mu_ (drain cancels through it)
   std::mutex mu_;
   std::condition_variable cv_;                  // the worker waits for jobs; drain waits for idleness
   std::deque<std::shared_ptr<Job>> queue_;
-  std::shared_ptr<Job> running_;
+  size_t inflight_ = 0;                         // jobs taken from the queue and not yet finished
   bool accepting_ = true, stopping_ = false;
   std::thread thread_;
 };

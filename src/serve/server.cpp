@@ -128,7 +128,12 @@ void run_server(api::Model& model, const ServerOptions& opts) {
   const int64_t started_at = std::time(nullptr);
 
   Metrics metrics;
-  Scheduler scheduler(model, opts.max_queue, ctx_limit, metrics);
+  api::BatchParams bp;
+  bp.ctx = ctx_limit;
+  bp.max_seqs = opts.max_batch;
+  bp.prefill_chunk = opts.prefill_chunk;
+  bp.kv_cache_bytes = static_cast<uint64_t>(opts.kv_cache_gb * 1e9);
+  Scheduler scheduler(model, opts.max_queue, bp, metrics);
   std::atomic<bool> shutting_down{false};
   std::atomic<int> open_streams{0};   // streaming responses not yet ended: shutdown waits for their last chunks
 
@@ -268,8 +273,8 @@ void run_server(api::Model& model, const ServerOptions& opts) {
   });
   std::string names;
   for (const ServedModel& m : models) names += (names.empty() ? "" : ", ") + m.id;
-  std::fprintf(stderr, "lowbit serve: %s on http://%s:%d/v1 (%s; context %d tokens)\n", names.c_str(),
-               opts.host.c_str(), opts.port, model.device_name().c_str(), ctx_limit);
+  std::fprintf(stderr, "lowbit serve: %s on http://%s:%d/v1 (%s; context %d tokens; %d requests batched)\n",
+               names.c_str(), opts.host.c_str(), opts.port, model.device_name().c_str(), ctx_limit, scheduler.slots());
   std::fflush(stderr);
 
   int sig = 0;

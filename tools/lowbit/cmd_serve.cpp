@@ -7,7 +7,6 @@ namespace lowbit::cli {
 namespace {
 struct ServeArgs {
   std::string model, device = "auto";
-  int max_batch = 1;
   serve::ServerOptions opts;
 };
 }  // namespace
@@ -24,15 +23,17 @@ void register_serve(CLI::App& app, Common& common) {
       ->check(in_range(1, 4096));
   sub->add_option("--ctx", a->opts.ctx, "Tokens of prompt + completion per request (default: the model's context)")
       ->check(at_least(0, "0 = the model's context"));
-  sub->add_option("--max-batch", a->max_batch,
-                  "Sequences decoded together; 1 only: requests run one at a time (continuous batching is not built)")
-      ->check(at_least(1));
+  sub->add_option("--max-batch", a->opts.max_batch, "Requests generated together at most (default 8)")
+      ->check(in_range(1, 1024));
+  sub->add_option("--kv-cache-gb", a->opts.kv_cache_gb,
+                  "KV cache size in GB; fewer requests run together when it holds fewer (default: --max-batch x ctx)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--prefill-chunk", a->opts.prefill_chunk,
+                  "Prompt tokens per scheduling round, so that running streams keep moving (default 512)")
+      ->check(in_range(1, 1 << 20));
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   add_device_option(sub, a->device);
   sub->callback([a, &common] {
-    if (a->max_batch != 1)
-      fail("--max-batch ", a->max_batch, ": only 1 is supported; requests are generated one at a time "
-           "(continuous batching is not built yet, docs/SERVE.md)");
     if (a->opts.model_name.find('@') != std::string::npos)
       fail("--model-name ", a->opts.model_name, ": must not contain '@' (it separates the name from the width)");
     apply_threads(common);

@@ -87,6 +87,29 @@ class CudaDecoder final : public Decoder {
   bool device_token_known_ = false;
 };
 
+// Continuous batching's cache: a GpuKVCache of slots + 1 sequences, the last one kept for the padding rows of
+// GpuModel::decode_slots.
+class CudaBatchCache final : public BatchCache {
+ public:
+  CudaBatchCache(GpuModel& m, int slots, int capacity) : cache(m.new_cache(slots + 1, capacity)) {}
+  int slots() const override { return cache.seqs - 1; }
+  int capacity() const override { return cache.capacity; }
+  int length(int slot) const override { return cache.len[checked(slot)]; }
+  void clear(int slot) override { cache.len[checked(slot)] = 0; }
+  uint64_t bytes() const override { return cache.bytes(); }
+  size_t checked(int slot) const {
+    LOWBIT_CHECK(slot >= 0 && slot < slots(), "batch cache: slot ", slot, " of ", slots());
+    return static_cast<size_t>(slot);
+  }
+  GpuKVCache cache;
+};
+
+CudaBatchCache& batch_cache_of(BatchCache& c) {
+  auto* b = dynamic_cast<CudaBatchCache*>(&c);
+  LOWBIT_CHECK(b != nullptr, "cuda backend: the batch cache belongs to another backend");
+  return *b;
+}
+
 }  // namespace
 
 GpuKVCache& kv_cache_of(Sequence& seq) {
@@ -145,6 +168,37 @@ WindowScore CudaBackend::score_window(Sequence& seq, std::span<const int32_t> to
 
 std::unique_ptr<Decoder> CudaBackend::new_decoder(Sequence& seq, const SamplingParams& sampling, int bits) {
   return std::make_unique<CudaDecoder>(*model_, kv_cache_of(seq), sampling, bits);
+}
+
+uint64_t CudaBackend::kv_bytes_per_position() const {
+  const ModelConfig& c = config();
+  return static_cast<uint64_t>(c.n_layers) * 2 * c.kv_dim() * sizeof(__half);
+}
+
+std::unique_ptr<BatchCache> CudaBackend::new_batch_cache(int slots, int capacity) {
+  LOWBIT_CHECK(slots >= 1 && capacity >= 1 && capacity <= config().max_seq_len, "batch cache: ", slots, " slots of ",
+               capacity, " positions (the model's context is ", config().max_seq_len, ")");
+  return std::make_unique<CudaBatchCache>(*model_, slots, capacity);
+}
+
+void CudaBackend::batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
+  CudaBatchCache& bc = batch_cache_of(cache);
+  const float* d = model_->forward(tokens.data(), 1, static_cast<int>(tokens.size()), bc.cache, false, bits,
+                                   static_cast<int>(bc.checked(slot)));
+  if (logits != nullptr)
+    LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits, d, sizeof(float) * config().vocab_size, cudaMemcpyDeviceToHost,
+                                      model_->stream()));
+  model_->synchronize();
+}
+
+void CudaBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
+                               float* logits) {
+  CudaBatchCache& bc = batch_cache_of(cache);
+  const float* d = model_->decode_slots(bc.cache, std::vector<int>(slots.begin(), slots.end()),
+                                        std::vector<int32_t>(tokens.begin(), tokens.end()), bits, /*use_graph=*/true);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits, d, sizeof(float) * config().vocab_size * slots.size(),
+                                    cudaMemcpyDeviceToHost, model_->stream()));
+  model_->synchronize();
 }
 
 }  // namespace lowbit::cuda

@@ -39,6 +39,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Sequence> new_sequence(int capacity) override;
   WindowScore score_window(Sequence& seq, std::span<const int32_t> tokens, int bits, bool reference) override;
   std::unique_ptr<Decoder> new_decoder(Sequence& seq, const SamplingParams& sampling, int bits) override;
+  uint64_t kv_bytes_per_position() const override;
+  std::unique_ptr<BatchCache> new_batch_cache(int slots, int capacity) override;
+  void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
+  void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
+                    float* logits) override;
 
   GpuModel& model() { return *model_; }
   const GpuModel& model() const { return *model_; }

@@ -656,12 +656,13 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   mark("argmax");
 }
 
-const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits) {
-  LOWBIT_CHECK(n >= 1 && seqs >= 1 && seqs <= cache.seqs, "forward: ", seqs, " sequences of ", n,
-               " tokens (cache holds ", cache.seqs, ")");
+const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits,
+                              int slot0) {
+  LOWBIT_CHECK(n >= 1 && seqs >= 1 && slot0 >= 0 && slot0 + seqs <= cache.seqs, "forward: ", seqs, " sequences of ", n,
+               " tokens from slot ", slot0, " (cache holds ", cache.seqs, ")");
   check_bits(bits);
   int max_span = 0;
-  for (int b = 0; b < seqs; ++b) {
+  for (int b = slot0; b < slot0 + seqs; ++b) {
     LOWBIT_CHECK(cache.len[static_cast<size_t>(b)] + n <= cache.capacity, "forward: ", cache.len[static_cast<size_t>(b)] + n,
                  " positions exceed the KV cache of ", cache.capacity);
     max_span = std::max(max_span, cache.len[static_cast<size_t>(b)] + n);
@@ -673,8 +674,8 @@ const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCach
   ensure_workspace(rows, seqs, all_logits);
   std::vector<int32_t> seq(static_cast<size_t>(rows)), pos(static_cast<size_t>(rows));
   for (int r = 0; r < rows; ++r) {
-    seq[static_cast<size_t>(r)] = r / n;
-    pos[static_cast<size_t>(r)] = cache.len[static_cast<size_t>(r / n)] + r % n;
+    seq[static_cast<size_t>(r)] = slot0 + r / n;
+    pos[static_cast<size_t>(r)] = cache.len[static_cast<size_t>(slot0 + r / n)] + r % n;
   }
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tok_in_.get(), tokens, sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
@@ -684,7 +685,7 @@ const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCach
   ensure_attn_scratch(rows, splits);
   forward_device(rows, seqs, n, cache, all_logits, bits, splits);
   LOWBIT_CUDA_CHECK(cudaGetLastError());
-  for (int b = 0; b < seqs; ++b) cache.len[static_cast<size_t>(b)] += n;
+  for (int b = slot0; b < slot0 + seqs; ++b) cache.len[static_cast<size_t>(b)] += n;
   return logits_.get();
 }
 
@@ -754,12 +755,57 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
   for (int b = 0; b < seqs; ++b) seq[static_cast<size_t>(b)] = b;
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * seqs, cudaMemcpyHostToDevice, stream_));
+  decode_rows(cache, seqs, bits, use_graph, /*argmax=*/true);
+  for (int b = 0; b < seqs; ++b) ++cache.len[static_cast<size_t>(b)];
+}
+
+int GpuModel::decode_bucket(int rows) {
+  if (rows <= 1) return 1;
+  if (rows <= 2) return 2;
+  if (rows <= 4) return 4;
+  return (rows + 7) / 8 * 8;
+}
+
+const float* GpuModel::decode_slots(GpuKVCache& cache, const std::vector<int>& slots, const std::vector<int32_t>& tokens,
+                                    int bits, bool use_graph) {
+  check_bits(bits);
+  const int n = static_cast<int>(slots.size());
+  const int pad_slot = cache.seqs - 1;
+  LOWBIT_CHECK(n >= 1 && tokens.size() == slots.size() && n <= pad_slot, "decode_slots: ", n, " slots, ", tokens.size(),
+               " tokens, a cache of ", cache.seqs, " slots (the last kept as padding)");
+  const int rows = std::min(decode_bucket(n), pad_slot + 1);
+  std::vector<int32_t> seq(static_cast<size_t>(rows), pad_slot), pos(static_cast<size_t>(rows), 0),
+      tok(static_cast<size_t>(rows), 0);
+  std::vector<bool> seen(static_cast<size_t>(cache.seqs), false);
+  for (int i = 0; i < n; ++i) {
+    const int s = slots[static_cast<size_t>(i)];
+    LOWBIT_CHECK(s >= 0 && s < pad_slot && !seen[static_cast<size_t>(s)], "decode_slots: slot ", s,
+                 " is out of range or repeated");
+    seen[static_cast<size_t>(s)] = true;
+    LOWBIT_CHECK(cache.len[static_cast<size_t>(s)] + 1 <= cache.capacity, "decode: the KV cache of ", cache.capacity,
+                 " positions is full");
+    const int32_t t = tokens[static_cast<size_t>(i)];
+    LOWBIT_CHECK(t >= 0 && t < c_.vocab_size, "decode: token id ", t, " out of range");
+    seq[static_cast<size_t>(i)] = s;
+    pos[static_cast<size_t>(i)] = cache.len[static_cast<size_t>(s)];
+    tok[static_cast<size_t>(i)] = t;
+  }
+  ensure_workspace(rows, rows, false);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tok_dev_.get(), tok.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
+  decode_rows(cache, rows, bits, use_graph, /*argmax=*/false);
+  for (int i = 0; i < n; ++i) ++cache.len[static_cast<size_t>(slots[static_cast<size_t>(i)])];
+  return logits_.get();
+}
+
+void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph, bool argmax) {
   const int splits = decode_splits(seqs, cache.capacity);   // fixed per cache: one graph, every position
   ensure_attn_scratch(seqs, splits);
   auto body = [&] {
     embed_rows(emb_, tok_dev_.get(), seqs, c_.dim, x_.get(), stream_);
     forward_device(seqs, seqs, 1, cache, false, bits, splits);
-    argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_, argmax_keys_.get());
+    if (argmax) argmax_rows(logits_.get(), seqs, c_.vocab_size, tok_dev_.get(), stream_, argmax_keys_.get());
     mark("end");
   };
   // Runs this call's step uncaptured (which also sizes the GEMM scratch: nothing may be allocated during a capture),
@@ -801,14 +847,14 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
     const unsigned pdl = graph_launch_key();
     auto hit = std::find_if(graphs_.begin(), graphs_.end(), [&](const DecodeGraph& g) {
       return g.seqs == seqs && g.bits == bits && g.capacity == cache.capacity && g.cache == cache.k.get() && g.gemm_gen == gen &&
-             g.pdl == pdl;
+             g.pdl == pdl && g.argmax == argmax;
     });
     if (hit != graphs_.end()) {
       hit->last_use = ++graph_clock_;
       LOWBIT_CUDA_CHECK(cudaGraphLaunch(hit->exec, stream_));
     } else {
       DecodeGraph g;
-      g.seqs = seqs, g.bits = bits, g.capacity = cache.capacity, g.cache = cache.k.get(), g.pdl = pdl;
+      g.seqs = seqs, g.bits = bits, g.capacity = cache.capacity, g.cache = cache.k.get(), g.pdl = pdl, g.argmax = argmax;
       run_and_capture(&g.exec);
       ++graph_captures_;
       g.gemm_gen = gemm_->generation();   // after the uncaptured step, which may have grown the scratch
@@ -830,7 +876,6 @@ void GpuModel::decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph) {
     }
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
-  for (int b = 0; b < seqs; ++b) ++cache.len[static_cast<size_t>(b)];
 }
 
 }  // namespace lowbit::cuda

@@ -68,7 +68,9 @@ class GpuModel {
   // Runs n new tokens for each of `seqs` sequences (tokens sequence-major, host memory) at positions
   // cache.len[b]..; cache.len[b] += n. Returns device logits: [seqs * n, vocab] when all_logits, else [seqs, vocab]
   // for each sequence's last token; valid until the next call.
-  const float* forward(const int32_t* tokens, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits);
+  // slot0: the sequences are the cache's slot0 .. slot0 + seqs - 1 (continuous batching extends one slot's sequence).
+  const float* forward(const int32_t* tokens, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits,
+                       int slot0 = 0);
   // Per predicted position of one window (tokens[0..n) scored from a fresh context): sum of NLL and top-1 hits.
   void score_window(const int32_t* tokens, int n, GpuKVCache& cache, int bits, double* nll_sum, int64_t* hits);
 
@@ -78,6 +80,14 @@ class GpuModel {
   // up to kMaxDecodeGraphs such keys are kept, so switching width between steps or requests replays the width's
   // graph. The positions are uploaded before each step. cache.len advances by one.
   void decode_step_greedy(GpuKVCache& cache, int bits, bool use_graph);
+  // Continuous batching's decode step: tokens[i] (host) at the end of the cache's slot slots[i] (distinct, below
+  // cache.seqs - 1), every row at width `bits`. The rows are padded to a bucket (1, 2, 4, 8, then multiples of 8) with
+  // rows of the cache's last slot, kept as padding, at position 0, so that one captured graph per (bucket, width,
+  // cache) serves every mix of slots and positions (use_graph). Returns device logits [bucket, vocab], the first
+  // slots.size() rows the sequences'; valid until the next call. The slots' lengths advance by one.
+  const float* decode_slots(GpuKVCache& cache, const std::vector<int>& slots, const std::vector<int32_t>& tokens,
+                            int bits, bool use_graph);
+  static int decode_bucket(int rows);
   int32_t* decode_tokens() { return tok_dev_.get(); }
   void set_decode_tokens(const std::vector<int32_t>& toks);
   // The greedy tokens of the logits the last forward() returned ([seqs, vocab]) into the decode tokens.
@@ -117,6 +127,9 @@ class GpuModel {
   bool run_group(const std::vector<const GpuLinear*>& ls, const float* x, int64_t m, const std::vector<float*>& ys, const float* x_max);
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
   void forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool all_logits, int bits, int splits);
+  // A decode step of rows whose tokens (tok_dev_), sequence ids and positions are on the device already, replayed
+  // from a graph keyed by (rows, bits, cache, argmax) when use_graph; argmax: greedy tokens into tok_dev_.
+  void decode_rows(GpuKVCache& cache, int rows, int bits, bool use_graph, bool argmax);
 
   // q/k/v and gate/up stacked into one linear each (qkv, gate_up; n == 0 when not) where their weights allow it:
   // all fp16, or all any-precision with the same parent (2/4/16 weights each permute their inputs their own way and
@@ -160,12 +173,13 @@ class GpuModel {
   struct DecodeGraph {
     cudaGraphExec_t exec = nullptr;
     int seqs = -1, bits = -1, capacity = -1;
+    bool argmax = true;
     const void* cache = nullptr;
     uint64_t gemm_gen = 0;
     unsigned pdl = 0;   // the PDL kernel classes the graph was captured with (0: none; backend_cuda/common/launch.cuh)
     uint64_t last_use = 0;
   };
-  static constexpr size_t kMaxDecodeGraphs = 8;
+  static constexpr size_t kMaxDecodeGraphs = 32;   // continuous batching: buckets x widths
   std::vector<DecodeGraph> graphs_;
   uint64_t graph_clock_ = 0;
   int decode_seqs_ = 0, graph_captures_ = 0;

@@ -1,0 +1,166 @@
+#include "runtime/batch.h"
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+
+namespace lowbit {
+
+namespace {
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+}  // namespace
+
+struct BatchGenerator::Seq {
+  Seq(uint64_t i, int sl, std::vector<int32_t> prompt, const GenerateOptions& o, const Tokenizer* tok,
+      std::vector<int32_t> stops, std::function<void(const std::string&)> on_text)
+      : id(i), slot(sl), opts(o), stream(opts, tok, std::move(stops), std::move(on_text)), sampler(o.sampling) {
+    r.prompt_ids = std::move(prompt);
+    r.stop_reason = "length";
+    history = r.prompt_ids;
+  }
+  uint64_t id;
+  int slot;
+  GenerateOptions opts;   // before stream, which keeps a reference to it
+  TokenStream stream;
+  Sampler sampler;
+  GenerateResult r;
+  std::vector<int32_t> history;
+  int limit = 0;              // positions this sequence may fill (generate()'s cache capacity)
+  size_t prefilled = 0;       // prompt tokens run so far
+  int32_t pending = -1;       // the token the next decode step runs (>= 0: decoding)
+  bool ended = false;
+  std::chrono::steady_clock::time_point t_start{}, t_first{};
+};
+
+BatchGenerator::BatchGenerator(Backend& backend, const BatchOptions& opts)
+    : b_(backend), capacity_(opts.capacity > 0 ? opts.capacity : backend.config().max_seq_len),
+      chunk_(opts.prefill_chunk), vocab_(backend.config().vocab_size) {
+  LOWBIT_CHECK(opts.max_seqs >= 1, "batch: max sequences must be >= 1, got ", opts.max_seqs);
+  LOWBIT_CHECK(opts.prefill_chunk >= 1, "batch: the prefill chunk must be >= 1 token, got ", opts.prefill_chunk);
+  LOWBIT_CHECK(capacity_ >= 2 && capacity_ <= backend.config().max_seq_len, "batch: ", capacity_,
+               " positions per sequence (2 to the model's context of ", backend.config().max_seq_len, ")");
+  cache_ = b_.new_batch_cache(opts.max_seqs, capacity_);
+  slot_used_.assign(static_cast<size_t>(opts.max_seqs), false);
+  if (b_.has_tokenizer()) stops_ = stop_tokens(b_.config(), b_.tokenizer());
+  else if (b_.config().eos_id >= 0) stops_.push_back(b_.config().eos_id);
+}
+
+BatchGenerator::~BatchGenerator() = default;
+
+int BatchGenerator::free_slots() const { return static_cast<int>(std::count(slot_used_.begin(), slot_used_.end(), false)); }
+
+int64_t BatchGenerator::kv_positions_used() const {
+  int64_t n = 0;
+  for (const auto& s : seqs_) n += cache_->length(s->slot);
+  return n;
+}
+
+uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOptions& opts,
+                             std::function<void(const std::string&)> on_text) {
+  LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
+  LOWBIT_CHECK(opts.max_new_tokens >= 0, "--max-tokens must be >= 0");
+  validate_sampling(opts.sampling);
+  b_.check_bits(opts.bits);
+  for (int32_t id : prompt_ids)
+    LOWBIT_CHECK(id >= 0 && id < vocab_, "generate: prompt token id ", id, " is outside the vocabulary of ", vocab_);
+  // generate()'s capacity, within the slot.
+  const int want = static_cast<int>(prompt_ids.size()) + opts.max_new_tokens;
+  const int limit = std::min(capacity_, opts.ctx > 0 ? opts.ctx : want);
+  LOWBIT_CHECK(static_cast<int>(prompt_ids.size()) <= capacity_ &&
+                   (static_cast<int>(prompt_ids.size()) < limit || opts.max_new_tokens == 0),
+               "the prompt has ", prompt_ids.size(), " tokens, which fills the context of ", std::max(limit, 0));
+  const auto free = std::find(slot_used_.begin(), slot_used_.end(), false);
+  LOWBIT_CHECK(free != slot_used_.end(), "batch: every slot is in use");
+  const int slot = static_cast<int>(free - slot_used_.begin());
+  auto s = std::make_unique<Seq>(next_id_++, slot, std::move(prompt_ids), opts,
+                                 b_.has_tokenizer() ? &b_.tokenizer() : nullptr, stops_, std::move(on_text));
+  s->limit = std::max(limit, static_cast<int>(s->r.prompt_ids.size()));
+  cache_->clear(slot);
+  *free = true;
+  seqs_.push_back(std::move(s));
+  return seqs_.back()->id;
+}
+
+bool BatchGenerator::pick(Seq& s, float* logits) {
+  if (s.r.new_ids.size() >= static_cast<size_t>(s.opts.max_new_tokens)) return false;   // max_new_tokens == 0
+  if (s.opts.cancel != nullptr && s.opts.cancel->load()) {
+    s.r.stop_reason = "cancelled";
+    return false;
+  }
+  const int32_t next = s.sampler.sample(logits, vocab_, s.history);
+  if (!s.stream.accept(next, s.r, s.history)) return false;
+  if (cache_->length(s.slot) >= s.limit) {
+    s.r.stop_reason = "context";
+    return false;
+  }
+  s.pending = next;
+  return true;
+}
+
+void BatchGenerator::finish(size_t index, std::vector<Finished>& out) {
+  Seq& s = *seqs_[index];
+  s.stream.finish(s.r);
+  const auto now = std::chrono::steady_clock::now();
+  if (s.t_first == std::chrono::steady_clock::time_point{}) s.t_first = now;
+  s.r.decode_seconds = seconds_between(s.t_first, now);
+  slot_used_[static_cast<size_t>(s.slot)] = false;
+  out.push_back({s.id, std::move(s.r)});
+  seqs_.erase(seqs_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+std::vector<BatchGenerator::Finished> BatchGenerator::step() {
+  std::vector<Finished> out;
+  // Cancelled before their next token: ended now, whatever they were doing.
+  for (auto& s : seqs_)
+    if (s->opts.cancel != nullptr && s->opts.cancel->load()) {
+      s->r.stop_reason = "cancelled";
+      s->ended = true;
+    }
+  // 1. Prefill, oldest first, at most chunk_ prompt tokens in all.
+  int budget = chunk_;
+  logits_.resize(static_cast<size_t>(vocab_) * std::max<size_t>(seqs_.size(), 1));
+  for (auto& sp : seqs_) {
+    Seq& s = *sp;
+    if (s.ended || s.pending >= 0 || budget == 0) continue;
+    const size_t total = s.r.prompt_ids.size();
+    if (s.prefilled == 0) s.t_start = std::chrono::steady_clock::now();
+    const size_t n = std::min(total - s.prefilled, static_cast<size_t>(budget));
+    const bool last = s.prefilled + n == total;
+    b_.batch_extend(*cache_, s.slot, std::span<const int32_t>(s.r.prompt_ids).subspan(s.prefilled, n), s.opts.bits,
+                    last ? logits_.data() : nullptr);
+    s.prefilled += n;
+    budget -= static_cast<int>(n);
+    if (!last) continue;
+    s.t_first = std::chrono::steady_clock::now();
+    s.r.prefill_seconds = seconds_between(s.t_start, s.t_first);
+    if (!pick(s, logits_.data())) s.ended = true;
+  }
+  // 2. One decode step for every sequence past its prompt, one forward per width. Those whose first token was
+  // picked in this round's prefill join now: the step runs that token.
+  std::map<int, std::vector<Seq*>> by_bits;
+  for (auto& s : seqs_)
+    if (!s->ended && s->pending >= 0) by_bits[s->opts.bits].push_back(s.get());
+  last_rows_ = last_forwards_ = 0;
+  for (auto& [bits, group] : by_bits) {
+    std::vector<int> slots;
+    std::vector<int32_t> tokens;
+    for (Seq* s : group) {
+      slots.push_back(s->slot);
+      tokens.push_back(s->pending);
+    }
+    b_.batch_decode(*cache_, slots, tokens, bits, logits_.data());
+    last_rows_ += static_cast<int>(group.size());
+    ++last_forwards_;
+    for (size_t i = 0; i < group.size(); ++i)
+      if (!pick(*group[i], logits_.data() + i * static_cast<size_t>(vocab_))) group[i]->ended = true;
+  }
+  for (size_t i = seqs_.size(); i-- > 0;)
+    if (seqs_[i]->ended) finish(i, out);
+  std::reverse(out.begin(), out.end());   // arrival order
+  return out;
+}
+
+}  // namespace lowbit

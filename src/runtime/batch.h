@@ -1,0 +1,78 @@
+// Continuous batching: many generations on one backend, advanced together. Each request takes a slot of one
+// BatchCache (runtime/backend.h) when it starts and gives it back when it ends, so requests join and leave the
+// running batch between decode steps. A round (step()) runs
+//   1. prefill: up to prefill_chunk prompt tokens of the requests still reading their prompts, oldest first, in
+//      chunks, so a long prompt never stalls the running streams for more than one chunk;
+//   2. decode: one token for every request past its prompt, one batched forward per width present (any-precision
+//      models: each request picks its width; a width's forward reads that width's bitplanes for all its rows).
+// Tokens are picked on the host by each request's own Sampler (seeded as generate() seeds it) and taken through
+// the same TokenStream as generate(), so a request ends, streams and stops exactly as it would alone.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/backend.h"
+#include "runtime/generate.h"
+
+namespace lowbit {
+
+struct BatchOptions {
+  int max_seqs = 8;          // sequences in flight at most (the cache's slots)
+  int capacity = 0;          // positions per sequence (prompt + completion); 0 = the model's context
+  int prefill_chunk = 512;   // prompt tokens a round runs at most
+};
+
+class BatchGenerator {
+ public:
+  BatchGenerator(Backend& backend, const BatchOptions& opts);
+  ~BatchGenerator();
+  BatchGenerator(const BatchGenerator&) = delete;
+  BatchGenerator& operator=(const BatchGenerator&) = delete;
+
+  int free_slots() const;
+  int active() const { return static_cast<int>(seqs_.size()); }
+  int capacity() const { return capacity_; }
+  // Starts a generation in a free slot and returns its id (ids count up from 1). The prompt runs in later rounds.
+  // Errors (lowbit::Error, nothing started): no free slot, an empty prompt, a token id outside the vocabulary, a
+  // prompt that leaves no room in the slot, a width the model does not serve, bad sampling settings.
+  uint64_t add(std::vector<int32_t> prompt_ids, const GenerateOptions& opts,
+               std::function<void(const std::string&)> on_text = nullptr);
+
+  struct Finished {
+    uint64_t id;
+    GenerateResult result;
+  };
+  // One round (see the top of the file). Returns the generations that ended in it (their slots are free again),
+  // including those cancelled through GenerateOptions::cancel.
+  std::vector<Finished> step();
+
+  // Sequences that ran a decode step in the last round, and forwards that round took (one per width).
+  int last_decode_rows() const { return last_rows_; }
+  int last_decode_forwards() const { return last_forwards_; }
+  // KV positions in use (over every active sequence) and in all slots.
+  int64_t kv_positions_used() const;
+  int64_t kv_positions_total() const { return static_cast<int64_t>(cache_->slots()) * capacity_; }
+
+ private:
+  struct Seq;
+  // Picks the next token of s from logits [vocab] (on_text called); false when s has ended (s.r complete).
+  bool pick(Seq& s, float* logits);
+  void finish(size_t index, std::vector<Finished>& out);
+
+  Backend& b_;
+  int capacity_, chunk_, vocab_;
+  std::unique_ptr<BatchCache> cache_;
+  std::vector<std::unique_ptr<Seq>> seqs_;   // in arrival order
+  std::vector<bool> slot_used_;
+  std::vector<int32_t> stops_;
+  std::vector<float> logits_;
+  uint64_t next_id_ = 1;
+  int last_rows_ = 0, last_forwards_ = 0;
+};
+
+}  // namespace lowbit
