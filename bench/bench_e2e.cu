@@ -10,7 +10,6 @@
 #include "backend_cuda/dispatch/packed.h"
 
 namespace lowbit::cuda {
-namespace {
 
 // The --weights values: user input, parsed once into the random model kind.
 GpuModel::RandomKind random_kind(const std::string& name) {
@@ -42,6 +41,8 @@ ModelConfig shape_config(const std::string& name) {
   c.head_dim = c.dim / c.n_heads;
   return c;
 }
+
+namespace {
 
 // n prompt tokens of the timed runs (token i: (i * 104729 + 3) % vocab).
 std::vector<int32_t> synthetic_tokens(size_t n, int vocab) {

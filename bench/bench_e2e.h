@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "backend_cuda/model/gpu_model.h"
+
 namespace lowbit::cuda {
 
 struct E2EBenchOptions {
@@ -18,7 +20,9 @@ struct E2EBenchOptions {
 
 void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out);
 
-class GpuModel;
+// The --model-shapes and --weights values (fail() on unknown ones), shared by bench --serve.
+ModelConfig shape_config(const std::string& name);
+GpuModel::RandomKind random_kind(const std::string& name);
 // Prefill tokens/s of one forward of `prefill` tokens (batch 1, best of 3 after a warm-up run).
 double time_prefill(GpuModel& m, int bits, int prefill);
 // Greedy decode tokens/s (steps x batch / time) of `decode` CUDA-graph steps after a `prompt`-token prompt in each

@@ -230,7 +230,9 @@ TEST(CudaModel, SlotDecodeMatchesEachSequenceAlone) {
       alone.push_back(gpu.new_cache(1, cap));
       const auto want = download(gpu, gpu.forward(prompt.data(), 1, static_cast<int>(prompt.size()), alone.back(), false, 0),
                                  static_cast<size_t>(V));
-      if (check) EXPECT_EQ(got, want) << "slot " << s << " prefill";
+      if (check) {
+        EXPECT_EQ(got, want) << "slot " << s << " prefill";
+      }
     }
     std::vector<std::vector<float>> logits;
     for (size_t k = 0; k < schedule.size(); ++k) {
@@ -334,7 +336,7 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
 
 // Any-precision width changed from step to step (as requests at different widths would): each width's decode graph
 // is captured once and replayed after steps at other widths, giving, step by step, the logits of plain launches at
-// that width, bit for bit; at most kMaxDecodeGraphs (8) graphs are kept, the least recently used evicted first.
+// that width, bit for bit; at most kMaxDecodeGraphs graphs are kept, the least recently used evicted first.
 TEST(CudaModel, WidthSwitchReplaysEachWidthsGraph) {
   SKIP_WITHOUT_GPU();
   ModelConfig c;
@@ -375,15 +377,16 @@ TEST(CudaModel, WidthSwitchReplaysEachWidthsGraph) {
   };
   EXPECT_NE(first_step(3), first_step(4));
   EXPECT_NE(first_step(4), first_step(8));
-  // Eight graphs at most: widths 2..8 on two caches are 14 keys; the last 8 stay.
-  for (int cache = 0; cache < 2; ++cache) {
+  // kMaxDecodeGraphs at most: widths 2..8 on enough caches for more keys than that; the most recent stay.
+  const int caches = static_cast<int>(cuda::GpuModel::kMaxDecodeGraphs / 7) + 2;
+  for (int cache = 0; cache < caches; ++cache) {
     cuda::GpuKVCache kv = gpu.new_cache(1, 48 + cache);
     std::vector<int32_t> prompt = {1, 2, 3};
     gpu.forward(prompt.data(), 1, 3, kv, false, 2);
     gpu.greedy_from_last_logits(1);
     for (int bits = 2; bits <= 8; ++bits) gpu.decode_step_greedy(kv, bits, true);
   }
-  EXPECT_EQ(gpu.cached_graphs(), 8u);
+  EXPECT_EQ(gpu.cached_graphs(), cuda::GpuModel::kMaxDecodeGraphs);
 }
 
 // A greedy decode of `batch` sequences from a synthetic prompt (token i: (i * mul + add) % vocab, prompt_len each):

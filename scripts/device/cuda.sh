@@ -8,6 +8,7 @@
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
 #   scripts/device/cuda.sh uniform      the packed uniform (RTN / GPTQ) kernels: tests, sanitizer, kernel and 7B timings
 #   scripts/device/cuda.sh quik         the QUIK kernels (every activation form): the same
+#   scripts/device/cuda.sh serve [tests|fp16|anyprec]  continuous batching: GPU tests, sanitizer, bench --serve load
 #   scripts/device/cuda.sh quik-smollm2 SmolLM2 QUIK W8A8 / W4A8 (and W4 with FP8 activations at load) quantized on the
 #                                       GPU, full WikiText-2 perplexity on the GPU and on the CPU side by side (needs
 #                                       the SmolLM2 GGUF staged: scripts/device/eval.sh stage over both parts)
@@ -100,5 +101,22 @@ case "${1:-}" in
     fi
     grep -hE "^# \$|perplexity|^# exit" "$OUT"/quik-smollm2-*.txt 2>/dev/null
     ;;
-  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform | quik | quik-smollm2" >&2; exit 2 ;;
+  serve)     # [tests | fp16 | anyprec]: continuous batching on the GPU: its tests and sanitizer, then the serving load
+             # benchmark on the Llama-2-7B shape (fp16; any-precision 3 / 4 / 8 and their mix)
+    phase="${2:-all}"
+    if [ "$phase" = tests ] || [ "$phase" = all ]; then
+      step serve-tests 300 "$LB/pkg/test_cuda_model" \
+        --gtest_filter='CudaModel.SlotDecode*:CudaModel.ContinuousBatch*:CudaModel.GraphDecode*:CudaModel.WidthSwitch*:CudaModel.DecodeAndBatch*'
+      step serve-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
+        --gtest_filter='CudaModel.SlotDecode*:CudaModel.ContinuousBatch*'
+    fi
+    for kind in fp16 anyprec; do
+      if [ "$phase" = "$kind" ] || [ "$phase" = all ]; then
+        step "serve-load-$kind" 560 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights "$kind" \
+          --kernel-bits 3,4,8 --concurrency 1,8,32,64
+      fi
+    done
+    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|^llama2-7b \|" "$OUT"/serve-*.txt | head -60
+    ;;
+  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform | quik | quik-smollm2 | serve" >&2; exit 2 ;;
 esac

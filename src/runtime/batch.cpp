@@ -32,6 +32,7 @@ struct BatchGenerator::Seq {
   size_t prefilled = 0;       // prompt tokens run so far
   int32_t pending = -1;       // the token the next decode step runs (>= 0: decoding)
   bool ended = false;
+  std::function<void(int32_t)> on_id;
   std::chrono::steady_clock::time_point t_start{}, t_first{};
 };
 
@@ -59,7 +60,7 @@ int64_t BatchGenerator::kv_positions_used() const {
 }
 
 uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOptions& opts,
-                             std::function<void(const std::string&)> on_text) {
+                             std::function<void(const std::string&)> on_text, std::function<void(int32_t)> on_id) {
   LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
   LOWBIT_CHECK(opts.max_new_tokens >= 0, "--max-tokens must be >= 0");
   validate_sampling(opts.sampling);
@@ -78,6 +79,7 @@ uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOpti
   auto s = std::make_unique<Seq>(next_id_++, slot, std::move(prompt_ids), opts,
                                  b_.has_tokenizer() ? &b_.tokenizer() : nullptr, stops_, std::move(on_text));
   s->limit = std::max(limit, static_cast<int>(s->r.prompt_ids.size()));
+  s->on_id = std::move(on_id);
   cache_->clear(slot);
   *free = true;
   seqs_.push_back(std::move(s));
@@ -91,7 +93,10 @@ bool BatchGenerator::pick(Seq& s, float* logits) {
     return false;
   }
   const int32_t next = s.sampler.sample(logits, vocab_, s.history);
-  if (!s.stream.accept(next, s.r, s.history)) return false;
+  const size_t taken = s.r.new_ids.size();
+  const bool more = s.stream.accept(next, s.r, s.history);
+  if (s.on_id && s.r.new_ids.size() > taken) s.on_id(next);
+  if (!more) return false;
   if (cache_->length(s.slot) >= s.limit) {
     s.r.stop_reason = "context";
     return false;
@@ -144,6 +149,7 @@ std::vector<BatchGenerator::Finished> BatchGenerator::step() {
   for (auto& s : seqs_)
     if (!s->ended && s->pending >= 0) by_bits[s->opts.bits].push_back(s.get());
   last_rows_ = last_forwards_ = 0;
+  const auto t_decode = std::chrono::steady_clock::now();
   for (auto& [bits, group] : by_bits) {
     std::vector<int> slots;
     std::vector<int32_t> tokens;
@@ -157,6 +163,7 @@ std::vector<BatchGenerator::Finished> BatchGenerator::step() {
     for (size_t i = 0; i < group.size(); ++i)
       if (!pick(*group[i], logits_.data() + i * static_cast<size_t>(vocab_))) group[i]->ended = true;
   }
+  last_decode_s_ = seconds_between(t_decode, std::chrono::steady_clock::now());
   for (size_t i = seqs_.size(); i-- > 0;)
     if (seqs_[i]->ended) finish(i, out);
   std::reverse(out.begin(), out.end());   // arrival order

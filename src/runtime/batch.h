@@ -40,8 +40,10 @@ class BatchGenerator {
   // Starts a generation in a free slot and returns its id (ids count up from 1). The prompt runs in later rounds.
   // Errors (lowbit::Error, nothing started): no free slot, an empty prompt, a token id outside the vocabulary, a
   // prompt that leaves no room in the slot, a width the model does not serve, bad sampling settings.
+  // on_id (optional): called with each generated token id as it is taken (benchmarks time tokens with it).
   uint64_t add(std::vector<int32_t> prompt_ids, const GenerateOptions& opts,
-               std::function<void(const std::string&)> on_text = nullptr);
+               std::function<void(const std::string&)> on_text = nullptr,
+               std::function<void(int32_t)> on_id = nullptr);
 
   struct Finished {
     uint64_t id;
@@ -54,6 +56,7 @@ class BatchGenerator {
   // Sequences that ran a decode step in the last round, and forwards that round took (one per width).
   int last_decode_rows() const { return last_rows_; }
   int last_decode_forwards() const { return last_forwards_; }
+  double last_decode_seconds() const { return last_decode_s_; }   // wall time of the last round's decode step
   // KV positions in use (over every active sequence) and in all slots.
   int64_t kv_positions_used() const;
   int64_t kv_positions_total() const { return static_cast<int64_t>(cache_->slots()) * capacity_; }
@@ -73,6 +76,7 @@ class BatchGenerator {
   std::vector<float> logits_;
   uint64_t next_id_ = 1;
   int last_rows_ = 0, last_forwards_ = 0;
+  double last_decode_s_ = 0;
 };
 
 }  // namespace lowbit

@@ -18,6 +18,7 @@
 #include "commands.h"
 #ifdef LOWBIT_WITH_CUDA
 #include "bench/bench_e2e.h"
+#include "bench/bench_serve.h"
 #include "bench/bench_kernels.h"
 #endif
 
@@ -41,7 +42,8 @@ double median_seconds(int reps, F&& f) {
 
 struct BenchArgs {
   std::string model, device = "auto", formats = "fp16,anyprec,mixed24a,uniform,quik";
-  bool kernels = false, e2e = false;
+  bool kernels = false, e2e = false, serve = false;
+  std::vector<int> concurrency = {1, 8, 32, 64};
   api::SpeedParams speed;
   std::vector<std::string> shapes = {"4096x4096",  "11008x4096", "4096x11008", "14336x4096",
                                      "8192x8192", "28672x8192", "8192x28672"};
@@ -139,19 +141,39 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--decode-batches", a->decode_batches, "--e2e: decode batch sizes (sequences)")
       ->delimiter(',')
       ->check(in_range(1, 256));
+  sub->add_flag("--serve", a->serve,
+                "GPU serving load: the continuous batch of lowbit serve under closed-loop clients, on random-weight "
+                "model shapes (no model; docs/SERVE.md)");
+  sub->add_option("--concurrency", a->concurrency, "--serve: requests in flight (comma-separated)")
+      ->delimiter(',')
+      ->check(in_range(1, 512));
   sub->callback([a, sub, &common] {
     apply_threads(common);
-    refuse_unless(sub, {"--kernels"}, !a->e2e, "and --e2e are separate benchmarks: give one");
+    refuse_unless(sub, {"--kernels"}, !a->e2e && !a->serve, "and --e2e / --serve are separate benchmarks: give one");
+    refuse_unless(sub, {"--e2e"}, !a->serve, "and --serve are separate benchmarks: give one");
     refuse_unless(sub, {"--shapes", "--batch", "--iters", "--formats"}, a->kernels, "applies to --kernels only");
-    refuse_unless(sub, {"--model-shapes", "--weights", "--decode-batches"}, a->e2e, "applies to --e2e only");
-    refuse_unless(sub, {"--kernel-bits"}, a->kernels || a->e2e, "applies to --kernels and --e2e only");
-    refuse_unless(sub, {"--decode", "--reps", "--bits", "--device", "--tokenizer"}, !a->kernels && !a->e2e,
-                  "applies to a MODEL's benchmark, not to --kernels / --e2e");
-    refuse_unless(sub, {"--prefill"}, !a->kernels, "applies to a MODEL's benchmark and to --e2e, not to --kernels");
-    if (a->kernels || a->e2e) {
-      if (!a->model.empty()) fail("bench ", a->kernels ? "--kernels" : "--e2e", " takes no MODEL (got ", a->model, ")");
-      require_gpu(a->kernels ? "--kernels" : "--e2e");
+    refuse_unless(sub, {"--model-shapes", "--weights"}, a->e2e || a->serve, "applies to --e2e and --serve only");
+    refuse_unless(sub, {"--decode-batches"}, a->e2e, "applies to --e2e only");
+    refuse_unless(sub, {"--concurrency"}, a->serve, "applies to --serve only");
+    refuse_unless(sub, {"--kernel-bits"}, a->kernels || a->e2e || a->serve, "applies to --kernels, --e2e and --serve only");
+    const bool no_model = a->kernels || a->e2e || a->serve;
+    refuse_unless(sub, {"--decode", "--reps", "--bits", "--device", "--tokenizer"}, !no_model,
+                  "applies to a MODEL's benchmark, not to --kernels / --e2e / --serve");
+    refuse_unless(sub, {"--prefill"}, !a->kernels && !a->serve, "applies to a MODEL's benchmark and to --e2e");
+    if (no_model) {
+      const char* what = a->kernels ? "--kernels" : a->e2e ? "--e2e" : "--serve";
+      if (!a->model.empty()) fail("bench ", what, " takes no MODEL (got ", a->model, ")");
+      require_gpu(what);
 #ifdef LOWBIT_WITH_CUDA
+      if (a->serve) {
+        cuda::ServeBenchOptions o;
+        o.shapes = a->e2e_shapes;
+        if (sub->count("--weights") > 0) o.kinds = a->e2e_weights;
+        o.bits = a->kernel_bits;
+        o.concurrency = a->concurrency;
+        cuda::run_serve_bench(o, std::cout);
+        return;
+      }
       if (a->e2e) {
         cuda::E2EBenchOptions o;
         o.shapes = a->e2e_shapes;
@@ -186,7 +208,7 @@ void register_bench(CLI::App& app, Common& common) {
 #endif
       return;
     }
-    if (a->model.empty()) fail("bench: a MODEL is required (or --kernels / --e2e)");
+    if (a->model.empty()) fail("bench: a MODEL is required (or --kernels / --e2e / --serve)");
     bench_model(*a, common);
   });
 }

@@ -101,6 +101,8 @@ class GpuModel {
   // How often decode_step_greedy captured a graph (once per batch / width / cache; replays reuse it, also after
   // steps at other widths in between).
   int graph_captures() const { return graph_captures_; }
+  // Decode graphs kept at most (continuous batching: 11 buckets up to 64 rows, times the widths served).
+  static constexpr size_t kMaxDecodeGraphs = 64;
   size_t cached_graphs() const { return graphs_.size(); }
   void synchronize() const;
 
@@ -179,7 +181,6 @@ class GpuModel {
     unsigned pdl = 0;   // the PDL kernel classes the graph was captured with (0: none; backend_cuda/common/launch.cuh)
     uint64_t last_use = 0;
   };
-  static constexpr size_t kMaxDecodeGraphs = 32;   // continuous batching: buckets x widths
   std::vector<DecodeGraph> graphs_;
   uint64_t graph_clock_ = 0;
   int decode_seqs_ = 0, graph_captures_ = 0;

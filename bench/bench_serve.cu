@@ -1,0 +1,156 @@
+#include "bench/bench_serve.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <random>
+
+#include "backend_cuda/model/cuda_backend.h"
+#include "bench/bench_e2e.h"
+#include "core/error.h"
+#include "runtime/batch.h"
+
+namespace lowbit::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
+  return v[i];
+}
+
+struct LoadResult {
+  int requests = 0;
+  int64_t tokens = 0;
+  double wall_s = 0, decode_rows = 0, decode_s = 0, steps = 0;
+  std::vector<double> ttft, itl;
+};
+
+// Closed-loop load: `concurrency` requests in flight, 2x concurrency (at least 4) in all; request i runs at
+// widths[i % widths.size()].
+LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, const std::vector<int>& widths, uint64_t seed) {
+  BatchOptions bo;
+  bo.max_seqs = concurrency;
+  bo.capacity = o.prompt_max + o.new_tokens + 1;
+  bo.prefill_chunk = o.prefill_chunk;
+  BatchGenerator gen(b, bo);
+  const int V = b.config().vocab_size;
+  std::mt19937_64 rng(seed);
+  auto prompt = [&](int len) {
+    std::vector<int32_t> p(static_cast<size_t>(len));
+    for (int32_t& t : p) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
+    return p;
+  };
+  // Warm-up: the decode graphs of every bucket this concurrency visits, at every width (requests of staggered
+  // lengths, so the batch shrinks one row at a time).
+  for (int w : widths) {
+    for (int i = 0; i < concurrency; ++i) {
+      GenerateOptions g;
+      g.stop_at_eos = false;
+      g.max_new_tokens = 2 + i;
+      g.bits = w;
+      gen.add(prompt(16), g);
+    }
+    while (gen.active() > 0) gen.step();
+  }
+  struct Live {
+    Clock::time_point added, last;
+    bool first = true;
+  };
+  LoadResult r;
+  const int total = std::max(4, 2 * concurrency);
+  std::uniform_int_distribution<int> len(o.prompt_min, o.prompt_max);
+  int started = 0;
+  const Clock::time_point t0 = Clock::now();
+  while (started < total || gen.active() > 0) {
+    while (started < total && gen.free_slots() > 0) {
+      GenerateOptions g;
+      g.stop_at_eos = false;
+      g.max_new_tokens = o.new_tokens;
+      g.bits = widths[static_cast<size_t>(started) % widths.size()];
+      auto lv = std::make_shared<Live>();
+      lv->added = lv->last = Clock::now();
+      gen.add(prompt(len(rng)), g, nullptr, [&r, lv](int32_t) {
+        const Clock::time_point now = Clock::now();
+        (lv->first ? r.ttft : r.itl).push_back(seconds(lv->first ? lv->added : lv->last, now));
+        lv->first = false;
+        lv->last = now;
+        ++r.tokens;
+      });
+      ++started;
+    }
+    gen.step();
+    ++r.steps;
+    r.decode_rows += gen.last_decode_rows();
+    r.decode_s += gen.last_decode_seconds();
+  }
+  r.wall_s = seconds(t0, Clock::now());
+  r.requests = total;
+  return r;
+}
+
+std::string widths_label(const std::vector<int>& w) {
+  if (w.size() == 1) return w[0] == 0 ? "fp16" : std::to_string(w[0]) + "-bit";
+  std::string s = "mix ";
+  for (size_t i = 0; i < w.size(); ++i) s += (i ? "/" : "") + std::to_string(w[i]);
+  return s;
+}
+
+}  // namespace
+
+void run_serve_bench(const ServeBenchOptions& o, std::ostream& out) {
+  LOWBIT_CHECK(o.prompt_min >= 1 && o.prompt_min <= o.prompt_max && o.new_tokens >= 3, "bench --serve: prompts of ",
+               o.prompt_min, "..", o.prompt_max, " tokens, ", o.new_tokens, " new");
+  char line[512];
+  out << "device: " << device_name() << "\n";
+  std::snprintf(line, sizeof line,
+                "closed-loop clients, prompts of %d..%d random tokens, %d new tokens each (greedy, EOS off), prefill "
+                "chunk %d; 2 x concurrency requests (at least 4) per row\n",
+                o.prompt_min, o.prompt_max, o.new_tokens, o.prefill_chunk);
+  out << line;
+  out << "shape | weights | width | concurrency | requests | output tok/s | decode-step tok/s | mean decode rows | "
+         "TTFT p50 / p99 ms | ITL p50 / p99 ms | e2e decode b8 tok/s (same weights, prompt of the mean length) | "
+         "concurrency-8 decode-step / e2e b8\n";
+  out.flush();
+  for (const std::string& shape : o.shapes) {
+    const ModelConfig c = shape_config(shape);
+    for (const std::string& kind : o.kinds) {
+      const GpuModel::RandomKind rk = random_kind(kind);
+      GpuModel m(c, rk, 1234);
+      CudaBackend backend(m, nullptr, "random:" + shape, ModelFormat::Random);
+      std::vector<std::vector<int>> configs;
+      if (m.widths().empty()) {
+        configs.push_back({0});
+      } else {
+        for (int w : o.bits) configs.push_back({w});
+        if (o.bits.size() > 1) configs.push_back(o.bits);
+      }
+      for (const std::vector<int>& widths : configs) {
+        double e2e_b8 = 0;
+        if (widths.size() == 1) e2e_b8 = time_decode(m, widths[0], (o.prompt_min + o.prompt_max) / 2, 64, 8, nullptr);
+        for (int conc : o.concurrency) {
+          const LoadResult r = run_load(backend, o, conc, widths, 77 + static_cast<uint64_t>(conc));
+          const double step_tps = r.decode_s > 0 ? r.decode_rows / r.decode_s : 0;
+          char ratio[32] = "";
+          if (conc == 8 && e2e_b8 > 0) std::snprintf(ratio, sizeof ratio, "%.2f", step_tps / e2e_b8);
+          std::snprintf(line, sizeof line, "%s | %s | %s | %d | %d | %.1f | %.1f | %.1f | %.0f / %.0f | %.1f / %.1f | %s | %s\n",
+                        shape.c_str(), kind.c_str(), widths_label(widths).c_str(), conc, r.requests,
+                        r.tokens / r.wall_s, step_tps, r.steps > 0 ? r.decode_rows / r.steps : 0.0,
+                        1e3 * percentile(r.ttft, 0.5), 1e3 * percentile(r.ttft, 0.99), 1e3 * percentile(r.itl, 0.5),
+                        1e3 * percentile(r.itl, 0.99), e2e_b8 > 0 ? std::to_string(static_cast<int>(e2e_b8 + 0.5)).c_str() : "-",
+                        ratio[0] ? ratio : "-");
+          out << line;
+          out.flush();
+        }
+      }
+    }
+  }
+}
+
+}  // namespace lowbit::cuda
