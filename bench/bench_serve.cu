@@ -76,7 +76,7 @@ LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, con
       g.bits = widths[static_cast<size_t>(started) % widths.size()];
       auto lv = std::make_shared<Live>();
       lv->added = lv->last = Clock::now();
-      gen.add(prompt(len(rng)), g, nullptr, [&r, lv](int32_t) {
+      gen.add(prompt(len(rng)), g, nullptr, [&r, lv](int32_t, const TokenLogprob*) {
         const Clock::time_point now = Clock::now();
         (lv->first ? r.ttft : r.itl).push_back(seconds(lv->first ? lv->added : lv->last, now));
         lv->first = false;

@@ -3,7 +3,9 @@
 // Model::generate; cancellation frees its slot; bad requests are refused before anything starts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -102,6 +104,10 @@ std::vector<Request> mixed_requests(const std::vector<int>& widths) {
     }
     if (i % 4 == 2) r.params.stop = {"ed", " the"};
     if (i % 5 == 3) r.params.repetition_penalty = 1.3f;
+    if (i % 6 == 5) {
+      r.params.presence_penalty = 0.8f;
+      r.params.frequency_penalty = 0.5f;
+    }
     reqs.push_back(r);
   }
   return reqs;
@@ -180,6 +186,63 @@ TEST(Batch, MixedWidthsFromOneCopyOfTheWeights) {
   batch->step();   // prompts, then the first decode step
   EXPECT_EQ(batch->last_decode_rows(), 3);
   EXPECT_EQ(batch->last_decode_forwards(), 3);
+}
+
+// Log-probabilities: the model's log-softmax at each generated position (checked against Model::forward of the prompt
+// and the tokens before it), the chosen token's and the most likely alternatives', raw logits (before penalties).
+TEST(Batch, LogprobsAreTheModelsLogSoftmax) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  api::Model m = open_cpu(stories());
+  const auto model = Model::load(stories());
+  const int V = model->config().vocab_size;
+  api::BatchParams bp;
+  bp.ctx = 64;
+  std::unique_ptr<api::Batch> batch = m.new_batch(bp);
+  api::GenerateParams p;
+  p.max_tokens = 6;
+  p.logprobs = 3;
+  p.temperature = 0.9f;
+  p.seed = 5;
+  p.frequency_penalty = 1.0f;   // changes what is sampled, not the reported log-probabilities
+  std::vector<api::TokenLogprobs> streamed;
+  const std::vector<int32_t> prompt = m.prompt_ids("Once upon a time", p);
+  batch->add(prompt, p, nullptr, [&](const api::TokenLogprobs& lp) { streamed.push_back(lp); });
+  std::vector<api::Batch::Finished> done;
+  while (done.empty()) done = batch->step();
+  const api::GenerateResult& r = done[0].result;
+  ASSERT_EQ(r.logprobs.size(), r.new_ids.size());
+  ASSERT_EQ(streamed.size(), r.new_ids.size());
+  std::vector<int32_t> ctx = prompt;
+  for (size_t i = 0; i < r.new_ids.size(); ++i) {
+    KVCache kv = model->new_cache(64);
+    std::vector<float> logits(static_cast<size_t>(V));
+    model->forward(ctx.data(), static_cast<int>(ctx.size()), kv, logits.data(), false);
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    double sum = 0;
+    for (float x : logits) sum += std::exp(static_cast<double>(x - mx));
+    const double lse = mx + std::log(sum);
+    const api::TokenLogprobs& lp = r.logprobs[i];
+    EXPECT_EQ(lp.id, r.new_ids[i]);
+    EXPECT_EQ(streamed[i].id, lp.id);
+    EXPECT_NEAR(lp.logprob, logits[static_cast<size_t>(lp.id)] - lse, 1e-4) << "token " << i;
+    ASSERT_EQ(lp.top.size(), 3u);
+    std::vector<int> order(static_cast<size_t>(V));
+    for (int t = 0; t < V; ++t) order[static_cast<size_t>(t)] = t;
+    std::partial_sort(order.begin(), order.begin() + 3, order.end(),
+                      [&](int a, int b) { return logits[static_cast<size_t>(a)] > logits[static_cast<size_t>(b)]; });
+    for (size_t j = 0; j < 3; ++j) {
+      EXPECT_EQ(lp.top[j].id, order[j]) << "token " << i << " alternative " << j;
+      EXPECT_NEAR(lp.top[j].logprob, logits[static_cast<size_t>(order[j])] - lse, 1e-4);
+    }
+    EXPECT_LE(lp.top[1].logprob, lp.top[0].logprob);
+    ctx.push_back(r.new_ids[i]);
+  }
+  std::string joined;
+  for (const api::TokenLogprobs& lp : r.logprobs) joined += lp.text;
+  EXPECT_EQ(joined, r.text) << "the tokens' bytes make the text";
+  api::GenerateParams g;
+  g.logprobs = 2;
+  expect_error([&] { m.generate("Once", g); }, "log-probabilities are computed by batch generation");
 }
 
 TEST(Batch, CancelEndsTheRequestAndFreesItsSlot) {

@@ -78,6 +78,47 @@ TEST(ServeProtocol, AcceptsOpenAiRequests) {
   EXPECT_EQ(r->params.stop, std::vector<std::string>{"x"});
 }
 
+TEST(ServeProtocol, LogprobsAndPenalties) {
+  ApiError e;
+  auto r = parse_request(Endpoint::Completions,
+                         R"({"model":"m","prompt":"hi","logprobs":3,"presence_penalty":0.5,"frequency_penalty":-1})",
+                         kModels, &e);
+  ASSERT_TRUE(r.has_value()) << e.message;
+  EXPECT_EQ(r->params.logprobs, 3);
+  EXPECT_EQ(r->params.presence_penalty, 0.5f);
+  EXPECT_EQ(r->params.frequency_penalty, -1.0f);
+  r = parse_request(Endpoint::ChatCompletions,
+                    R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":2})", kModels, &e);
+  ASSERT_TRUE(r.has_value()) << e.message;
+  EXPECT_EQ(r->params.logprobs, 2);
+  r = parse_request(Endpoint::ChatCompletions, R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})",
+                    kModels, &e);
+  ASSERT_TRUE(r.has_value()) << e.message;
+  EXPECT_EQ(r->params.logprobs, 0);
+  r = parse_request(Endpoint::ChatCompletions, R"({"model":"m","messages":[{"role":"user","content":"x"}]})", kModels, &e);
+  ASSERT_TRUE(r.has_value()) << e.message;
+  EXPECT_EQ(r->params.logprobs, -1);
+
+  // Rendering: two tokens, the second with a byte that is not UTF-8 on its own.
+  std::vector<api::TokenLogprobs> lps(2);
+  lps[0] = {5, "He", -0.25f, {{5, "He", -0.25f}, {9, "She", -1.5f}}};
+  lps[1] = {7, "\xC3", -2.0f, {{7, "\xC3", -2.0f}}};
+  const nlohmann::json c = logprobs_json(Endpoint::Completions, lps, 10);
+  EXPECT_EQ(c["tokens"][0], "He");
+  EXPECT_EQ(c["token_logprobs"][1], -2.0f);
+  EXPECT_EQ(c["top_logprobs"][0]["She"], -1.5f);
+  EXPECT_EQ(c["text_offset"], nlohmann::json::array({10, 12}));
+  const nlohmann::json k = logprobs_json(Endpoint::ChatCompletions, lps, 0);
+  EXPECT_EQ(k["content"][0]["token"], "He");
+  EXPECT_EQ(k["content"][0]["top_logprobs"][1]["token"], "She");
+  EXPECT_EQ(k["content"][1]["bytes"], nlohmann::json::array({0xC3}));
+  EXPECT_NE(serve::dump(k).find("\"bytes\":[195]"), std::string::npos) << serve::dump(k);
+  api::GenerateResult res;
+  res.logprobs = lps;
+  EXPECT_TRUE(completion_json(Endpoint::Completions, make_ids(Endpoint::Completions, "m"), res)["choices"][0]["logprobs"].is_null());
+  EXPECT_EQ(completion_json(Endpoint::Completions, make_ids(Endpoint::Completions, "m"), res, true)["choices"][0]["logprobs"]["tokens"].size(), 2u);
+}
+
 TEST(ServeProtocol, RefusesBadRequests) {
   const auto C = Endpoint::Completions, K = Endpoint::ChatCompletions;
   expect_refused(C, "{not json", 400, "JSON");
@@ -100,8 +141,10 @@ TEST(ServeProtocol, RefusesBadRequests) {
   expect_refused(C, R"({"model":"m","prompt":"hi","stop":[1]})", 422, "stop");
   expect_refused(C, R"({"model":"m","prompt":"hi","stop":""})", 422, "stop");
   expect_refused(C, R"({"model":"m","prompt":"hi","stop":["a","b","c","d","e"]})", 422, "stop");
-  expect_refused(C, R"({"model":"m","prompt":"hi","logprobs":2})", 422, "logprobs");
-  expect_refused(C, R"({"model":"m","prompt":"hi","frequency_penalty":0.5})", 422, "frequency_penalty");
+  expect_refused(C, R"({"model":"m","prompt":"hi","logprobs":6})", 422, "logprobs");
+  expect_refused(C, R"({"model":"m","prompt":"hi","logprobs":true})", 422, "logprobs");
+  expect_refused(C, R"({"model":"m","prompt":"hi","top_logprobs":2})", 422, "top_logprobs");
+  expect_refused(C, R"({"model":"m","prompt":"hi","frequency_penalty":-2.5})", 422, "frequency_penalty");
   expect_refused(C, R"({"model":"m","prompt":"hi","presence_penalty":3})", 422, "presence_penalty");
   expect_refused(C, R"({"model":"m","prompt":"hi","repetition_penalty":0})", 422, "repetition_penalty");
   expect_refused(C, R"({"model":"m","prompt":"hi","stream":"yes"})", 422, "stream");
@@ -111,8 +154,10 @@ TEST(ServeProtocol, RefusesBadRequests) {
   expect_refused(K, R"({"model":"m","messages":[]})", 422, "messages");
   expect_refused(K, R"({"model":"m","messages":[{"role":"robot","content":"x"}]})", 422, "messages[0].role");
   expect_refused(K, R"({"model":"m","messages":[{"role":"user"}]})", 422, "messages[0].content");
-  expect_refused(K, R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true})", 422, "logprobs");
+  expect_refused(K, R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":2})", 422, "logprobs");
   expect_refused(K, R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":2})", 422, "top_logprobs");
+  expect_refused(K, R"({"model":"m","messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21})", 422,
+                 "top_logprobs");
   expect_refused(K, R"({"model":"m","messages":[{"role":"user","content":"x"}],"tools":[]})", 422, "tools");
 }
 

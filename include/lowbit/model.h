@@ -52,6 +52,9 @@ struct GenerateParams {
   float top_p = 1.0f;               // in (0, 1]; keep the smallest set of tokens holding this mass (1 = off)
   float repetition_penalty = 1.0f;  // > 0; CTRL / Hugging Face convention: logits of seen tokens divided (if positive)
                                     // or multiplied (if negative) by it (1 = off)
+  // OpenAI convention, in [-2, 2], over the generated tokens: logit -= presence * (seen) + frequency * count (0 = off)
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   uint64_t seed = 0;                // sampling RNG seed: the same seed gives the same text on the same device
   int bits = 0;                     // any-precision models: the width to generate with (0 = the widest)
   bool chat = false;                // text prompts: wrap the prompt as a user turn in the model's chat template
@@ -64,6 +67,23 @@ struct GenerateParams {
   std::vector<std::string> stop;
   // Set from another thread to end the generation before its next token (StopReason::Cancelled); null = never.
   const std::atomic<bool>* cancel = nullptr;
+  // Batch generation only (Batch::add; generate() refuses it): >= 0 records each generated token's log-probability
+  // (log-softmax of the model's logits, before penalties and temperature) and this many most likely alternatives
+  // (0..20) in GenerateResult::logprobs. -1 = off.
+  int logprobs = -1;
+};
+
+// A generated token's log-probability and the most likely tokens at its position (GenerateParams::logprobs).
+struct TokenLogprobs {
+  int32_t id = 0;
+  std::string text;     // the token's bytes (may be part of a UTF-8 character)
+  float logprob = 0;
+  struct Alternative {
+    int32_t id;
+    std::string text;
+    float logprob;
+  };
+  std::vector<Alternative> top;   // most likely first
 };
 
 enum class StopReason {
@@ -80,6 +100,7 @@ struct GenerateResult {
   std::vector<int32_t> new_ids;     // generated tokens, EOS excluded
   std::string text;                 // the generated tokens' bytes, concatenated
   StopReason stop_reason = StopReason::Length;
+  std::vector<TokenLogprobs> logprobs;   // one per new id when GenerateParams::logprobs >= 0
   double prefill_seconds = 0;       // the prompt's forward pass
   double decode_seconds = 0;        // every generated token after the first
   double prefill_tokens_per_s() const { return prefill_seconds > 0 ? prompt_ids.size() / prefill_seconds : 0.0; }
@@ -163,8 +184,9 @@ class Batch {
   int ctx() const;          // positions per generation
   // Starts a generation of a tokenized prompt (Model::prompt_ids for text); params.cancel is honoured before every
   // token. Returns its id. Errors (nothing started): no free slot, a bad prompt or setting, an unserved width.
-  uint64_t add(const std::vector<int32_t>& prompt_ids, const GenerateParams& params,
-               TokenCallback on_token = nullptr);
+  // on_logprobs (optional, with params.logprobs >= 0): each token's log-probabilities as it is taken.
+  uint64_t add(const std::vector<int32_t>& prompt_ids, const GenerateParams& params, TokenCallback on_token = nullptr,
+               std::function<void(const TokenLogprobs&)> on_logprobs = nullptr);
   struct Finished {
     uint64_t id;
     GenerateResult result;

@@ -93,6 +93,9 @@ GenerateOptions generate_options(const GenerateParams& params) {
   o.sampling.top_p = params.top_p;
   o.sampling.repetition_penalty = params.repetition_penalty;
   o.sampling.seed = params.seed;
+  o.sampling.presence_penalty = params.presence_penalty;
+  o.sampling.frequency_penalty = params.frequency_penalty;
+  o.logprobs = params.logprobs;
   o.stop_at_eos = params.stop_at_eos;
   o.ctx = params.ctx;
   o.bits = params.bits;
@@ -101,8 +104,18 @@ GenerateOptions generate_options(const GenerateParams& params) {
   return o;
 }
 
+TokenLogprobs public_logprob(const lowbit::TokenLogprob& lp) {
+  TokenLogprobs out;
+  out.id = lp.id;
+  out.text = lp.text;
+  out.logprob = lp.logprob;
+  for (const auto& a : lp.top) out.top.push_back({a.id, a.text, a.logprob});
+  return out;
+}
+
 GenerateResult public_result(const lowbit::GenerateResult& r) {
   GenerateResult out;
+  for (const lowbit::TokenLogprob& lp : r.logprobs) out.logprobs.push_back(public_logprob(lp));
   out.prompt_ids = r.prompt_ids;
   out.new_ids = r.new_ids;
   out.text = r.text;
@@ -124,7 +137,10 @@ void validate(const GenerateParams& p) {
   s.top_k = p.top_k;
   s.top_p = p.top_p;
   s.repetition_penalty = p.repetition_penalty;
+  s.presence_penalty = p.presence_penalty;
+  s.frequency_penalty = p.frequency_penalty;
   validate_sampling(s);
+  LOWBIT_CHECK(p.logprobs >= -1 && p.logprobs <= 20, "logprobs must be in [-1, 20] (-1 = off), got ", p.logprobs);
 }
 
 void validate(const PplParams& p) {
@@ -254,12 +270,18 @@ int64_t Batch::kv_positions_used() const { return impl_->gen.kv_positions_used()
 int64_t Batch::kv_positions_total() const { return impl_->gen.kv_positions_total(); }
 uint64_t Batch::kv_bytes() const { return impl_->kv_bytes; }
 
-uint64_t Batch::add(const std::vector<int32_t>& prompt_ids, const GenerateParams& params, TokenCallback on_token) {
+uint64_t Batch::add(const std::vector<int32_t>& prompt_ids, const GenerateParams& params, TokenCallback on_token,
+                    std::function<void(const TokenLogprobs&)> on_logprobs) {
   validate(params);
   LOWBIT_CHECK(!params.chat && params.system.empty(), "batch: chat and system apply to text prompts (Model::prompt_ids)");
   std::function<void(const std::string&)> on_text;
   if (on_token) on_text = [cb = std::move(on_token)](const std::string& piece) { cb(piece); };
-  return impl_->gen.add(prompt_ids, generate_options(params), std::move(on_text));
+  lowbit::BatchGenerator::OnToken on_id;
+  if (on_logprobs)
+    on_id = [cb = std::move(on_logprobs)](int32_t, const lowbit::TokenLogprob* lp) {
+      if (lp != nullptr) cb(public_logprob(*lp));
+    };
+  return impl_->gen.add(prompt_ids, generate_options(params), std::move(on_text), std::move(on_id));
 }
 
 std::vector<Batch::Finished> Batch::step() {

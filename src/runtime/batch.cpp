@@ -1,6 +1,7 @@
 #include "runtime/batch.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -32,7 +33,7 @@ struct BatchGenerator::Seq {
   size_t prefilled = 0;       // prompt tokens run so far
   int32_t pending = -1;       // the token the next decode step runs (>= 0: decoding)
   bool ended = false;
-  std::function<void(int32_t)> on_id;
+  OnToken on_token;
   std::chrono::steady_clock::time_point t_start{}, t_first{};
 };
 
@@ -60,9 +61,10 @@ int64_t BatchGenerator::kv_positions_used() const {
 }
 
 uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOptions& opts,
-                             std::function<void(const std::string&)> on_text, std::function<void(int32_t)> on_id) {
+                             std::function<void(const std::string&)> on_text, OnToken on_token) {
   LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
   LOWBIT_CHECK(opts.max_new_tokens >= 0, "--max-tokens must be >= 0");
+  LOWBIT_CHECK(opts.logprobs <= 20, "logprobs: at most 20 alternatives, got ", opts.logprobs);
   validate_sampling(opts.sampling);
   b_.check_bits(opts.bits);
   for (int32_t id : prompt_ids)
@@ -79,7 +81,7 @@ uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOpti
   auto s = std::make_unique<Seq>(next_id_++, slot, std::move(prompt_ids), opts,
                                  b_.has_tokenizer() ? &b_.tokenizer() : nullptr, stops_, std::move(on_text));
   s->limit = std::max(limit, static_cast<int>(s->r.prompt_ids.size()));
-  s->on_id = std::move(on_id);
+  s->on_token = std::move(on_token);
   cache_->clear(slot);
   *free = true;
   seqs_.push_back(std::move(s));
@@ -92,10 +94,18 @@ bool BatchGenerator::pick(Seq& s, float* logits) {
     s.r.stop_reason = "cancelled";
     return false;
   }
-  const int32_t next = s.sampler.sample(logits, vocab_, s.history);
+  if (s.opts.logprobs >= 0) raw_.assign(logits, logits + vocab_);   // the sampler's penalties change logits in place
+  const int32_t next = s.sampler.sample(logits, vocab_, s.history, s.r.prompt_ids.size());
   const size_t taken = s.r.new_ids.size();
   const bool more = s.stream.accept(next, s.r, s.history);
-  if (s.on_id && s.r.new_ids.size() > taken) s.on_id(next);
+  if (s.r.new_ids.size() > taken) {
+    const TokenLogprob* lp = nullptr;
+    if (s.opts.logprobs >= 0) {
+      s.r.logprobs.push_back(logprob_of(next, s.opts.logprobs));
+      lp = &s.r.logprobs.back();
+    }
+    if (s.on_token) s.on_token(next, lp);
+  }
   if (!more) return false;
   if (cache_->length(s.slot) >= s.limit) {
     s.r.stop_reason = "context";
@@ -103,6 +113,29 @@ bool BatchGenerator::pick(Seq& s, float* logits) {
   }
   s.pending = next;
   return true;
+}
+
+TokenLogprob BatchGenerator::logprob_of(int32_t id, int alternatives) {
+  // log-softmax of raw_ in double: lse = max + log(sum(exp(x - max))).
+  const float mx = *std::max_element(raw_.begin(), raw_.end());
+  double sum = 0;
+  for (float x : raw_) sum += std::exp(static_cast<double>(x - mx));
+  const double lse = mx + std::log(sum);
+  auto text = [this](int32_t t) { return b_.has_tokenizer() ? b_.tokenizer().token_bytes(t) : std::string(); };
+  TokenLogprob lp;
+  lp.id = id;
+  lp.text = text(id);
+  lp.logprob = static_cast<float>(raw_[static_cast<size_t>(id)] - lse);
+  if (alternatives > 0) {
+    top_.resize(raw_.size());
+    for (size_t i = 0; i < raw_.size(); ++i) top_[i] = {raw_[i], static_cast<int32_t>(i)};
+    const size_t k = std::min(static_cast<size_t>(alternatives), top_.size());
+    std::partial_sort(top_.begin(), top_.begin() + static_cast<std::ptrdiff_t>(k), top_.end(),
+                      [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    for (size_t i = 0; i < k; ++i)
+      lp.top.push_back({top_[i].second, text(top_[i].second), static_cast<float>(top_[i].first - lse)});
+  }
+  return lp;
 }
 
 void BatchGenerator::finish(size_t index, std::vector<Finished>& out) {

@@ -40,10 +40,11 @@ class BatchGenerator {
   // Starts a generation in a free slot and returns its id (ids count up from 1). The prompt runs in later rounds.
   // Errors (lowbit::Error, nothing started): no free slot, an empty prompt, a token id outside the vocabulary, a
   // prompt that leaves no room in the slot, a width the model does not serve, bad sampling settings.
-  // on_id (optional): called with each generated token id as it is taken (benchmarks time tokens with it).
+  // on_token (optional): called with each generated token as it is taken, and its log-probabilities when
+  // opts.logprobs >= 0 (else null): streaming of log-probabilities, and benchmarks time tokens with it.
+  using OnToken = std::function<void(int32_t id, const TokenLogprob* logprob)>;
   uint64_t add(std::vector<int32_t> prompt_ids, const GenerateOptions& opts,
-               std::function<void(const std::string&)> on_text = nullptr,
-               std::function<void(int32_t)> on_id = nullptr);
+               std::function<void(const std::string&)> on_text = nullptr, OnToken on_token = nullptr);
 
   struct Finished {
     uint64_t id;
@@ -66,6 +67,8 @@ class BatchGenerator {
   // Picks the next token of s from logits [vocab] (on_text called); false when s has ended (s.r complete).
   bool pick(Seq& s, float* logits);
   void finish(size_t index, std::vector<Finished>& out);
+  // The log-probability of id and the `alternatives` most likely tokens, from raw_.
+  TokenLogprob logprob_of(int32_t id, int alternatives);
 
   Backend& b_;
   int capacity_, chunk_, vocab_;
@@ -74,6 +77,8 @@ class BatchGenerator {
   std::vector<bool> slot_used_;
   std::vector<int32_t> stops_;
   std::vector<float> logits_;
+  std::vector<float> raw_;                    // a row of logits before the sampler's penalties (log-probabilities)
+  std::vector<std::pair<float, int32_t>> top_;
   uint64_t next_id_ = 1;
   int last_rows_ = 0, last_forwards_ = 0;
   double last_decode_s_ = 0;

@@ -32,9 +32,10 @@ class CpuDecoder final : public Decoder {
   void prefill(std::span<const int32_t> prompt) override {
     LOWBIT_CHECK(cache_.len == 0, "prefill: the sequence already holds ", cache_.len, " positions");
     run(prompt.data(), static_cast<int>(prompt.size()));
+    prompt_len_ = prompt.size();
   }
   int32_t next(const std::vector<int32_t>& history) override {
-    return sampler_.sample(logits_.data(), m_.config().vocab_size, history);
+    return sampler_.sample(logits_.data(), m_.config().vocab_size, history, prompt_len_);
   }
   void advance(int32_t token) override { run(&token, 1); }
   void wait() override {}
@@ -50,6 +51,7 @@ class CpuDecoder final : public Decoder {
   std::vector<float> logits_;   // [vocab]: the last position's
   int bits_;
   bool reference_;
+  size_t prompt_len_ = 0;
 };
 
 // One KVCache per slot, allocated at the slot's first use and kept for the sequences that reuse it.

@@ -82,6 +82,7 @@ GenerateResult generate(Backend& backend, const std::vector<int32_t>& prompt_ids
   const Tokenizer& tok = backend.tokenizer();
   LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
   LOWBIT_CHECK(opts.max_new_tokens >= 0, "--max-tokens must be >= 0");
+  LOWBIT_CHECK(opts.logprobs < 0, "generate: token log-probabilities are computed by batch generation (lowbit serve)");
   validate_sampling(opts.sampling);
   const int want = static_cast<int>(prompt_ids.size()) + opts.max_new_tokens;
   const int capacity = opts.ctx > 0 ? opts.ctx : std::min(c.max_seq_len, want);

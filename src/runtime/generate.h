@@ -25,12 +25,29 @@ struct GenerateOptions {
   // start a stop string.
   std::vector<std::string> stop;
   const std::atomic<bool>* cancel = nullptr;   // set by another thread: generation ends before the next token
+  // >= 0: each generated token's log-probability under the model (log-softmax of the raw logits, before penalties
+  // and temperature) and the `logprobs` most likely alternatives (batch generation only; at most 20).
+  int logprobs = -1;
+};
+
+// One generated token's log-probability and the most likely tokens at its position (GenerateOptions::logprobs).
+struct TokenLogprob {
+  int32_t id = 0;
+  std::string text;     // the token's bytes
+  float logprob = 0;
+  struct Alt {
+    int32_t id;
+    std::string text;
+    float logprob;
+  };
+  std::vector<Alt> top;   // most likely first
 };
 
 struct GenerateResult {
   std::vector<int32_t> prompt_ids, new_ids;
   std::string text;                 // decoded new tokens
   std::string stop_reason;          // "eos" | "length" | "context" | "stop" | "cancelled"
+  std::vector<TokenLogprob> logprobs;   // one per new id, when GenerateOptions::logprobs >= 0
   double prefill_seconds = 0, decode_seconds = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -15,11 +16,21 @@ void validate_sampling(const SamplingParams& p) {
   LOWBIT_CHECK(p.top_p > 0 && p.top_p <= 1, "--top-p must be in (0, 1] (1 = off), got ", p.top_p);
   LOWBIT_CHECK(p.repetition_penalty > 0 && std::isfinite(p.repetition_penalty),
                "--repetition-penalty must be > 0 (1 = off), got ", p.repetition_penalty);
+  LOWBIT_CHECK(p.presence_penalty >= -2 && p.presence_penalty <= 2, "presence_penalty must be in [-2, 2], got ",
+               p.presence_penalty);
+  LOWBIT_CHECK(p.frequency_penalty >= -2 && p.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2], got ",
+               p.frequency_penalty);
 }
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate_sampling(p); }
 
-int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& history) {
+int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& history, size_t prompt_len) {
+  if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
+    std::unordered_map<int32_t, int> count;
+    for (size_t i = std::min(prompt_len, history.size()); i < history.size(); ++i) ++count[history[i]];
+    for (const auto& [t, c] : count)
+      if (t >= 0 && t < vocab) logits[t] -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(c);
+  }
   if (p_.repetition_penalty != 1.0f) {
     std::unordered_set<int32_t> seen(history.begin(), history.end());
     for (int32_t t : seen) {

@@ -11,14 +11,21 @@ struct SamplingParams {
   int top_k = 0;                  // 0: off
   float top_p = 1.0f;             // 1: off
   float repetition_penalty = 1.0f;  // CTRL / HF convention: positive logits / p, negative logits * p
+  // OpenAI convention, over the generated tokens only: logit -= presence * (count > 0) + frequency * count.
+  float presence_penalty = 0.0f, frequency_penalty = 0.0f;
   uint64_t seed = 0;
 };
 
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
-  // logits [vocab] is modified in place; history = prompt + generated tokens (for the repetition penalty).
-  int32_t sample(float* logits, int vocab, const std::vector<int32_t>& history);
+  // logits [vocab] is modified in place; history = prompt + generated tokens (the repetition penalty reads all of
+  // it; the presence and frequency penalties the generated ones, history[prompt_len..]).
+  int32_t sample(float* logits, int vocab, const std::vector<int32_t>& history, size_t prompt_len = 0);
+  // Whether a penalty reads the history (the GPU's on-device paths do not take one).
+  bool penalizes() const {
+    return p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
+  }
 
  private:
   SamplingParams p_;

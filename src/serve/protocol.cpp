@@ -218,28 +218,27 @@ std::optional<CompletionRequest> parse_request(Endpoint endpoint, const std::str
   int64_t seed = -1;
   if (!ck.integer("seed", 0, std::numeric_limits<int64_t>::max(), &seed)) return std::nullopt;
   r.params.seed = seed >= 0 ? static_cast<uint64_t>(seed) : std::random_device{}();
-  for (const char* f : {"frequency_penalty", "presence_penalty"}) {
-    float v = 0;
-    if (!ck.number(f, -2, 2, false, &v)) return std::nullopt;
-    if (v != 0)
-      return ck.unsupported(f, "only 0; the engine applies a multiplicative repetition_penalty (1 = off) instead"),
-             std::nullopt;
-  }
+  if (!ck.number("frequency_penalty", -2, 2, false, &r.params.frequency_penalty)) return std::nullopt;
+  if (!ck.number("presence_penalty", -2, 2, false, &r.params.presence_penalty)) return std::nullopt;
   int64_t n = 1;
   if (!ck.integer("n", 1, 128, &n)) return std::nullopt;
   if (n != 1) return ck.unsupported("n", "only n = 1 (one choice per request)"), std::nullopt;
 
-  // Log probabilities: the public API returns text and token ids, not probabilities; refuse rather than invent them.
+  // Log probabilities. Completions: logprobs = the number of alternatives (0..5, OpenAI's limit); chat: logprobs
+  // true, with top_logprobs alternatives (0..20).
   if (chat) {
     bool logprobs = false;
     if (!ck.boolean("logprobs", &logprobs)) return std::nullopt;
-    if (logprobs) return ck.unsupported("logprobs", "the engine does not expose token probabilities"), std::nullopt;
-  } else if (ck.get("logprobs")) {
-    if (!ck.get("logprobs")->is_number_integer()) return ck.fail("logprobs", "must be an integer"), std::nullopt;
-    return ck.unsupported("logprobs", "the engine does not expose token probabilities"), std::nullopt;
+    int64_t top = 0;
+    if (!ck.integer("top_logprobs", 0, 20, &top)) return std::nullopt;
+    if (ck.get("top_logprobs") && !logprobs) return ck.fail("top_logprobs", "needs logprobs: true"), std::nullopt;
+    r.params.logprobs = logprobs ? static_cast<int>(top) : -1;
+  } else {
+    int64_t lp = -1;
+    if (!ck.integer("logprobs", 0, 5, &lp)) return std::nullopt;
+    if (ck.get("top_logprobs")) return ck.fail("top_logprobs", "is a chat completions field; here logprobs is the count"), std::nullopt;
+    r.params.logprobs = static_cast<int>(lp);
   }
-  if (ck.get("top_logprobs"))
-    return ck.unsupported("top_logprobs", "the engine does not expose token probabilities"), std::nullopt;
   if (const json* lb = ck.get("logit_bias"); lb && !(lb->is_object() && lb->empty()))
     return ck.unsupported("logit_bias", "no logit biases"), std::nullopt;
   for (const char* f : {"tools", "functions", "tool_choice", "function_call"})
@@ -314,9 +313,40 @@ json envelope(Endpoint endpoint, const ResponseIds& ids, bool chunk) {
 }
 }  // namespace
 
-json completion_json(Endpoint endpoint, const ResponseIds& ids, const api::GenerateResult& r) {
+json logprobs_json(Endpoint endpoint, const std::vector<api::TokenLogprobs>& lps, size_t text_offset) {
+  auto bytes = [](const std::string& t) {
+    json b = json::array();
+    for (unsigned char c : t) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (endpoint == Endpoint::ChatCompletions) {
+    json content = json::array();
+    for (const api::TokenLogprobs& lp : lps) {
+      json top = json::array();
+      for (const auto& a : lp.top) top.push_back({{"token", a.text}, {"logprob", a.logprob}, {"bytes", bytes(a.text)}});
+      content.push_back({{"token", lp.text}, {"logprob", lp.logprob}, {"bytes", bytes(lp.text)}, {"top_logprobs", top}});
+    }
+    return {{"content", content}, {"refusal", nullptr}};
+  }
+  json tokens = json::array(), token_lps = json::array(), top = json::array(), offsets = json::array();
+  for (const api::TokenLogprobs& lp : lps) {
+    tokens.push_back(lp.text);
+    token_lps.push_back(lp.logprob);
+    json alts = json::object();
+    // Two alternatives may render as the same text (invalid UTF-8 pieces): the likelier one is kept, as the first.
+    for (const auto& a : lp.top)
+      if (!alts.contains(a.text)) alts[a.text] = a.logprob;
+    top.push_back(alts);
+    offsets.push_back(text_offset);
+    text_offset += lp.text.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", token_lps}, {"top_logprobs", top}, {"text_offset", offsets}};
+}
+
+json completion_json(Endpoint endpoint, const ResponseIds& ids, const api::GenerateResult& r, bool logprobs) {
   json out = envelope(endpoint, ids, false);
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", finish_reason(r.stop_reason)}};
+  if (logprobs) choice["logprobs"] = logprobs_json(endpoint, r.logprobs, 0);
   if (endpoint == Endpoint::ChatCompletions)
     choice["message"] = {{"role", "assistant"}, {"content", r.text}};
   else
@@ -326,9 +356,11 @@ json completion_json(Endpoint endpoint, const ResponseIds& ids, const api::Gener
   return out;
 }
 
-json chunk_json(Endpoint endpoint, const ResponseIds& ids, const std::string& text, const char* finish, bool role_open) {
+json chunk_json(Endpoint endpoint, const ResponseIds& ids, const std::string& text, const char* finish, bool role_open,
+                const std::vector<api::TokenLogprobs>* logprobs, size_t text_offset) {
   json out = envelope(endpoint, ids, true);
   json choice = {{"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+  if (logprobs != nullptr) choice["logprobs"] = logprobs_json(endpoint, *logprobs, text_offset);
   if (finish && *finish) choice["finish_reason"] = finish;
   if (endpoint == Endpoint::ChatCompletions) {
     json delta = json::object();

@@ -38,7 +38,7 @@ struct CompletionRequest {
 };
 
 // Parses and checks a request body. On failure returns nullopt and fills *error (400 malformed JSON, 404 unknown
-// model, 422 a field of the wrong type or out of range or not supported yet, naming the field).
+// model, 422 a field of the wrong type or out of range or not supported, naming the field).
 std::optional<CompletionRequest> parse_request(Endpoint endpoint, const std::string& body,
                                                const std::vector<ServedModel>& models, ApiError* error);
 
@@ -60,11 +60,17 @@ struct ResponseIds {
 };
 ResponseIds make_ids(Endpoint endpoint, const std::string& model);
 nlohmann::json usage_json(const api::GenerateResult& r);
-// The whole non-streaming response.
-nlohmann::json completion_json(Endpoint endpoint, const ResponseIds& ids, const api::GenerateResult& r);
-// A streaming chunk: text (may be empty), finish ("" while running), role_open: the chat stream's first chunk.
+// A choice's "logprobs": completions {tokens, token_logprobs, top_logprobs, text_offset} (offsets from text_offset),
+// chat {content: [{token, logprob, bytes, top_logprobs}]}.
+nlohmann::json logprobs_json(Endpoint endpoint, const std::vector<api::TokenLogprobs>& lps, size_t text_offset);
+// The whole non-streaming response; logprobs: the request asked for them (r.logprobs rendered).
+nlohmann::json completion_json(Endpoint endpoint, const ResponseIds& ids, const api::GenerateResult& r,
+                               bool logprobs = false);
+// A streaming chunk: text (may be empty), finish ("" while running), role_open: the chat stream's first chunk;
+// logprobs (non-null when requested): the tokens this chunk reports, the first at text_offset of the completion.
 nlohmann::json chunk_json(Endpoint endpoint, const ResponseIds& ids, const std::string& text, const char* finish,
-                          bool role_open = false);
+                          bool role_open = false, const std::vector<api::TokenLogprobs>* logprobs = nullptr,
+                          size_t text_offset = 0);
 // The last chunk of a stream with stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk_json(Endpoint endpoint, const ResponseIds& ids, const api::GenerateResult& r);
 

@@ -177,7 +177,16 @@ bool Scheduler::start(const std::shared_ptr<Job>& job_ptr) {
       j->pending.append(piece.data(), piece.size());
       j->cv.notify_all();
     };
-    const uint64_t id = batch_->add(job.prompt_ids, p, on_piece);
+    std::function<void(const api::TokenLogprobs&)> on_logprobs;
+    if (p.logprobs >= 0 && p.max_tokens > 0)
+      on_logprobs = [weak](const api::TokenLogprobs& lp) {
+        const std::shared_ptr<Job> j = weak.lock();
+        if (!j) return;
+        std::lock_guard<std::mutex> lock(j->mu);
+        j->pending_logprobs.push_back(lp);
+        j->cv.notify_all();
+      };
+    const uint64_t id = batch_->add(job.prompt_ids, p, on_piece, std::move(on_logprobs));
     running_[id] = job_ptr;
     std::lock_guard<std::mutex> lock(job.mu);
     job.started = true;

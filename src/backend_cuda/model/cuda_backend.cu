@@ -24,9 +24,9 @@ class CudaDecoder final : public Decoder {
  public:
   CudaDecoder(GpuModel& m, GpuKVCache& cache, const SamplingParams& p, int bits)
       : m_(m), cache_(cache), bits_(bits), sampler_(p), rng_(p.seed),
-        greedy_on_device_(p.temperature == 0.0f && p.repetition_penalty == 1.0f),
-        // The repetition penalty needs the history: that path downloads the logits and uses the CPU Sampler.
-        gpu_sampling_(!greedy_on_device_ && p.repetition_penalty == 1.0f) {
+        greedy_on_device_(p.temperature == 0.0f && !sampler_.penalizes()),
+        // The penalties need the history: that path downloads the logits and uses the CPU Sampler.
+        gpu_sampling_(!greedy_on_device_ && !sampler_.penalizes()) {
     gp_.temperature = p.temperature;
     gp_.top_k = p.top_k;
     gp_.top_p = p.top_p;
@@ -35,6 +35,7 @@ class CudaDecoder final : public Decoder {
   void prefill(std::span<const int32_t> prompt) override {
     LOWBIT_CHECK(cache_.len[0] == 0, "prefill: the sequence already holds ", cache_.len[0], " positions");
     dlog_ = m_.forward(prompt.data(), 1, static_cast<int>(prompt.size()), cache_, false, bits_);
+    prompt_len_ = prompt.size();
     if (greedy_on_device_) m_.greedy_from_last_logits(1);
     m_.synchronize();
     device_token_known_ = false;
@@ -56,7 +57,7 @@ class CudaDecoder final : public Decoder {
     LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits_.data(), dlog_, sizeof(float) * logits_.size(), cudaMemcpyDeviceToHost,
                                       m_.stream()));
     m_.synchronize();
-    return sampler_.sample(logits_.data(), m_.config().vocab_size, history);
+    return sampler_.sample(logits_.data(), m_.config().vocab_size, history, prompt_len_);
   }
 
   void advance(int32_t token) override {
@@ -85,6 +86,7 @@ class CudaDecoder final : public Decoder {
   std::vector<float> logits_;     // their host copy (repetition-penalty path)
   int32_t device_token_ = -1;     // the token the device holds for the next step, when known
   bool device_token_known_ = false;
+  size_t prompt_len_ = 0;
 };
 
 // Continuous batching's cache: a GpuKVCache of slots + 1 sequences, the last one kept for the padding rows of
