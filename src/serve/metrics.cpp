@@ -69,6 +69,15 @@ void Metrics::set_batch(int64_t decode_rows, int64_t decode_forwards) {
   std::lock_guard<std::mutex> lock(mu_);
   batch_rows_ = decode_rows;
   batch_forwards_ = decode_forwards;
+  if (decode_rows > 0) {
+    ++decode_steps_;
+    decode_rows_total_ += decode_rows;
+  }
+}
+
+void Metrics::count_finished(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++finished_[reason];
 }
 
 void Metrics::set_kv_used(int64_t positions) {
@@ -105,6 +114,14 @@ std::string Metrics::render() const {
   series(out, "lowbit_batch_size", "gauge", "Requests in the last decode step (the running batch).", batch_rows_);
   series(out, "lowbit_batch_forwards", "gauge", "Forwards the last decode step took (one per width present).",
          batch_forwards_);
+  series(out, "lowbit_decode_steps_total", "counter", "Decode steps run (each advances every running request).",
+         decode_steps_);
+  series(out, "lowbit_decode_rows_total", "counter", "Requests advanced by decode steps, summed over the steps.",
+         decode_rows_total_);
+  out += "# HELP lowbit_requests_finished_total Generations ended, by reason.\n";
+  out += "# TYPE lowbit_requests_finished_total counter\n";
+  for (const auto& [reason, n] : finished_)
+    out += "lowbit_requests_finished_total{reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
   series(out, "lowbit_kv_cache_used_positions", "gauge", "KV cache positions the running requests hold.", kv_used_);
   series(out, "lowbit_kv_cache_capacity_positions", "gauge", "KV cache positions in all slots.", kv_capacity_);
   ttft_.render(out, "lowbit_time_to_first_token_seconds", "From the request's arrival to its first generated token.");

@@ -266,6 +266,11 @@ std::optional<CompletionRequest> parse_request(Endpoint endpoint, const std::str
     r.params.stop = std::move(stops);
   }
 
+  // vLLM's extension: keep generating past EOS (benchmarks and tests that need a fixed length).
+  bool ignore_eos = false;
+  if (!ck.boolean("ignore_eos", &ignore_eos)) return std::nullopt;
+  r.params.stop_at_eos = !ignore_eos;
+
   if (!ck.boolean("stream", &r.stream)) return std::nullopt;
   if (const json* so = ck.get("stream_options")) {
     if (!so->is_object()) return ck.fail("stream_options", "must be an object"), std::nullopt;

@@ -92,6 +92,7 @@ void Scheduler::worker() {
     if (!running_.empty()) {
       try {
         done = batch_->step();
+        metrics_.set_batch(batch_->last_decode_rows(), batch_->last_decode_forwards());
       } catch (const std::exception& e) {
         failure = e.what();
       }
@@ -102,6 +103,7 @@ void Scheduler::worker() {
       if (it == running_.end()) continue;
       Job& job = *it->second;
       metrics_.add_tokens(static_cast<int64_t>(f.result.prompt_ids.size()), static_cast<int64_t>(f.result.new_ids.size()));
+      metrics_.count_finished(api::stop_reason_name(f.result.stop_reason));
       {
         std::lock_guard<std::mutex> lock(job.mu);
         job.result = std::move(f.result);
@@ -135,7 +137,6 @@ void Scheduler::worker() {
 
 void Scheduler::publish_state() {
   metrics_.set_running(static_cast<int64_t>(running_.size()));
-  metrics_.set_batch(batch_->last_decode_rows(), batch_->last_decode_forwards());
   metrics_.set_kv_used(batch_->kv_positions_used());
 }
 
