@@ -181,7 +181,12 @@ TEST(Cli, RangeErrorsStateTheBoundPlainly) {
   expect_one_line_error("quantize x -o y.lowbit --method anyprec --kmeans-iters -1", "--kmeans-iters: must be >= 0, got -1");
   expect_one_line_error("bench x --decode 2", "--decode: must be in [3, 65536], got 2");
   expect_one_line_error("bench --shapes 64x64", "--shapes applies to --kernels only");
-  expect_one_line_error("bench --kernels --model-shapes llama2-7b", "--model-shapes applies to --e2e only");
+  expect_one_line_error("bench --kernels --model-shapes llama2-7b", "--model-shapes applies to --e2e and --serve only");
+  expect_one_line_error("bench --e2e --concurrency 8", "--concurrency applies to --serve only");
+  expect_one_line_error("bench --serve --decode-batches 8", "--decode-batches applies to --e2e only");
+  expect_one_line_error("bench --serve --concurrency 0", "--concurrency");
+  expect_one_line_error("serve x --max-batch 0", "--max-batch");
+  expect_one_line_error("serve x --kv-cache-gb -1", "--kv-cache-gb");
 }
 
 // An option that does not apply to the chosen quantization method is refused, naming what does apply; no file.

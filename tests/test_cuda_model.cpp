@@ -249,7 +249,7 @@ TEST(CudaModel, SlotDecodeMatchesEachSequenceAlone) {
         EXPECT_LE(compare_logits(row, want, V).first, kSameDeviceBudget) << "step " << k << " slot " << slots[i];
       }
     }
-    for (int s = 0; s < S; ++s)
+    for (int s = 0; check && s < S; ++s)   // (the alone caches advance only in the checked run)
       EXPECT_EQ(cb.len[static_cast<size_t>(s)], alone[static_cast<size_t>(s)].len[0]) << "slot " << s;
     EXPECT_EQ(cb.len[S], 0) << "the padding slot";
     return logits;

@@ -108,8 +108,9 @@ def cli_generate(model, prompt, bits, max_tokens):
     out = subprocess.run([LOWBIT, "--threads", "1", "generate", model, "--prompt", prompt, "--bits", str(bits),
                           "--max-tokens", str(max_tokens), "--no-stats", "--device", "cpu"],
                          check=True, capture_output=True)
-    text = out.stdout.decode("utf-8", "replace").rstrip("\n")
-    assert text.startswith(prompt), text   # the CLI prints the prompt, then the completion
+    text = out.stdout.decode("utf-8", "replace")
+    assert text.startswith(prompt) and text.endswith("\n"), text   # the CLI prints the prompt, the completion, "\n"
+    text = text[:-1]
     return text[len(prompt):]
 
 

@@ -27,7 +27,7 @@ void register_serve(CLI::App& app, Common& common) {
       ->check(in_range(1, 1024));
   sub->add_option("--kv-cache-gb", a->opts.kv_cache_gb,
                   "KV cache size in GB; fewer requests run together when it holds fewer (default: --max-batch x ctx)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(0, "0 = room for --max-batch contexts"));
   sub->add_option("--prefill-chunk", a->opts.prefill_chunk,
                   "Prompt tokens per scheduling round, so that running streams keep moving (default 512)")
       ->check(in_range(1, 1 << 20));
