@@ -43,6 +43,8 @@ struct ChatMessage {
   std::string content;
 };
 
+class Model;
+
 // Decoding settings. validate() states the valid ranges; generate() checks them before any work.
 struct GenerateParams {
   int max_tokens = 128;             // new tokens at most, >= 0
@@ -71,6 +73,13 @@ struct GenerateParams {
   // (log-softmax of the model's logits, before penalties and temperature) and this many most likely alternatives
   // (0..20) in GenerateResult::logprobs. -1 = off.
   int logprobs = -1;
+  // Speculative decoding (generate() only): draft_bits > 0 drafts with this any-precision width of the same model
+  // (below `bits`), or with `draft` (a separate model with the same vocabulary, at draft_bits; 0 = its widest);
+  // the target checks the drafts in one forward and the output is the target's (greedy: its tokens; sampling: its
+  // distribution). draft_k: draft tokens per round (0 = adaptive, 1..8).
+  int draft_bits = 0;
+  int draft_k = 0;
+  Model* draft = nullptr;
 };
 
 // A generated token's log-probability and the most likely tokens at its position (GenerateParams::logprobs).
@@ -101,6 +110,8 @@ struct GenerateResult {
   std::string text;                 // the generated tokens' bytes, concatenated
   StopReason stop_reason = StopReason::Length;
   std::vector<TokenLogprobs> logprobs;   // one per new id when GenerateParams::logprobs >= 0
+  // Speculative decoding: target forwards after the prompt, draft tokens proposed and kept (0 without it).
+  int64_t target_forwards = 0, drafted_tokens = 0, accepted_tokens = 0;
   double prefill_seconds = 0;       // the prompt's forward pass
   double decode_seconds = 0;        // every generated token after the first
   double prefill_tokens_per_s() const { return prefill_seconds > 0 ? prompt_ids.size() / prefill_seconds : 0.0; }
@@ -163,8 +174,6 @@ struct BatchParams {
   int prefill_chunk = 512;       // prompt tokens one step() runs at most, so that running streams keep moving
   uint64_t kv_cache_bytes = 0;   // > 0: fewer generations in flight when their KV caches would not fit this
 };
-
-class Model;
 
 // Many generations on one model, advanced together: each step() runs a chunk of the waiting prompts and then one
 // token of every running generation, in one batched forward per width (any-precision models: each generation at

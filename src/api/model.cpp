@@ -15,6 +15,7 @@
 #include "runtime/batch.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/eval_text.h"
+#include "runtime/speculative.h"
 
 namespace lowbit::api {
 
@@ -141,6 +142,8 @@ void validate(const GenerateParams& p) {
   s.frequency_penalty = p.frequency_penalty;
   validate_sampling(s);
   LOWBIT_CHECK(p.logprobs >= -1 && p.logprobs <= 20, "logprobs must be in [-1, 20] (-1 = off), got ", p.logprobs);
+  LOWBIT_CHECK(p.draft_bits >= 0, "--draft-bits must be >= 0 (0 = off), got ", p.draft_bits);
+  LOWBIT_CHECK(p.draft_k >= 0 && p.draft_k <= 8, "--draft-k must be in [0, 8] (0 = adaptive), got ", p.draft_k);
 }
 
 void validate(const PplParams& p) {
@@ -248,7 +251,21 @@ GenerateResult Model::generate(const std::vector<int32_t>& prompt_ids, const Gen
     LOWBIT_CHECK(id >= 0 && id < vocab, "generate: prompt token id ", id, " is outside the vocabulary of ", vocab);
   std::function<void(const std::string&)> on_text;
   if (on_token) on_text = [&on_token](const std::string& piece) { on_token(piece); };
-  return public_result(lowbit::generate(*impl_->backend, prompt_ids, generate_options(params), on_text));
+  LOWBIT_CHECK(params.draft == nullptr || params.draft != this, "--draft: the draft must be another model (for the same "
+               "model's low-bit view use draft_bits alone)");
+  if (params.draft_bits == 0 && params.draft == nullptr)
+    return public_result(lowbit::generate(*impl_->backend, prompt_ids, generate_options(params), on_text));
+  SpeculativeOptions so;
+  so.draft_bits = params.draft_bits;
+  so.k = params.draft_k;
+  SpeculativeStats st;
+  lowbit::Backend& draft = params.draft != nullptr ? *params.draft->impl_->backend : *impl_->backend;
+  GenerateResult out = public_result(
+      lowbit::generate_speculative(*impl_->backend, draft, prompt_ids, generate_options(params), so, on_text, &st));
+  out.target_forwards = st.rounds;
+  out.drafted_tokens = st.drafted;
+  out.accepted_tokens = st.accepted;
+  return out;
 }
 
 class Batch::Impl {
@@ -274,6 +291,8 @@ uint64_t Batch::add(const std::vector<int32_t>& prompt_ids, const GenerateParams
                     std::function<void(const TokenLogprobs&)> on_logprobs) {
   validate(params);
   LOWBIT_CHECK(!params.chat && params.system.empty(), "batch: chat and system apply to text prompts (Model::prompt_ids)");
+  LOWBIT_CHECK(params.draft_bits == 0 && params.draft == nullptr,
+               "batch: speculative decoding (draft_bits, draft) runs in generate() only");
   std::function<void(const std::string&)> on_text;
   if (on_token) on_text = [cb = std::move(on_token)](const std::string& piece) { cb(piece); };
   lowbit::BatchGenerator::OnToken on_id;

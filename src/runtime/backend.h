@@ -57,6 +57,8 @@ class BatchCache {
   virtual int capacity() const = 0;          // positions per slot
   virtual int length(int slot) const = 0;    // positions filled in the slot
   virtual void clear(int slot) = 0;          // empties the slot for a new sequence
+  // Keeps the slot's first `length` positions (<= length(slot)): speculative decoding drops rejected draft tokens.
+  virtual void truncate(int slot, int length) = 0;
   virtual uint64_t bytes() const = 0;        // memory the cache holds now
 };
 
@@ -117,6 +119,9 @@ class Backend {
   // Runs tokens (a prompt, or a chunk of one) at the end of the slot's sequence at width `bits`; the last position's
   // logits into logits [vocab] (host memory) when not null.
   virtual void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) = 0;
+  // batch_extend with every position's logits: logits [tokens.size(), vocab] (host memory). Speculative decoding
+  // verifies a draft with it.
+  virtual void batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) = 0;
   // One decode step of several sequences: tokens[i] at the end of slots[i] (distinct slots), all at width `bits`;
   // logits [slots.size(), vocab] (host memory).
   virtual void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,

@@ -62,6 +62,11 @@ class CpuBatchCache final : public BatchCache {
   int capacity() const override { return capacity_; }
   int length(int slot) const override { return caches_[checked(slot)].len; }
   void clear(int slot) override { caches_[checked(slot)].len = 0; }
+  void truncate(int slot, int length) override {
+    KVCache& c = caches_[checked(slot)];
+    LOWBIT_CHECK(length >= 0 && length <= c.len, "batch cache: truncate slot ", slot, " to ", length, " of ", c.len);
+    c.len = length;
+  }
   uint64_t bytes() const override {
     uint64_t b = 0;
     for (const KVCache& c : caches_) b += (c.k.size() + c.v.size()) * sizeof(float);
@@ -156,6 +161,13 @@ void CpuBackend::batch_extend(BatchCache& cache, int slot, std::span<const int32
   const int n = static_cast<int>(tokens.size());
   if (reference_) model_->forward_ref(tokens.data(), n, c, logits, false, bits);
   else model_->forward(tokens.data(), n, c, logits, false, bits);
+}
+
+void CpuBackend::batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
+  KVCache& c = batch_cache_of(cache).at(slot);
+  const int n = static_cast<int>(tokens.size());
+  if (reference_) model_->forward_ref(tokens.data(), n, c, logits, true, bits);
+  else model_->forward(tokens.data(), n, c, logits, true, bits);
 }
 
 void CpuBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,

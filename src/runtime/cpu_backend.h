@@ -33,6 +33,7 @@ class CpuBackend final : public Backend {
   uint64_t kv_bytes_per_position() const override;
   std::unique_ptr<BatchCache> new_batch_cache(int slots, int capacity) override;
   void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
+  void batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
                     float* logits) override;
 

@@ -24,7 +24,7 @@ void validate_sampling(const SamplingParams& p) {
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) { validate_sampling(p); }
 
-int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& history, size_t prompt_len) {
+void Sampler::penalize(float* logits, int vocab, const std::vector<int32_t>& history, size_t prompt_len) const {
   if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
     std::unordered_map<int32_t, int> count;
     for (size_t i = std::min(prompt_len, history.size()); i < history.size(); ++i) ++count[history[i]];
@@ -38,8 +38,9 @@ int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& hi
       logits[t] = logits[t] > 0 ? logits[t] / p_.repetition_penalty : logits[t] * p_.repetition_penalty;
     }
   }
-  if (p_.temperature == 0.0f) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+}
 
+size_t Sampler::kept(const float* logits, int vocab, std::vector<double>& prob) {
   cand_.resize(static_cast<size_t>(vocab));
   for (int i = 0; i < vocab; ++i) cand_[static_cast<size_t>(i)] = {logits[i] / p_.temperature, i};
   size_t n = cand_.size();
@@ -53,7 +54,7 @@ int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& hi
   // softmax over the kept candidates (sorted descending)
   const float mx = cand_[0].first;
   double sum = 0;
-  std::vector<double> prob(n);
+  prob.resize(n);
   for (size_t i = 0; i < n; ++i) sum += (prob[i] = std::exp(static_cast<double>(cand_[i].first - mx)));
   for (double& q : prob) q /= sum;
   if (p_.top_p < 1.0f) {  // smallest prefix whose mass reaches top_p (at least one token)
@@ -68,6 +69,14 @@ int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& hi
     for (size_t i = 0; i < n; ++i) s += prob[i];
     for (size_t i = 0; i < n; ++i) prob[i] /= s;
   }
+  return n;
+}
+
+int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& history, size_t prompt_len) {
+  penalize(logits, vocab, history, prompt_len);
+  if (p_.temperature == 0.0f) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  std::vector<double> prob;
+  const size_t n = kept(logits, vocab, prob);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   double r = u(rng_), cum = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -75,6 +84,37 @@ int32_t Sampler::sample(float* logits, int vocab, const std::vector<int32_t>& hi
     if (r < cum) return cand_[i].second;
   }
   return cand_[n - 1].second;
+}
+
+void Sampler::distribution(float* logits, int vocab, const std::vector<int32_t>& history, size_t prompt_len,
+                           std::vector<double>& probs) {
+  penalize(logits, vocab, history, prompt_len);
+  probs.assign(static_cast<size_t>(vocab), 0.0);
+  if (p_.temperature == 0.0f) {
+    probs[static_cast<size_t>(std::max_element(logits, logits + vocab) - logits)] = 1.0;
+    return;
+  }
+  std::vector<double> prob;
+  const size_t n = kept(logits, vocab, prob);
+  for (size_t i = 0; i < n; ++i) probs[static_cast<size_t>(cand_[i].second)] = prob[i];
+}
+
+double Sampler::uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
+
+int32_t Sampler::draw(const std::vector<double>& probs) {
+  double total = 0;
+  for (double q : probs) total += q;
+  LOWBIT_CHECK(total > 0, "sampler: no probability mass to draw from");
+  const double r = uniform() * total;
+  double cum = 0;
+  int32_t last = 0;
+  for (size_t i = 0; i < probs.size(); ++i) {
+    if (probs[i] <= 0) continue;
+    cum += probs[i];
+    last = static_cast<int32_t>(i);
+    if (r < cum) return last;
+  }
+  return last;
 }
 
 }  // namespace lowbit

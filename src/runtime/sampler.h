@@ -26,8 +26,20 @@ class Sampler {
   bool penalizes() const {
     return p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
   }
+  bool greedy() const { return p_.temperature == 0.0f; }
+
+  // Speculative decoding: the distribution sample() draws from, over the whole vocabulary (penalties, temperature,
+  // top-k, top-p applied; greedy: all mass on the argmax): probs [vocab], zero outside the kept tokens. logits are
+  // modified in place as by sample().
+  void distribution(float* logits, int vocab, const std::vector<int32_t>& history, size_t prompt_len,
+                    std::vector<double>& probs);
+  double uniform();                                   // one draw in [0, 1) from this sampler's generator
+  int32_t draw(const std::vector<double>& probs);     // a token from unnormalised non-negative weights
 
  private:
+  void penalize(float* logits, int vocab, const std::vector<int32_t>& history, size_t prompt_len) const;
+  // The tokens sampling keeps, most likely first, with their probabilities (top-k, top-p applied): n of cand_.
+  size_t kept(const float* logits, int vocab, std::vector<double>& prob);
   SamplingParams p_;
   std::mt19937_64 rng_;
   std::vector<std::pair<float, int32_t>> cand_;

@@ -1,5 +1,6 @@
 // lowbit generate MODEL --prompt TEXT: streams a continuation (or a chat reply with --chat) to stdout.
 #include <cstdio>
+#include <optional>
 
 #include "commands.h"
 
@@ -7,7 +8,7 @@ namespace lowbit::cli {
 
 namespace {
 struct GenArgs {
-  std::string model, prompt, device = "auto";
+  std::string model, prompt, device = "auto", draft;
   bool stats = true, ignore_eos = false;
   api::GenerateParams params;
 };
@@ -32,6 +33,11 @@ void register_generate(CLI::App& app, Common& common) {
   sub->add_flag("!--no-stats", a->stats, "Do not print timing to stderr");
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   sub->add_option("--bits", a->params.bits, "Any-precision models: the width to generate with (default: the widest)");
+  sub->add_option("--draft-bits", a->params.draft_bits,
+                  "Speculative decoding: draft at this width of the same any-precision model (below --bits), or the "
+                  "--draft model's width");
+  sub->add_option("--draft", a->draft, "Speculative decoding: a separate draft model with the same vocabulary");
+  sub->add_option("--draft-k", a->params.draft_k, "Draft tokens per round, 1..8 (default 0: adaptive)");
   add_device_option(sub, a->device);
   sub->callback([a, sub, &common] {
     apply_threads(common);
@@ -44,8 +50,15 @@ void register_generate(CLI::App& app, Common& common) {
     api::OpenOptions oo;
     oo.device = parse_device(a->device);
     oo.tokenizer_path = common.tokenizer;
+    refuse_unless(sub, {"--draft-k"}, p.draft_bits > 0 || !a->draft.empty(), "needs --draft-bits or --draft");
     api::Model model = api::Model::open(a->model, oo);
     model.check_bits(p.bits);
+    std::optional<api::Model> draft;
+    if (!a->draft.empty()) {
+      draft.emplace(api::Model::open(a->draft, oo));
+      draft->check_bits(p.draft_bits);
+      p.draft = &*draft;
+    }
     if (!p.chat) std::fputs(a->prompt.c_str(), stdout);
     const api::GenerateResult r = model.generate(a->prompt, p, [](std::string_view piece) {
       std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -56,6 +69,11 @@ void register_generate(CLI::App& app, Common& common) {
       std::fprintf(stderr, "[%s | %zu prompt tokens: %.1f tok/s | %zu new tokens: %.1f tok/s | stop: %s]\n",
                    model.device_name().c_str(), r.prompt_ids.size(), r.prefill_tokens_per_s(), r.new_ids.size(),
                    r.decode_tokens_per_s(), api::stop_reason_name(r.stop_reason));
+    if (a->stats && r.target_forwards > 0)
+      std::fprintf(stderr, "[speculative: %lld of %lld draft tokens kept (%.1f%%), %.2f tokens per target forward]\n",
+                   static_cast<long long>(r.accepted_tokens), static_cast<long long>(r.drafted_tokens),
+                   r.drafted_tokens > 0 ? 100.0 * r.accepted_tokens / r.drafted_tokens : 0.0,
+                   static_cast<double>(r.new_ids.size()) / r.target_forwards);
   });
 }
 

@@ -98,6 +98,11 @@ class CudaBatchCache final : public BatchCache {
   int capacity() const override { return cache.capacity; }
   int length(int slot) const override { return cache.len[checked(slot)]; }
   void clear(int slot) override { cache.len[checked(slot)] = 0; }
+  void truncate(int slot, int length) override {
+    int& len = cache.len[checked(slot)];
+    LOWBIT_CHECK(length >= 0 && length <= len, "batch cache: truncate slot ", slot, " to ", length, " of ", len);
+    len = length;
+  }
   uint64_t bytes() const override { return cache.bytes(); }
   size_t checked(int slot) const {
     LOWBIT_CHECK(slot >= 0 && slot < slots(), "batch cache: slot ", slot, " of ", slots());
@@ -190,6 +195,15 @@ void CudaBackend::batch_extend(BatchCache& cache, int slot, std::span<const int3
   if (logits != nullptr)
     LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits, d, sizeof(float) * config().vocab_size, cudaMemcpyDeviceToHost,
                                       model_->stream()));
+  model_->synchronize();
+}
+
+void CudaBackend::batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
+  CudaBatchCache& bc = batch_cache_of(cache);
+  const float* d = model_->forward(tokens.data(), 1, static_cast<int>(tokens.size()), bc.cache, true, bits,
+                                   static_cast<int>(bc.checked(slot)));
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits, d, sizeof(float) * config().vocab_size * tokens.size(),
+                                    cudaMemcpyDeviceToHost, model_->stream()));
   model_->synchronize();
 }
 
