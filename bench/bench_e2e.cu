@@ -1,6 +1,7 @@
 #include "bench/bench_e2e.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 
@@ -280,6 +281,71 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
         out << line << std::flush;
       }
     }
+  }
+}
+
+void run_speculative_timing(const E2EBenchOptions& o, std::ostream& out) {
+  constexpr int kContext = 512, kMaxK = 8;
+  char line[512];
+  out << "device: " << device_name() << "\n";
+  out << "speculative decoding on random any-precision weights, batch 1, after a " << kContext
+      << "-token context: the draft's decode step (a CUDA-graph replay, as the speculative decoder's draft steps run), "
+         "the target's verify forward of n tokens (uncaptured, as it runs; median of 20), and the speedup over the "
+         "target's own decode step they model for acceptance rate a: max over k of E(a, k) x t_target / (k x t_draft + "
+         "t_verify(k + 1)), E = (1 - a^(k+1)) / (1 - a) tokens per round\n";
+  for (const std::string& shape : o.shapes) {
+    const ModelConfig c = shape_config(shape);
+    GpuModel m(c, GpuModel::RandomKind::AnyPrec, 1234);
+    std::vector<double> step_ms(9, 0.0);
+    std::vector<int> widths = o.bits;
+    if (std::find(widths.begin(), widths.end(), o.spec_target) == widths.end()) widths.push_back(o.spec_target);
+    for (int b : widths) step_ms[static_cast<size_t>(b)] = 1e3 / time_decode(m, b, kContext, 64, 1, nullptr);
+    // The verify forward of n tokens at the target width, the cache cut back to the context after each.
+    GpuKVCache kv = m.new_cache(1, kContext + kMaxK + 2);
+    const std::vector<int32_t> p = synthetic_tokens(static_cast<size_t>(kContext + kMaxK + 1), c.vocab_size);
+    m.forward(p.data(), 1, kContext, kv, false, o.spec_target);
+    std::vector<double> verify_ms(kMaxK + 2, 0.0);
+    for (int n = 1; n <= kMaxK + 1; ++n) {
+      std::vector<double> t;
+      for (int rep = 0; rep < 21; ++rep) {
+        kv.len[0] = kContext;
+        m.synchronize();
+        const double t0 = now_s();
+        m.forward(p.data() + kContext, 1, n, kv, true, o.spec_target);
+        m.synchronize();
+        if (rep > 0) t.push_back(1e3 * (now_s() - t0));
+      }
+      std::sort(t.begin(), t.end());
+      verify_ms[static_cast<size_t>(n)] = t[t.size() / 2];
+    }
+    out << shape << ": decode step ms (graph, batch 1):";
+    for (int b : widths) {
+      std::snprintf(line, sizeof line, " %d-bit %.3f;", b, step_ms[static_cast<size_t>(b)]);
+      out << line;
+    }
+    out << "\n" << shape << ": verify forward ms at " << o.spec_target << " bits, n tokens:";
+    for (int n = 1; n <= kMaxK + 1; ++n) {
+      std::snprintf(line, sizeof line, " n=%d %.3f;", n, verify_ms[static_cast<size_t>(n)]);
+      out << line;
+    }
+    out << "\nshape | draft | target | acceptance | best k | tokens per round | modelled speedup over the target's decode\n";
+    const double tt = step_ms[static_cast<size_t>(o.spec_target)];
+    for (int d : o.bits) {
+      if (d >= o.spec_target) continue;
+      for (double a : {0.5, 0.6, 0.7, 0.8, 0.9}) {
+        double best = 0, best_e = 0;
+        int best_k = 1;
+        for (int k = 1; k <= kMaxK; ++k) {
+          const double e = (1.0 - std::pow(a, k + 1)) / (1.0 - a);
+          const double sp = e * tt / (k * step_ms[static_cast<size_t>(d)] + verify_ms[static_cast<size_t>(k + 1)]);
+          if (sp > best) best = sp, best_k = k, best_e = e;
+        }
+        std::snprintf(line, sizeof line, "%s | %d-bit | %d-bit | %.2f | %d | %.2f | %.2fx\n", shape.c_str(), d,
+                      o.spec_target, a, best_k, best_e, best);
+        out << line;
+      }
+    }
+    out.flush();
   }
 }
 

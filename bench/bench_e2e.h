@@ -16,7 +16,14 @@ struct E2EBenchOptions {
   std::vector<int> bits = {3, 4, 8};                  // any-precision widths
   int prefill = 512, prompt = 128, decode = 256;
   std::vector<int> batches = {1, 8};
+  // Speculative decoding step times instead of the table (any-precision weights): each width's decode step, the
+  // target's verify forward of 1..9 tokens after a 512-token context, and the speedup they model for a range of
+  // acceptance rates.
+  bool speculative = false;
+  int spec_target = 8;
 };
+
+void run_speculative_timing(const E2EBenchOptions& o, std::ostream& out);
 
 void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out);
 

@@ -25,6 +25,8 @@
 #include "model/model.h"
 #include "runtime/backend.h"
 #include "runtime/batch.h"
+#include "runtime/speculative.h"
+#include "lowbit/quantize.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
 #include "quantize/calibration.h"
@@ -301,6 +303,53 @@ TEST(CudaModel, ContinuousBatchGreedyEqualsGenerateAlone) {
     EXPECT_EQ(alone.new_ids, got[i].new_ids) << "request " << i;
   }
   std::printf("[ continuous batch on the GPU ] %d of %zu greedy requests equal to generate() alone\n", same, got.size());
+}
+
+// Self-speculative decoding on the GPU: an any-precision stories260K file (quantized here on the CPU) drafts at 2, 3
+// and 4 bits for its 8-bit view. The verify forward of k + 1 tokens runs other kernels than the single-token decode
+// of the target alone (rounding differs), so the tokens are compared position by position up to the first difference;
+// all but a near-tie must agree.
+TEST(CudaModel, SpeculativeGreedyFollowsTheTarget) {
+  SKIP_WITHOUT_GPU();
+  const std::string bin = test::shared_path("models/stories260K/stories260K.bin");
+  LOWBIT_REQUIRE_FILE(bin, "stories260K");
+  const std::string file = test::temp_dir() + "/stories.anyprec.lowbit";
+  api::QuantizeOptions q;
+  q.method = api::QuantMethod::AnyPrec;
+  q.anyprec.seed_bits = 2;
+  q.anyprec.widths = {2, 3, 4, 8};
+  q.calib.samples = 4;
+  q.calib.seqlen = 128;
+  api::quantize(bin, file, q);
+  BackendOptions bo;
+  bo.device = Device::Cuda;
+  std::unique_ptr<Backend> b = open_backend(file, bo);
+  const Tokenizer& tok = b->tokenizer();
+  int same = 0, total = 0;
+  for (const char* prompt : {"Once upon a time", "Lily and Tom went to the park", "The dog"}) {
+    GenerateOptions g;
+    g.bits = 8;
+    g.max_new_tokens = 120;
+    g.stop_at_eos = false;
+    const std::vector<int32_t> ids = tok.encode(prompt, true, false);
+    const GenerateResult alone = generate(*b, ids, g);
+    for (int draft : {2, 3, 4}) {
+      SpeculativeOptions so;
+      so.draft_bits = draft;
+      SpeculativeStats st;
+      const GenerateResult r = generate_speculative(*b, *b, ids, g, so, nullptr, &st);
+      ASSERT_EQ(r.new_ids.size(), alone.new_ids.size());
+      size_t agree = 0;
+      while (agree < r.new_ids.size() && r.new_ids[agree] == alone.new_ids[agree]) ++agree;
+      same += static_cast<int>(agree);
+      total += static_cast<int>(r.new_ids.size());
+      std::printf("[ speculative on the GPU ] '%s' draft %d bits: %zu of %zu tokens equal to the target alone before "
+                  "the first difference; %lld of %lld drafts kept, %.2f tokens per target forward\n",
+                  prompt, draft, agree, r.new_ids.size(), static_cast<long long>(st.accepted),
+                  static_cast<long long>(st.drafted), st.tokens_per_round(static_cast<int64_t>(r.new_ids.size())));
+    }
+  }
+  EXPECT_GE(same, total * 9 / 10);
 }
 
 // Greedy decode replayed from a CUDA graph produces exactly the tokens of plain launches, for a batch of 2, with a

@@ -9,6 +9,7 @@
 #   scripts/device/cuda.sh uniform      the packed uniform (RTN / GPTQ) kernels: tests, sanitizer, kernel and 7B timings
 #   scripts/device/cuda.sh quik         the QUIK kernels (every activation form): the same
 #   scripts/device/cuda.sh serve [tests|fp16|anyprec]  continuous batching: GPU tests, sanitizer, bench --serve load
+#   scripts/device/cuda.sh spec [tests|7b|smollm2]  speculative decoding: GPU tests, 7B-shape step times, SmolLM2 acceptance
 #   scripts/device/cuda.sh quik-smollm2 SmolLM2 QUIK W8A8 / W4A8 (and W4 with FP8 activations at load) quantized on the
 #                                       GPU, full WikiText-2 perplexity on the GPU and on the CPU side by side (needs
 #                                       the SmolLM2 GGUF staged: scripts/device/eval.sh stage over both parts)
@@ -118,5 +119,24 @@ case "${1:-}" in
     done
     grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|^llama2-7b \|" "$OUT"/serve-*.txt | head -60
     ;;
-  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform | quik | quik-smollm2 | serve" >&2; exit 2 ;;
+  spec)      # [tests | 7b | smollm2]: speculative decoding: GPU tests; Llama-2-7B-shape step times and modelled speedup;
+             # SmolLM2 any-precision 2..8 quantized on the GPU, acceptance and speed on WikiText-2 and C4 prompts
+    phase="${2:-all}"
+    if [ "$phase" = tests ] || [ "$phase" = all ]; then
+      step spec-tests 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.Speculative*:CudaModel.SlotDecode*'
+    fi
+    if [ "$phase" = 7b ] || [ "$phase" = all ]; then
+      step spec-7b 300 "$LB/pkg/lowbit" bench --e2e --spec --model-shapes llama2-7b --kernel-bits 2,3,4
+    fi
+    if [ "$phase" = smollm2 ] || [ "$phase" = all ]; then
+      M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"
+      [ -f "$M" ] || { echo "spec: no staged SmolLM2 GGUF at $M"; exit 2; }
+      step spec-smollm2-quantize 300 "$LB/pkg/lowbit" quantize "$M" --method anyprec --seed-bits 2 --widths 2,3,4,6,8 \
+        --calib "$C" --device cuda -o /tmp/smol-ap.lowbit
+      step spec-smollm2 400 "$LB/pkg/lowbit" bench /tmp/smol-ap.lowbit --draft-bits 2,3,4 --target-bits 6,8 \
+        --spec-text "$W" --spec-text "$C" --spec-prompts 8 --decode 128 --device cuda
+    fi
+    grep -hE "^# exit|PASSED|FAILED|speculative on the GPU|^llama2-7b|\| [68]-bit \|" "$OUT"/spec-*.txt | head -60
+    ;;
+  *) echo "usage: $0 test | sanitize | bench [ARGS] | e2e [ARGS] | all | uniform | quik | quik-smollm2 | serve | spec" >&2; exit 2 ;;
 esac

@@ -18,7 +18,7 @@ GenerateResult generate_speculative(Backend& target, Backend& draft, const std::
                                     const GenerateOptions& opts, const SpeculativeOptions& so,
                                     const std::function<void(const std::string&)>& on_text, SpeculativeStats* stats) {
   const ModelConfig& c = target.config();
-  const Tokenizer& tok = target.tokenizer();
+  const Tokenizer* tok = target.has_tokenizer() ? &target.tokenizer() : nullptr;   // none: ids only (benchmarks)
   const bool same = &target == &draft;
   LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
   LOWBIT_CHECK(opts.max_new_tokens >= 0, "--max-tokens must be >= 0");
@@ -70,7 +70,10 @@ GenerateResult generate_speculative(Backend& target, Backend& draft, const std::
   const auto t1 = std::chrono::steady_clock::now();
 
   std::vector<int32_t> history = prompt_ids;   // committed tokens
-  TokenStream stream(opts, &tok, stop_tokens(c, tok), on_text);
+  std::vector<int32_t> stops;
+  if (tok != nullptr) stops = stop_tokens(c, *tok);
+  else if (c.eos_id >= 0) stops.push_back(c.eos_id);
+  TokenStream stream(opts, tok, std::move(stops), on_text);
   SamplingParams dparams = opts.sampling;
   dparams.seed = opts.sampling.seed ^ 0x9E3779B97F4A7C15ull;   // the draft's own draws
   Sampler tsampler(opts.sampling), dsampler(dparams);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <vector>
 
@@ -42,7 +43,12 @@ double median_seconds(int reps, F&& f) {
 
 struct BenchArgs {
   std::string model, device = "auto", formats = "fp16,anyprec,mixed24a,uniform,quik";
-  bool kernels = false, e2e = false, serve = false;
+  bool kernels = false, e2e = false, serve = false, spec = false;
+  int spec_target = 8;
+  // bench MODEL --draft-bits: speculative decoding on real text.
+  std::vector<int> draft_bits, target_bits = {8};
+  std::vector<std::string> spec_texts;
+  int spec_prompts = 8, spec_prompt_len = 64;
   std::vector<int> concurrency = {1, 8, 32, 64};
   api::SpeedParams speed;
   std::vector<std::string> shapes = {"4096x4096",  "11008x4096", "4096x11008", "14336x4096",
@@ -111,6 +117,71 @@ void bench_model(const BenchArgs& a, const Common& common) {
               s.decode_tokens, s.decode_tokens_per_s(), bytes / t_decode / 1e9, 100.0 * bytes / t_decode / copy_bw);
 }
 
+// Speculative decoding on real text: for each text, spec_prompts prompts of spec_prompt_len tokens (windows spread
+// over the text), each continued greedily for `decode` tokens (EOS ignored) by the target alone and with each draft
+// width: acceptance, tokens per target forward, and the decode speed of both, timed in the same run.
+void bench_speculative(const BenchArgs& a, const Common& common) {
+  api::OpenOptions oo;
+  oo.device = parse_device(a.device);
+  oo.tokenizer_path = common.tokenizer;
+  api::Model model = api::Model::open(a.model, oo);
+  if (a.spec_texts.empty()) fail("--draft-bits: give the prompts' text with --spec-text FILE (wiki.test.raw, a .jsonl)");
+  std::printf("model: %s on %s; greedy, %d new tokens after %d-token prompts, EOS ignored; adaptive k\n", a.model.c_str(),
+              model.device_name().c_str(), a.speed.decode, a.spec_prompt_len);
+  std::printf("text | target | draft | prompts | draft tokens kept | mean kept per round | tokens per target forward | "
+              "target alone tok/s | speculative tok/s | speedup | outputs equal to the target's\n");
+  for (const std::string& text : a.spec_texts) {
+    api::PplParams pp;
+    pp.ctx = a.spec_prompt_len;
+    const api::EvalWindows w = model.eval_windows_from_file(text, pp);
+    if (static_cast<int>(w.windows.size()) < a.spec_prompts)
+      fail(text, ": ", w.windows.size(), " windows of ", a.spec_prompt_len, " tokens, fewer than --spec-prompts ", a.spec_prompts);
+    std::vector<std::vector<int32_t>> prompts;
+    for (int i = 0; i < a.spec_prompts; ++i)
+      prompts.push_back(w.windows[static_cast<size_t>(i) * w.windows.size() / static_cast<size_t>(a.spec_prompts)]);
+    const std::string name = std::filesystem::path(text).filename().string();
+    for (int t : a.target_bits) {
+      api::GenerateParams g;
+      g.bits = t;
+      g.max_tokens = a.speed.decode;
+      g.stop_at_eos = false;
+      std::vector<api::GenerateResult> alone;
+      double alone_s = 0;
+      int64_t alone_tokens = 0;
+      model.generate(prompts[0], g);   // warm-up (workspace, graphs)
+      for (const auto& p : prompts) {
+        alone.push_back(model.generate(p, g));
+        alone_s += alone.back().decode_seconds + alone.back().prefill_seconds;
+        alone_tokens += static_cast<int64_t>(alone.back().new_ids.size());
+      }
+      for (int d : a.draft_bits) {
+        if (d >= t) continue;
+        api::GenerateParams s = g;
+        s.draft_bits = d;
+        model.generate(prompts[0], s);   // warm-up
+        int64_t drafted = 0, kept = 0, rounds = 0, tokens = 0;
+        double spec_s = 0;
+        int equal = 0;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          const api::GenerateResult r = model.generate(prompts[i], s);
+          drafted += r.drafted_tokens;
+          kept += r.accepted_tokens;
+          rounds += r.target_forwards;
+          tokens += static_cast<int64_t>(r.new_ids.size());
+          spec_s += r.decode_seconds + r.prefill_seconds;
+          equal += r.new_ids == alone[i].new_ids;
+        }
+        std::printf("%s | %d-bit | %d-bit | %zu | %.1f%% | %.2f | %.2f | %.1f | %.1f | %.2fx | %d of %zu\n", name.c_str(), t,
+                    d, prompts.size(), drafted > 0 ? 100.0 * kept / drafted : 0.0,
+                    rounds > 0 ? static_cast<double>(kept) / rounds : 0.0,
+                    rounds > 0 ? static_cast<double>(tokens) / rounds : 0.0, alone_tokens / alone_s, tokens / spec_s,
+                    (tokens / spec_s) / (alone_tokens / alone_s), equal, prompts.size());
+        std::fflush(stdout);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app, Common& common) {
@@ -141,6 +212,19 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--decode-batches", a->decode_batches, "--e2e: decode batch sizes (sequences)")
       ->delimiter(',')
       ->check(in_range(1, 256));
+  sub->add_option("--draft-bits", a->draft_bits,
+                  "Speculative decoding on real text: draft widths of the any-precision MODEL (comma-separated)")
+      ->delimiter(',')
+      ->check(in_range(2, 8));
+  sub->add_option("--target-bits", a->target_bits, "--draft-bits: target widths (default 8)")->delimiter(',')->check(in_range(2, 8));
+  sub->add_option("--spec-text", a->spec_texts, "--draft-bits: text(s) the prompts come from (repeatable)");
+  sub->add_option("--spec-prompts", a->spec_prompts, "--draft-bits: prompts per text (default 8)")->check(in_range(1, 10000));
+  sub->add_option("--spec-prompt-len", a->spec_prompt_len, "--draft-bits: prompt tokens (default 64)")
+      ->check(in_range(2, 1 << 16));
+  sub->add_flag("--spec", a->spec,
+                "--e2e: speculative decoding step times (draft widths --kernel-bits, target --spec-target) and the "
+                "speedup they model");
+  sub->add_option("--spec-target", a->spec_target, "--e2e --spec: the target width (default 8)")->check(in_range(2, 8));
   sub->add_flag("--serve", a->serve,
                 "GPU serving load: the continuous batch of lowbit serve under closed-loop clients, on random-weight "
                 "model shapes (no model; docs/SERVE.md)");
@@ -155,9 +239,10 @@ void register_bench(CLI::App& app, Common& common) {
     refuse_unless(sub, {"--model-shapes", "--weights"}, a->e2e || a->serve, "applies to --e2e and --serve only");
     refuse_unless(sub, {"--decode-batches"}, a->e2e, "applies to --e2e only");
     refuse_unless(sub, {"--concurrency"}, a->serve, "applies to --serve only");
+    refuse_unless(sub, {"--spec", "--spec-target"}, a->e2e, "applies to --e2e only");
     refuse_unless(sub, {"--kernel-bits"}, a->kernels || a->e2e || a->serve, "applies to --kernels, --e2e and --serve only");
     const bool no_model = a->kernels || a->e2e || a->serve;
-    refuse_unless(sub, {"--decode", "--reps", "--bits", "--device", "--tokenizer"}, !no_model,
+    refuse_unless(sub, {"--decode", "--reps", "--bits", "--device", "--tokenizer", "--draft-bits"}, !no_model,
                   "applies to a MODEL's benchmark, not to --kernels / --e2e / --serve");
     refuse_unless(sub, {"--prefill"}, !a->kernels && !a->serve, "applies to a MODEL's benchmark and to --e2e");
     if (no_model) {
@@ -181,6 +266,11 @@ void register_bench(CLI::App& app, Common& common) {
         o.bits = a->kernel_bits;
         o.batches = a->decode_batches;
         if (sub->count("--prefill") > 0) o.prefill = a->speed.prefill;
+        if (a->spec) {
+          o.spec_target = a->spec_target;
+          cuda::run_speculative_timing(o, std::cout);
+          return;
+        }
         cuda::run_e2e_bench(o, std::cout);
         return;
       }
@@ -209,6 +299,9 @@ void register_bench(CLI::App& app, Common& common) {
       return;
     }
     if (a->model.empty()) fail("bench: a MODEL is required (or --kernels / --e2e / --serve)");
+    refuse_unless(sub, {"--target-bits", "--spec-text", "--spec-prompts", "--spec-prompt-len"}, !a->draft_bits.empty(),
+                  "needs --draft-bits");
+    if (!a->draft_bits.empty()) return bench_speculative(*a, common);
     bench_model(*a, common);
   });
 }
