@@ -233,7 +233,11 @@ TEST(Speculative, RefusesBadSettings) {
   expect_error([&] { plain.generate("Once", q); }, "must be another model");
   api::GenerateParams b;
   b.draft_bits = 2;
-  auto batch = m.new_batch({});
+  api::BatchParams one;
+  one.max_seqs = 1;
+  auto batch = m.new_batch(one);
+  expect_error([&] { batch->add({1, 5}, b); }, "two free slots");
+  b.draft = &plain;
   expect_error([&] { batch->add({1, 5}, b); }, "generate() only");
 }
 

@@ -73,10 +73,11 @@ struct GenerateParams {
   // (log-softmax of the model's logits, before penalties and temperature) and this many most likely alternatives
   // (0..20) in GenerateResult::logprobs. -1 = off.
   int logprobs = -1;
-  // Speculative decoding (generate() only): draft_bits > 0 drafts with this any-precision width of the same model
+  // Speculative decoding: draft_bits > 0 drafts with this any-precision width of the same model
   // (below `bits`), or with `draft` (a separate model with the same vocabulary, at draft_bits; 0 = its widest);
   // the target checks the drafts in one forward and the output is the target's (greedy: its tokens; sampling: its
-  // distribution). draft_k: draft tokens per round (0 = adaptive, 1..8).
+  // distribution). draft_k: draft tokens per round (0 = adaptive, 1..8). Batch::add takes draft_bits (the same
+  // model, two slots), not a separate draft model.
   int draft_bits = 0;
   int draft_k = 0;
   Model* draft = nullptr;

@@ -117,6 +117,9 @@ TokenLogprobs public_logprob(const lowbit::TokenLogprob& lp) {
 GenerateResult public_result(const lowbit::GenerateResult& r) {
   GenerateResult out;
   for (const lowbit::TokenLogprob& lp : r.logprobs) out.logprobs.push_back(public_logprob(lp));
+  out.target_forwards = r.spec_rounds;
+  out.drafted_tokens = r.spec_drafted;
+  out.accepted_tokens = r.spec_accepted;
   out.prompt_ids = r.prompt_ids;
   out.new_ids = r.new_ids;
   out.text = r.text;
@@ -258,14 +261,9 @@ GenerateResult Model::generate(const std::vector<int32_t>& prompt_ids, const Gen
   SpeculativeOptions so;
   so.draft_bits = params.draft_bits;
   so.k = params.draft_k;
-  SpeculativeStats st;
   lowbit::Backend& draft = params.draft != nullptr ? *params.draft->impl_->backend : *impl_->backend;
-  GenerateResult out = public_result(
-      lowbit::generate_speculative(*impl_->backend, draft, prompt_ids, generate_options(params), so, on_text, &st));
-  out.target_forwards = st.rounds;
-  out.drafted_tokens = st.drafted;
-  out.accepted_tokens = st.accepted;
-  return out;
+  return public_result(
+      lowbit::generate_speculative(*impl_->backend, draft, prompt_ids, generate_options(params), so, on_text));
 }
 
 class Batch::Impl {
@@ -291,8 +289,8 @@ uint64_t Batch::add(const std::vector<int32_t>& prompt_ids, const GenerateParams
                     std::function<void(const TokenLogprobs&)> on_logprobs) {
   validate(params);
   LOWBIT_CHECK(!params.chat && params.system.empty(), "batch: chat and system apply to text prompts (Model::prompt_ids)");
-  LOWBIT_CHECK(params.draft_bits == 0 && params.draft == nullptr,
-               "batch: speculative decoding (draft_bits, draft) runs in generate() only");
+  LOWBIT_CHECK(params.draft == nullptr, "batch: a separate draft model runs in generate() only (draft_bits drafts "
+               "with the same model's low-bit view)");
   std::function<void(const std::string&)> on_text;
   if (on_token) on_text = [cb = std::move(on_token)](const std::string& piece) { cb(piece); };
   lowbit::BatchGenerator::OnToken on_id;
@@ -300,7 +298,11 @@ uint64_t Batch::add(const std::vector<int32_t>& prompt_ids, const GenerateParams
     on_id = [cb = std::move(on_logprobs)](int32_t, const lowbit::TokenLogprob* lp) {
       if (lp != nullptr) cb(public_logprob(*lp));
     };
-  return impl_->gen.add(prompt_ids, generate_options(params), std::move(on_text), std::move(on_id));
+  SpeculativeOptions so;
+  so.draft_bits = params.draft_bits;
+  so.k = params.draft_k;
+  return impl_->gen.add(prompt_ids, generate_options(params), std::move(on_text), std::move(on_id),
+                        params.draft_bits > 0 ? &so : nullptr);
 }
 
 std::vector<Batch::Finished> Batch::step() {

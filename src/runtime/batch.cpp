@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -34,6 +35,11 @@ struct BatchGenerator::Seq {
   int32_t pending = -1;       // the token the next decode step runs (>= 0: decoding)
   bool ended = false;
   OnToken on_token;
+  // Speculative decoding: the draft's slot (-1: none), its prompt progress, and the decoder once both prompts ran.
+  int dslot = -1;
+  size_t dprefilled = 0;
+  SpeculativeOptions spec;
+  std::unique_ptr<SpeculativeDecoder> spec_dec;
   std::chrono::steady_clock::time_point t_start{}, t_first{};
 };
 
@@ -56,12 +62,18 @@ int BatchGenerator::free_slots() const { return static_cast<int>(std::count(slot
 
 int64_t BatchGenerator::kv_positions_used() const {
   int64_t n = 0;
-  for (const auto& s : seqs_) n += cache_->length(s->slot);
+  for (const auto& s : seqs_) n += cache_->length(s->slot) + (s->dslot >= 0 ? cache_->length(s->dslot) : 0);
   return n;
 }
 
 uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOptions& opts,
-                             std::function<void(const std::string&)> on_text, OnToken on_token) {
+                             std::function<void(const std::string&)> on_text, OnToken on_token,
+                             const SpeculativeOptions* spec) {
+  const bool speculative = spec != nullptr && spec->draft_bits > 0;
+  if (speculative) {
+    check_speculative(b_, b_, opts, *spec);
+    LOWBIT_CHECK(free_slots() >= 2, "batch: a speculative generation needs two free slots");
+  }
   LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
   LOWBIT_CHECK(opts.max_new_tokens >= 0, "--max-tokens must be >= 0");
   LOWBIT_CHECK(opts.logprobs <= 20, "logprobs: at most 20 alternatives, got ", opts.logprobs);
@@ -71,7 +83,8 @@ uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOpti
     LOWBIT_CHECK(id >= 0 && id < vocab_, "generate: prompt token id ", id, " is outside the vocabulary of ", vocab_);
   // generate()'s capacity, within the slot.
   const int want = static_cast<int>(prompt_ids.size()) + opts.max_new_tokens;
-  const int limit = std::min(capacity_, opts.ctx > 0 ? opts.ctx : want);
+  const int room = speculative ? capacity_ - spec->k_max - 1 : capacity_;   // a round's drafts past the context
+  const int limit = std::min(room, opts.ctx > 0 ? opts.ctx : want);
   LOWBIT_CHECK(static_cast<int>(prompt_ids.size()) <= capacity_ &&
                    (static_cast<int>(prompt_ids.size()) < limit || opts.max_new_tokens == 0),
                "the prompt has ", prompt_ids.size(), " tokens, which fills the context of ", std::max(limit, 0));
@@ -84,6 +97,13 @@ uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOpti
   s->on_token = std::move(on_token);
   cache_->clear(slot);
   *free = true;
+  if (speculative) {
+    const auto dfree = std::find(slot_used_.begin(), slot_used_.end(), false);
+    s->dslot = static_cast<int>(dfree - slot_used_.begin());
+    *dfree = true;
+    cache_->clear(s->dslot);
+    s->spec = *spec;
+  }
   seqs_.push_back(std::move(s));
   return seqs_.back()->id;
 }
@@ -141,10 +161,17 @@ TokenLogprob BatchGenerator::logprob_of(int32_t id, int alternatives) {
 void BatchGenerator::finish(size_t index, std::vector<Finished>& out) {
   Seq& s = *seqs_[index];
   s.stream.finish(s.r);
+  if (s.spec_dec) {
+    const SpeculativeStats& st = s.spec_dec->stats();
+    s.r.spec_rounds = st.rounds;
+    s.r.spec_drafted = st.drafted;
+    s.r.spec_accepted = st.accepted;
+  }
   const auto now = std::chrono::steady_clock::now();
   if (s.t_first == std::chrono::steady_clock::time_point{}) s.t_first = now;
   s.r.decode_seconds = seconds_between(s.t_first, now);
   slot_used_[static_cast<size_t>(s.slot)] = false;
+  if (s.dslot >= 0) slot_used_[static_cast<size_t>(s.dslot)] = false;
   out.push_back({s.id, std::move(s.r)});
   seqs_.erase(seqs_.begin() + static_cast<std::ptrdiff_t>(index));
 }
@@ -162,6 +189,27 @@ std::vector<BatchGenerator::Finished> BatchGenerator::step() {
   logits_.resize(static_cast<size_t>(vocab_) * std::max<size_t>(seqs_.size(), 1));
   for (auto& sp : seqs_) {
     Seq& s = *sp;
+    if (s.dslot >= 0) {   // speculative: prompt[0 .. P-1) into both slots, then its decoder takes over
+      if (s.ended || s.spec_dec || budget == 0) continue;
+      const size_t head = s.r.prompt_ids.size() - 1;
+      if (s.prefilled == 0 && s.dprefilled == 0) s.t_start = std::chrono::steady_clock::now();
+      for (auto [done, slot, bits] : {std::tuple<size_t*, int, int>{&s.prefilled, s.slot, s.opts.bits},
+                                      std::tuple<size_t*, int, int>{&s.dprefilled, s.dslot, s.spec.draft_bits}}) {
+        const size_t n = std::min(head - *done, static_cast<size_t>(budget));
+        if (n == 0) continue;
+        b_.batch_extend(*cache_, slot, std::span<const int32_t>(s.r.prompt_ids).subspan(*done, n), bits, nullptr);
+        *done += n;
+        budget -= static_cast<int>(n);
+      }
+      if (s.prefilled == head && s.dprefilled == head) {
+        s.r.prefill_seconds = seconds_between(s.t_start, std::chrono::steady_clock::now());
+        if (s.opts.max_new_tokens == 0) s.ended = true;
+        else
+          s.spec_dec = std::make_unique<SpeculativeDecoder>(b_, *cache_, s.slot, b_, *cache_, s.dslot, s.opts, s.spec,
+                                                            s.limit, s.stream, s.r);
+      }
+      continue;
+    }
     if (s.ended || s.pending >= 0 || budget == 0) continue;
     const size_t total = s.r.prompt_ids.size();
     if (s.prefilled == 0) s.t_start = std::chrono::steady_clock::now();
@@ -197,6 +245,12 @@ std::vector<BatchGenerator::Finished> BatchGenerator::step() {
       if (!pick(*group[i], logits_.data() + i * static_cast<size_t>(vocab_))) group[i]->ended = true;
   }
   last_decode_s_ = seconds_between(t_decode, std::chrono::steady_clock::now());
+  // 3. A draft-and-verify round for every speculative generation past its prompt.
+  for (auto& s : seqs_)
+    if (!s->ended && s->spec_dec) {
+      if (s->t_first == std::chrono::steady_clock::time_point{}) s->t_first = std::chrono::steady_clock::now();
+      if (!s->spec_dec->round()) s->ended = true;
+    }
   for (size_t i = seqs_.size(); i-- > 0;)
     if (seqs_[i]->ended) finish(i, out);
   std::reverse(out.begin(), out.end());   // arrival order

@@ -4,7 +4,8 @@
 //   1. prefill: up to prefill_chunk prompt tokens of the requests still reading their prompts, oldest first, in
 //      chunks, so a long prompt never stalls the running streams for more than one chunk;
 //   2. decode: one token for every request past its prompt, one batched forward per width present (any-precision
-//      models: each request picks its width; a width's forward reads that width's bitplanes for all its rows).
+//      models: each request picks its width; a width's forward reads that width's bitplanes for all its rows);
+//   3. speculative generations (add's spec): one draft-and-verify round each.
 // Tokens are picked on the host by each request's own Sampler (seeded as generate() seeds it) and taken through
 // the same TokenStream as generate(), so a request ends, streams and stops exactly as it would alone.
 #pragma once
@@ -18,6 +19,7 @@
 
 #include "runtime/backend.h"
 #include "runtime/generate.h"
+#include "runtime/speculative.h"
 
 namespace lowbit {
 
@@ -43,8 +45,13 @@ class BatchGenerator {
   // on_token (optional): called with each generated token as it is taken, and its log-probabilities when
   // opts.logprobs >= 0 (else null): streaming of log-probabilities, and benchmarks time tokens with it.
   using OnToken = std::function<void(int32_t id, const TokenLogprob* logprob)>;
+  // spec (optional, draft_bits > 0): self-speculative decoding for this generation (runtime/speculative.h): it takes
+  // two slots (the target's and the draft's) and, past its prompt, advances by a draft-and-verify round per step
+  // instead of joining the batched decode; its context is the slot's less k_max + 1 positions. on_token is not called
+  // for its tokens.
   uint64_t add(std::vector<int32_t> prompt_ids, const GenerateOptions& opts,
-               std::function<void(const std::string&)> on_text = nullptr, OnToken on_token = nullptr);
+               std::function<void(const std::string&)> on_text = nullptr, OnToken on_token = nullptr,
+               const SpeculativeOptions* spec = nullptr);
 
   struct Finished {
     uint64_t id;

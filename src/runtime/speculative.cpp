@@ -14,21 +14,16 @@ double since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-GenerateResult generate_speculative(Backend& target, Backend& draft, const std::vector<int32_t>& prompt_ids,
-                                    const GenerateOptions& opts, const SpeculativeOptions& so,
-                                    const std::function<void(const std::string&)>& on_text, SpeculativeStats* stats) {
+void check_speculative(Backend& target, Backend& draft, const GenerateOptions& opts, const SpeculativeOptions& so) {
   const ModelConfig& c = target.config();
-  const Tokenizer* tok = target.has_tokenizer() ? &target.tokenizer() : nullptr;   // none: ids only (benchmarks)
-  const bool same = &target == &draft;
-  LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
   LOWBIT_CHECK(opts.max_new_tokens >= 0, "--max-tokens must be >= 0");
-  LOWBIT_CHECK(opts.logprobs < 0, "generate: token log-probabilities are computed by batch generation (lowbit serve)");
+  LOWBIT_CHECK(opts.logprobs < 0, "speculative decoding reports no token log-probabilities");
   LOWBIT_CHECK(so.k >= 0 && so.k_max >= 1 && so.k <= so.k_max, "--draft-k must be in [0, ", so.k_max, "] (0 = adaptive)");
   validate_sampling(opts.sampling);
   target.check_bits(opts.bits);
   LOWBIT_CHECK(draft.config().vocab_size == c.vocab_size, "--draft: the draft model's vocabulary (",
                draft.config().vocab_size, " tokens) differs from the target's (", c.vocab_size, ")");
-  if (same) {
+  if (&target == &draft) {
     const std::vector<int> w = target.widths();
     LOWBIT_CHECK(!w.empty(), "--draft-bits needs an any-precision model (this one has one precision); or give --draft MODEL");
     const int tbits = opts.bits > 0 ? opts.bits : w.back();
@@ -36,31 +31,154 @@ GenerateResult generate_speculative(Backend& target, Backend& draft, const std::
                  " must be a served width below the target's ", tbits, " bits");
   }
   draft.check_bits(so.draft_bits);
-  const int V = c.vocab_size;
+}
+
+namespace {
+SamplingParams draft_sampling(const SamplingParams& p) {
+  SamplingParams d = p;
+  d.seed = p.seed ^ 0x9E3779B97F4A7C15ull;   // the draft's own draws
+  return d;
+}
+}  // namespace
+
+SpeculativeDecoder::SpeculativeDecoder(Backend& target, BatchCache& tcache, int tslot, Backend& draft,
+                                       BatchCache& dcache, int dslot, const GenerateOptions& opts,
+                                       const SpeculativeOptions& so, int capacity, TokenStream& stream,
+                                       GenerateResult& r)
+    : target_(target), draft_(draft), tcache_(tcache), dcache_(dcache), tslot_(tslot), dslot_(dslot), opts_(opts),
+      so_(so), capacity_(capacity), cap_(std::min(tcache.capacity(), dcache.capacity())), V_(target.config().vocab_size),
+      P_(static_cast<int>(r.prompt_ids.size())), stream_(stream), r_(r), history_(r.prompt_ids),
+      tsampler_(opts.sampling), dsampler_(draft_sampling(opts.sampling)), dl_(static_cast<size_t>(V_)),
+      k_(so.k > 0 ? so.k : std::min(4, so.k_max)), draft_len_(std::max(P_ - 1, 0)) {}
+
+bool SpeculativeDecoder::commit(int32_t t) {
+  if (!stream_.accept(t, r_, history_)) return false;
+  if (static_cast<int>(history_.size()) - 1 >= capacity_) {   // generate()'s context stop
+    r_.stop_reason = "context";
+    return false;
+  }
+  return true;
+}
+
+// The token the sampler picks from logits: greedy its argmax (penalties applied), else a draw; dist receives the
+// distribution it came from.
+int32_t SpeculativeDecoder::argmax_or_draw(Sampler& s, const float* logits, const std::vector<int32_t>& history,
+                                           std::vector<double>& dist) {
+  std::vector<float> row(logits, logits + V_);
+  s.distribution(row.data(), V_, history, static_cast<size_t>(P_), dist);
+  return s.greedy() ? static_cast<int32_t>(std::max_element(dist.begin(), dist.end()) - dist.begin()) : s.draw(dist);
+}
+
+bool SpeculativeDecoder::round() {
+  if (opts_.cancel != nullptr && opts_.cancel->load()) {
+    r_.stop_reason = "cancelled";
+    return false;
+  }
+  const int C = static_cast<int>(history_.size());
+  const int remaining = std::min(opts_.max_new_tokens - static_cast<int>(r_.new_ids.size()), capacity_ + 1 - C);
+  if (remaining <= 0) return false;
+  const int kr = std::max(0, std::min({k_, remaining - 1, cap_ - C}));
+  // Draft kr tokens, one step each.
+  std::vector<int32_t> drafts;
+  q_.resize(static_cast<size_t>(kr));
+  const auto td = std::chrono::steady_clock::now();
+  if (kr > 0) {
+    const std::span<const int32_t> pending(history_.data() + draft_len_, static_cast<size_t>(C - draft_len_));
+    if (pending.size() == 1) draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), pending, so_.draft_bits, dl_.data());
+    else draft_.batch_extend(dcache_, dslot_, pending, so_.draft_bits, dl_.data());
+    ++st_.draft_forwards;
+    draft_len_ = C;
+    std::vector<int32_t> dh = history_;
+    for (int i = 0; i < kr; ++i) {
+      const int32_t d = argmax_or_draw(dsampler_, dl_.data(), dh, q_[static_cast<size_t>(i)]);
+      drafts.push_back(d);
+      dh.push_back(d);
+      if (i + 1 < kr) {
+        draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), std::span<const int32_t>(&d, 1), so_.draft_bits,
+                            dl_.data());
+        ++st_.draft_forwards;
+      }
+    }
+  }
+  st_.draft_seconds += since(td);
+  // Verify: the last committed token and the drafts in one forward of the target.
+  const auto tv = std::chrono::steady_clock::now();
+  std::vector<int32_t> vin = {history_.back()};
+  vin.insert(vin.end(), drafts.begin(), drafts.end());
+  vl_.resize(vin.size() * static_cast<size_t>(V_));
+  target_.batch_verify(tcache_, tslot_, vin, opts_.bits, vl_.data());
+  st_.verify_seconds += since(tv);
+  ++st_.rounds;
+  st_.drafted += kr;
+  bool going = true, replaced = false;
+  int j = 0;
+  for (; j < kr && going; ++j) {
+    std::vector<float> row(vl_.begin() + static_cast<std::ptrdiff_t>(j) * V_, vl_.begin() + static_cast<std::ptrdiff_t>(j + 1) * V_);
+    tsampler_.distribution(row.data(), V_, history_, static_cast<size_t>(P_), p_);
+    const int32_t d = drafts[static_cast<size_t>(j)];
+    const std::vector<double>& qj = q_[static_cast<size_t>(j)];
+    const bool keep = tsampler_.greedy() ? p_[static_cast<size_t>(d)] == 1.0
+                                         : tsampler_.uniform() * qj[static_cast<size_t>(d)] < p_[static_cast<size_t>(d)];
+    if (keep) {
+      ++st_.accepted;
+      going = commit(d);
+      continue;
+    }
+    // Rejected: the target's token instead (greedy: its argmax; sampling: a draw from the residual max(0, p - q)).
+    int32_t t;
+    if (tsampler_.greedy()) {
+      t = static_cast<int32_t>(std::max_element(p_.begin(), p_.end()) - p_.begin());
+    } else {
+      residual_.resize(p_.size());
+      double mass = 0;
+      for (size_t i = 0; i < p_.size(); ++i) mass += (residual_[i] = std::max(0.0, p_[i] - qj[i]));
+      t = tsampler_.draw(mass > 0 ? residual_ : p_);
+    }
+    replaced = true;
+    going = commit(t);
+    break;
+  }
+  if (going && !replaced)   // every draft kept: the target's next token comes with the same forward
+    going = commit(argmax_or_draw(tsampler_, vl_.data() + static_cast<size_t>(kr) * V_, history_, p_));
+  // Drop what was not kept: the target holds every committed token but the last; the draft the committed prefix it
+  // ran (of this round's drafts it ran d_0 .. d_{kr-2}; those kept stay).
+  const int committed = static_cast<int>(history_.size());
+  tcache_.truncate(tslot_, std::min(committed - 1, tcache_.length(tslot_)));
+  if (kr > 0) {
+    dcache_.truncate(dslot_, std::min({draft_len_ + std::min(j, kr - 1), committed - 1, dcache_.length(dslot_)}));
+    draft_len_ = dcache_.length(dslot_);
+  }
+  if (so_.k == 0) {
+    if (kr == k_ && j == kr && k_ < so_.k_max) ++k_;
+    else if (2 * j < kr && k_ > 1) --k_;
+  }
+  return going;
+}
+
+GenerateResult generate_speculative(Backend& target, Backend& draft, const std::vector<int32_t>& prompt_ids,
+                                    const GenerateOptions& opts, const SpeculativeOptions& so,
+                                    const std::function<void(const std::string&)>& on_text, SpeculativeStats* stats) {
+  LOWBIT_CHECK(!prompt_ids.empty(), "generate: empty prompt (no tokens)");
+  check_speculative(target, draft, opts, so);
+  const ModelConfig& c = target.config();
+  const Tokenizer* tok = target.has_tokenizer() ? &target.tokenizer() : nullptr;   // none: ids only (benchmarks)
+  const bool same = &target == &draft;
   const int P = static_cast<int>(prompt_ids.size());
-  const int want = P + opts.max_new_tokens;
-  const int capacity = opts.ctx > 0 ? opts.ctx : std::min(c.max_seq_len, want);
+  const int capacity = opts.ctx > 0 ? opts.ctx : std::min(c.max_seq_len, P + opts.max_new_tokens);
   LOWBIT_CHECK(P < capacity || opts.max_new_tokens == 0, "the prompt has ", P, " tokens, which fills the context of ",
                capacity);
-  // Room for a round's draft tokens past the logical context (they are dropped or the generation stops there).
-  const int cap = std::min({c.max_seq_len, draft.config().max_seq_len, std::max(capacity, P) + so.k_max + 1});
-
   GenerateResult r;
   r.prompt_ids = prompt_ids;
   r.stop_reason = "length";
-  SpeculativeStats st;
-  if (opts.max_new_tokens == 0) {
-    if (stats) *stats = st;
-    return r;
-  }
+  if (stats) *stats = {};
+  if (opts.max_new_tokens == 0) return r;
+  // Room for a round's draft tokens past the logical context (they are dropped or the generation stops there).
+  const int cap = std::min({c.max_seq_len, draft.config().max_seq_len, std::max(capacity, P) + so.k_max + 1});
   std::unique_ptr<BatchCache> tcache = target.new_batch_cache(same ? 2 : 1, cap);
   std::unique_ptr<BatchCache> dcache_own = same ? nullptr : draft.new_batch_cache(1, cap);
   BatchCache& dcache = same ? *tcache : *dcache_own;
   const int tslot = 0, dslot = same ? 1 : 0;
-
   const auto t0 = std::chrono::steady_clock::now();
-  // Both caches hold every committed token but the last; the last runs first in the next round (the target's verify
-  // input, the draft's first step).
   if (P > 1) {
     const std::span<const int32_t> head(prompt_ids.data(), static_cast<size_t>(P - 1));
     target.batch_extend(*tcache, tslot, head, opts.bits, nullptr);
@@ -68,123 +186,19 @@ GenerateResult generate_speculative(Backend& target, Backend& draft, const std::
   }
   r.prefill_seconds = since(t0);
   const auto t1 = std::chrono::steady_clock::now();
-
-  std::vector<int32_t> history = prompt_ids;   // committed tokens
   std::vector<int32_t> stops;
   if (tok != nullptr) stops = stop_tokens(c, *tok);
   else if (c.eos_id >= 0) stops.push_back(c.eos_id);
   TokenStream stream(opts, tok, std::move(stops), on_text);
-  SamplingParams dparams = opts.sampling;
-  dparams.seed = opts.sampling.seed ^ 0x9E3779B97F4A7C15ull;   // the draft's own draws
-  Sampler tsampler(opts.sampling), dsampler(dparams);
-  std::vector<float> dl(static_cast<size_t>(V)), vl;
-  std::vector<std::vector<double>> q;
-  std::vector<double> p, residual;
-  std::vector<int32_t> drafts;
-  int k = so.k > 0 ? so.k : std::min(4, so.k_max);
-  int draft_len = std::max(P - 1, 0);   // committed tokens the draft cache holds
-  bool done = false;
-  // Takes token t into the output; false once the generation has ended (r.stop_reason set).
-  auto commit = [&](int32_t t) {
-    if (!stream.accept(t, r, history)) return false;
-    if (static_cast<int>(history.size()) - 1 >= capacity) {   // generate()'s context stop
-      r.stop_reason = "context";
-      return false;
-    }
-    return true;
-  };
-  while (!done) {
-    if (opts.cancel != nullptr && opts.cancel->load()) {
-      r.stop_reason = "cancelled";
-      break;
-    }
-    const int C = static_cast<int>(history.size());
-    const int remaining = std::min(opts.max_new_tokens - static_cast<int>(r.new_ids.size()), capacity + 1 - C);
-    const int kr = std::max(0, std::min({k, remaining - 1, cap - C}));
-    // Draft kr tokens.
-    drafts.clear();
-    q.resize(static_cast<size_t>(kr));
-    const auto td = std::chrono::steady_clock::now();
-    if (kr > 0) {
-      const std::span<const int32_t> pending(history.data() + draft_len, static_cast<size_t>(C - draft_len));
-      if (pending.size() == 1) draft.batch_decode(dcache, std::span<const int>(&dslot, 1), pending, so.draft_bits, dl.data());
-      else draft.batch_extend(dcache, dslot, pending, so.draft_bits, dl.data());
-      ++st.draft_forwards;
-      draft_len = C;
-      std::vector<int32_t> dh = history;
-      for (int i = 0; i < kr; ++i) {
-        dsampler.distribution(dl.data(), V, dh, static_cast<size_t>(P), q[static_cast<size_t>(i)]);
-        const int32_t d = dsampler.greedy()
-                              ? static_cast<int32_t>(std::max_element(q[static_cast<size_t>(i)].begin(),
-                                                                      q[static_cast<size_t>(i)].end()) - q[static_cast<size_t>(i)].begin())
-                              : dsampler.draw(q[static_cast<size_t>(i)]);
-        drafts.push_back(d);
-        dh.push_back(d);
-        if (i + 1 < kr) {
-          draft.batch_decode(dcache, std::span<const int>(&dslot, 1), std::span<const int32_t>(&d, 1), so.draft_bits, dl.data());
-          ++st.draft_forwards;
-        }
-      }
-    }
-    st.draft_seconds += since(td);
-    // Verify: the last committed token and the drafts in one forward of the target.
-    const auto tv = std::chrono::steady_clock::now();
-    std::vector<int32_t> vin = {history.back()};
-    vin.insert(vin.end(), drafts.begin(), drafts.end());
-    vl.resize(vin.size() * static_cast<size_t>(V));
-    target.batch_verify(*tcache, tslot, vin, opts.bits, vl.data());
-    st.verify_seconds += since(tv);
-    ++st.rounds;
-    st.drafted += kr;
-    int j = 0;
-    bool replaced = false;
-    for (; j < kr && !done; ++j) {
-      tsampler.distribution(vl.data() + static_cast<size_t>(j) * V, V, history, static_cast<size_t>(P), p);
-      const int32_t d = drafts[static_cast<size_t>(j)];
-      const std::vector<double>& qj = q[static_cast<size_t>(j)];
-      const bool keep = tsampler.greedy() ? p[static_cast<size_t>(d)] == 1.0
-                                          : tsampler.uniform() * qj[static_cast<size_t>(d)] < p[static_cast<size_t>(d)];
-      if (keep) {
-        ++st.accepted;
-        if (!commit(d)) done = true;
-        continue;
-      }
-      // Rejected: the target's token instead (greedy: its argmax; sampling: from the residual max(0, p - q)).
-      int32_t t;
-      if (tsampler.greedy()) {
-        t = static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin());
-      } else {
-        residual.resize(p.size());
-        double mass = 0;
-        for (size_t i = 0; i < p.size(); ++i) mass += (residual[i] = std::max(0.0, p[i] - qj[i]));
-        t = tsampler.draw(mass > 0 ? residual : p);
-      }
-      replaced = true;
-      if (!commit(t)) done = true;
-      break;
-    }
-    if (!done && !replaced) {   // every draft kept: the target's next token comes with the same forward
-      tsampler.distribution(vl.data() + static_cast<size_t>(kr) * V, V, history, static_cast<size_t>(P), p);
-      const int32_t t = tsampler.greedy() ? static_cast<int32_t>(std::max_element(p.begin(), p.end()) - p.begin())
-                                          : tsampler.draw(p);
-      if (!commit(t)) done = true;
-    }
-    // Drop what was not kept: the target holds every committed token but the last; the draft the committed prefix it
-    // ran (the round's drafts it ran, d_0 .. d_{kr-2}, where they were kept).
-    const int committed = static_cast<int>(history.size());
-    tcache->truncate(tslot, std::min(committed - 1, tcache->length(tslot)));
-    const int dvalid = std::min(draft_len + std::min(j, std::max(kr - 1, 0)), committed - 1);
-    if (kr > 0) {
-      dcache.truncate(dslot, std::min(dvalid, dcache.length(dslot)));
-      draft_len = dcache.length(dslot);
-    }
-    if (so.k == 0) {
-      if (kr == k && j == kr && k < so.k_max) ++k;
-      else if (2 * j < kr && k > 1) --k;
-    }
+  SpeculativeDecoder dec(target, *tcache, tslot, draft, dcache, dslot, opts, so, capacity, stream, r);
+  while (dec.round()) {
   }
   stream.finish(r);
   r.decode_seconds = since(t1);
+  const SpeculativeStats& st = dec.stats();
+  r.spec_rounds = st.rounds;
+  r.spec_drafted = st.drafted;
+  r.spec_accepted = st.accepted;
   if (stats) *stats = st;
   return r;
 }

@@ -11,11 +11,13 @@
 // one after a round that kept every draft token and shrinks by one after a round that kept fewer than half.
 #pragma once
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "runtime/backend.h"
 #include "runtime/generate.h"
+#include "runtime/sampler.h"
 
 namespace lowbit {
 
@@ -33,6 +35,44 @@ struct SpeculativeStats {
   double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }
   // Generated tokens per target forward (1 without speculation).
   double tokens_per_round(int64_t generated) const { return rounds > 0 ? static_cast<double>(generated) / rounds : 0.0; }
+};
+
+// Refuses (one-line lowbit::Error) what speculative decoding cannot run: different vocabularies, a draft width not
+// served (on one model: not below the target's), logprobs, k out of range.
+void check_speculative(Backend& target, Backend& draft, const GenerateOptions& opts, const SpeculativeOptions& so);
+
+// One speculative generation, round by round: generate_speculative() and the batch generator (runtime/batch.h)
+// each drive one. The caller owns the caches, the output (r, whose prompt_ids are the prompt) and the TokenStream,
+// and has run prompt[0 .. P-1) into both slots (every committed token but the last is in both caches; the last runs
+// first in each round). Each slot needs room for the context plus k_max + 1 positions.
+class SpeculativeDecoder {
+ public:
+  SpeculativeDecoder(Backend& target, BatchCache& tcache, int tslot, Backend& draft, BatchCache& dcache, int dslot,
+                     const GenerateOptions& opts, const SpeculativeOptions& so, int capacity, TokenStream& stream,
+                     GenerateResult& r);
+  // Drafts, verifies, takes the kept tokens (and the target's one) through the stream, drops the rest from both
+  // caches. False once the generation has ended (r.stop_reason set).
+  bool round();
+  const SpeculativeStats& stats() const { return st_; }
+
+ private:
+  int32_t argmax_or_draw(Sampler& s, const float* logits, const std::vector<int32_t>& history, std::vector<double>& dist);
+  bool commit(int32_t t);
+  Backend &target_, &draft_;
+  BatchCache &tcache_, &dcache_;
+  int tslot_, dslot_;
+  const GenerateOptions& opts_;
+  SpeculativeOptions so_;
+  int capacity_, cap_, V_, P_;
+  TokenStream& stream_;
+  GenerateResult& r_;
+  std::vector<int32_t> history_;   // committed tokens
+  Sampler tsampler_, dsampler_;
+  std::vector<float> dl_, vl_;
+  std::vector<std::vector<double>> q_;
+  std::vector<double> p_, residual_;
+  int k_, draft_len_;
+  SpeculativeStats st_;
 };
 
 // Generates from target (at opts.bits) with draft (at so.draft_bits) proposing; draft may be the same backend.

@@ -75,6 +75,12 @@ void Metrics::set_batch(int64_t decode_rows, int64_t decode_forwards) {
   }
 }
 
+void Metrics::add_speculative(int64_t drafted, int64_t accepted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  spec_drafted_ += drafted;
+  spec_accepted_ += accepted;
+}
+
 void Metrics::count_finished(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   ++finished_[reason];
@@ -118,6 +124,9 @@ std::string Metrics::render() const {
          decode_steps_);
   series(out, "lowbit_decode_rows_total", "counter", "Requests advanced by decode steps, summed over the steps.",
          decode_rows_total_);
+  series(out, "lowbit_speculative_drafted_tokens_total", "counter", "Draft tokens proposed (speculative decoding).",
+         spec_drafted_);
+  series(out, "lowbit_speculative_accepted_tokens_total", "counter", "Draft tokens the target kept.", spec_accepted_);
   out += "# HELP lowbit_requests_finished_total Generations ended, by reason.\n";
   out += "# TYPE lowbit_requests_finished_total counter\n";
   for (const auto& [reason, n] : finished_)

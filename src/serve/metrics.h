@@ -17,6 +17,7 @@ class Metrics {
   void set_running(int64_t n);
   void set_batch(int64_t decode_rows, int64_t decode_forwards);   // the last round's (also summed into totals)
   void count_finished(const std::string& reason);                  // a generation ended: eos, length, stop, ...
+  void add_speculative(int64_t drafted, int64_t accepted);         // a speculative generation's draft tokens
   void set_kv_used(int64_t positions);
   void set_kv_capacity(int64_t positions);
   void observe_time_to_first_token(double seconds);
@@ -37,7 +38,7 @@ class Metrics {
   mutable std::mutex mu_;
   std::map<int, uint64_t> responses_;     // HTTP status -> responses
   std::map<std::string, uint64_t> finished_;   // stop reason -> generations
-  int64_t decode_steps_ = 0, decode_rows_total_ = 0;
+  int64_t decode_steps_ = 0, decode_rows_total_ = 0, spec_drafted_ = 0, spec_accepted_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0;
   int64_t queue_length_ = 0, running_ = 0, batch_rows_ = 0, batch_forwards_ = 0, kv_used_ = 0, kv_capacity_ = 0;
   // Buckets from 1 ms (a tiny model's token on the CPU) to a minute (a long prompt on a big model on the CPU).

@@ -266,6 +266,13 @@ std::optional<CompletionRequest> parse_request(Endpoint endpoint, const std::str
     r.params.stop = std::move(stops);
   }
 
+  // lowbit's extension: self-speculative decoding, drafting with this width of the same any-precision model (0 = off).
+  int64_t draft_bits = 0;
+  if (!ck.integer("draft_bits", 0, 8, &draft_bits)) return std::nullopt;
+  r.draft_bits_given = ck.get("draft_bits") != nullptr;
+  r.params.draft_bits = static_cast<int>(draft_bits);
+  if (r.params.draft_bits > 0 && r.params.logprobs >= 0)
+    return ck.fail("draft_bits", "speculative decoding reports no log-probabilities (drop logprobs)"), std::nullopt;
   // vLLM's extension: keep generating past EOS (benchmarks and tests that need a fixed length).
   bool ignore_eos = false;
   if (!ck.boolean("ignore_eos", &ignore_eos)) return std::nullopt;

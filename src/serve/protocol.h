@@ -35,6 +35,7 @@ struct CompletionRequest {
   std::vector<api::ChatMessage> messages;   // chat
   api::GenerateParams params;
   bool max_tokens_given = false;        // chat: without it, generation runs to the end of the context
+  bool draft_bits_given = false;        // lowbit's extension "draft_bits" (speculative decoding) was in the body
 };
 
 // Parses and checks a request body. On failure returns nullopt and fills *error (400 malformed JSON, 404 unknown

@@ -76,9 +76,13 @@ void Scheduler::worker() {
         for (auto& j : queue_) admit.push_back(j);
         queue_.clear();
       } else {
-        for (int free = batch_->free_slots(); free > 0 && !queue_.empty(); --free) {
+        // In arrival order; a speculative request takes two slots (its draft's), so it may wait for a second one.
+        for (int free = batch_->free_slots(); !queue_.empty();) {
+          const int need = queue_.front()->params.draft_bits > 0 && slots_ >= 2 ? 2 : 1;
+          if (free < need) break;
           admit.push_back(queue_.front());
           queue_.pop_front();
+          free -= need;
         }
       }
       inflight_ += admit.size();
@@ -104,6 +108,7 @@ void Scheduler::worker() {
       Job& job = *it->second;
       metrics_.add_tokens(static_cast<int64_t>(f.result.prompt_ids.size()), static_cast<int64_t>(f.result.new_ids.size()));
       metrics_.count_finished(api::stop_reason_name(f.result.stop_reason));
+      metrics_.add_speculative(f.result.drafted_tokens, f.result.accepted_tokens);
       {
         std::lock_guard<std::mutex> lock(job.mu);
         job.result = std::move(f.result);
@@ -152,6 +157,11 @@ bool Scheduler::start(const std::shared_ptr<Job>& job_ptr) {
     if (!job.use_ids) {
       job.prompt_ids = model_.prompt_ids(job.prompt, job.params);
       job.use_ids = true;
+    }
+    if (job.params.draft_bits > 0 && slots_ < 2) {
+      finish(job, {400, "draft_bits: speculative decoding takes two batch slots; this server has " +
+                            std::to_string(slots_) + " (--max-batch)", "invalid_request_error", "draft_bits"});
+      return false;
     }
     const int ctx = batch_->ctx();
     if (job.prompt_ids.size() >= static_cast<size_t>(ctx)) {

@@ -222,6 +222,10 @@ void run_server(api::Model& model, const ServerOptions& opts) {
     ApiError err;
     std::optional<CompletionRequest> r = parse_request(endpoint, req.body, models, &err);
     if (!r) return send_error(res, err);
+    if (!r->draft_bits_given && opts.draft_bits > 0 && r->params.logprobs < 0) {
+      const int width = r->params.bits > 0 ? r->params.bits : (model.widths().empty() ? 0 : model.widths().back());
+      if (width > opts.draft_bits) r->params.draft_bits = opts.draft_bits;   // the server's default draft
+    }
     auto job = std::make_shared<Job>();
     job->params = r->params;
     job->chat = endpoint == Endpoint::ChatCompletions;

@@ -21,6 +21,8 @@ struct ServerOptions {
   int max_batch = 8;             // requests generated together at most (continuous batching)
   double kv_cache_gb = 0;        // > 0: the KV cache's size; fewer requests run together when it holds fewer
   int prefill_chunk = 512;       // prompt tokens per round, so that running streams keep moving
+  // Any-precision models: requests above this width that do not say "draft_bits" are drafted by it (0 = off).
+  int draft_bits = 0;
   size_t max_body_bytes = 1 << 20;
   double drain_seconds = 30;     // SIGTERM / SIGINT: how long running and queued requests may take to finish
 };

@@ -189,6 +189,24 @@ class Stories(unittest.TestCase):
             stream=True) if ch.choices and ch.choices[0].logprobs]
         self.assertEqual(sum(len(ch.choices[0].logprobs.content) for ch in streamed), c.usage.completion_tokens)
 
+    def test_speculative_requests(self):
+        before = self.srv.metrics()["lowbit_speculative_drafted_tokens_total"]
+        r = self.c.completions.create(model="stories@8bit", prompt="Once upon a time", max_tokens=40, temperature=0,
+                                      extra_body={"draft_bits": 3})
+        self.assertEqual(r.choices[0].text, cli_generate(ANYPREC, "Once upon a time", 8, 40))
+        self.assertGreater(self.srv.metrics()["lowbit_speculative_drafted_tokens_total"], before)
+        with self.assertRaises(openai.UnprocessableEntityError):   # a width the file does not serve
+            self.c.completions.create(model="stories@8bit", prompt="x", max_tokens=2, extra_body={"draft_bits": 9})
+
+    def test_server_default_draft(self):
+        srv = Server(ANYPREC, "--max-batch", "4", "--ctx", "256", "--draft-bits", "3", name="stories")
+        try:
+            r = srv.client.completions.create(model="stories@8bit", prompt="The cat", max_tokens=30, temperature=0)
+            self.assertEqual(r.choices[0].text, cli_generate(ANYPREC, "The cat", 8, 30))
+            self.assertGreater(srv.metrics()["lowbit_speculative_drafted_tokens_total"], 0)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
     def test_sampling_is_seeded(self):
         a = self.c.completions.create(model="stories", prompt="The cat", max_tokens=20, temperature=0.9, seed=7,
                                       presence_penalty=0.5, frequency_penalty=0.3)

@@ -31,6 +31,10 @@ void register_serve(CLI::App& app, Common& common) {
   sub->add_option("--prefill-chunk", a->opts.prefill_chunk,
                   "Prompt tokens per scheduling round, so that running streams keep moving (default 512)")
       ->check(in_range(1, 1 << 20));
+  sub->add_option("--draft-bits", a->opts.draft_bits,
+                  "Any-precision models: draft requests above this width with it (speculative decoding; a request's "
+                  "\"draft_bits\" overrides; default 0: off)")
+      ->check(in_range(0, 8));
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   add_device_option(sub, a->device);
   sub->callback([a, &common] {
@@ -42,6 +46,7 @@ void register_serve(CLI::App& app, Common& common) {
     oo.tokenizer_path = common.tokenizer;
     api::Model model = api::Model::open(a->model, oo);
     if (!model.has_tokenizer()) fail(a->model, ": the model carries no tokenizer; serving needs one");
+    if (a->opts.draft_bits > 0) model.check_bits(a->opts.draft_bits);
     serve::run_server(model, a->opts);
   });
 }
