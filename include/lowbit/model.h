@@ -111,8 +111,9 @@ struct GenerateResult {
   std::string text;                 // the generated tokens' bytes, concatenated
   StopReason stop_reason = StopReason::Length;
   std::vector<TokenLogprobs> logprobs;   // one per new id when GenerateParams::logprobs >= 0
-  // Speculative decoding: target forwards after the prompt, draft tokens proposed and kept (0 without it).
-  int64_t target_forwards = 0, drafted_tokens = 0, accepted_tokens = 0;
+  // Speculative decoding: target forwards after the prompt, draft tokens proposed, kept, and rejected (a round ends
+  // at its first rejected draft; the drafts after it are not checked). 0 without it.
+  int64_t target_forwards = 0, drafted_tokens = 0, accepted_tokens = 0, rejected_tokens = 0;
   double prefill_seconds = 0;       // the prompt's forward pass
   double decode_seconds = 0;        // every generated token after the first
   double prefill_tokens_per_s() const { return prefill_seconds > 0 ? prompt_ids.size() / prefill_seconds : 0.0; }

@@ -15,5 +15,8 @@ ModelInfo model_info(const ModelConfig& c, lowbit::ModelFormat format, const std
 // Refuses a tokenizer file given for a model that carries its own (only llama2.c checkpoints read one), rather than
 // ignoring it.
 void check_tokenizer_option(lowbit::ModelFormat format, const std::string& path, const std::string& tokenizer_path);
+// Applies set_cpu_threads' count to the calling thread (OpenMP keeps it per thread); every entry point that runs a
+// forward calls it first.
+void apply_cpu_threads();
 
 }  // namespace lowbit::api::detail

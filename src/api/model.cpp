@@ -120,6 +120,7 @@ GenerateResult public_result(const lowbit::GenerateResult& r) {
   out.target_forwards = r.spec_rounds;
   out.drafted_tokens = r.spec_drafted;
   out.accepted_tokens = r.spec_accepted;
+  out.rejected_tokens = r.spec_rejected;
   out.prompt_ids = r.prompt_ids;
   out.new_ids = r.new_ids;
   out.text = r.text;
@@ -246,6 +247,7 @@ GenerateResult Model::generate(const std::string& prompt, const GenerateParams& 
 
 GenerateResult Model::generate(const std::vector<int32_t>& prompt_ids, const GenerateParams& params,
                                const TokenCallback& on_token) {
+  detail::apply_cpu_threads();
   validate(params);
   LOWBIT_CHECK(!params.chat && params.system.empty(), "generate: chat and system apply to text prompts");
   check_bits(params.bits);
@@ -306,6 +308,7 @@ uint64_t Batch::add(const std::vector<int32_t>& prompt_ids, const GenerateParams
 }
 
 std::vector<Batch::Finished> Batch::step() {
+  detail::apply_cpu_threads();
   std::vector<Finished> out;
   for (lowbit::BatchGenerator::Finished& f : impl_->gen.step()) out.push_back({f.id, public_result(f.result)});
   return out;
@@ -374,6 +377,7 @@ PplResult Model::perplexity(const EvalWindows& windows, const PplParams& params,
 
 PplResult Model::perplexity(const std::vector<std::vector<int32_t>>& windows, const PplParams& params,
                             const PplProgress& progress) {
+  detail::apply_cpu_threads();
   validate(params);
   check_bits(params.bits);
   const int vocab = impl_->backend->config().vocab_size;
@@ -411,6 +415,7 @@ PplResult Model::perplexity_file(const std::string& path, const PplParams& param
 }
 
 SpeedResult Model::measure_speed(const SpeedParams& params) {
+  detail::apply_cpu_threads();
   LOWBIT_CHECK(params.decode >= 3, "--decode must be >= 3, got ", params.decode);
   LOWBIT_CHECK(params.prefill >= 1, "--prefill must be >= 1, got ", params.prefill);
   LOWBIT_CHECK(params.reps >= 1, "--reps must be >= 1, got ", params.reps);

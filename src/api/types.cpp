@@ -2,6 +2,8 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <atomic>
+
 #include "api/internal.h"
 #include "core/error.h"
 #include "io/lowbit_file.h"
@@ -41,11 +43,25 @@ const char* stop_reason_name(StopReason r) {
   return "?";
 }
 
+namespace {
+std::atomic<int> g_cpu_threads{0};   // set_cpu_threads' value (0: never called)
+}  // namespace
+
 void set_cpu_threads(int n) {
   LOWBIT_CHECK(n >= 1, "--threads must be >= 1, got ", n);
+  g_cpu_threads = n;
   omp_set_num_threads(n);
   openblas_set_num_threads(n);
 }
+
+namespace detail {
+// OpenMP's thread count is a per-thread setting: a thread started after set_cpu_threads (a server's worker) would
+// otherwise run with every core, and under load its spinning waits collapse throughput.
+void apply_cpu_threads() {
+  const int n = g_cpu_threads;
+  if (n > 0 && omp_get_max_threads() != n) omp_set_num_threads(n);
+}
+}  // namespace detail
 
 bool built_with_cuda() {
 #ifdef LOWBIT_WITH_CUDA

@@ -166,6 +166,7 @@ void BatchGenerator::finish(size_t index, std::vector<Finished>& out) {
     s.r.spec_rounds = st.rounds;
     s.r.spec_drafted = st.drafted;
     s.r.spec_accepted = st.accepted;
+    s.r.spec_rejected = st.rejected;
   }
   const auto now = std::chrono::steady_clock::now();
   if (s.t_first == std::chrono::steady_clock::time_point{}) s.t_first = now;

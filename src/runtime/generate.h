@@ -48,7 +48,8 @@ struct GenerateResult {
   std::string text;                 // decoded new tokens
   std::string stop_reason;          // "eos" | "length" | "context" | "stop" | "cancelled"
   std::vector<TokenLogprob> logprobs;   // one per new id, when GenerateOptions::logprobs >= 0
-  int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0;   // speculative decoding (runtime/speculative.h)
+  // Speculative decoding (runtime/speculative.h): rounds, draft tokens proposed, kept, rejected (one per round at most).
+  int64_t spec_rounds = 0, spec_drafted = 0, spec_accepted = 0, spec_rejected = 0;
   double prefill_seconds = 0, decode_seconds = 0;
 };
 

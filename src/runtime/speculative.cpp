@@ -64,6 +64,10 @@ bool SpeculativeDecoder::commit(int32_t t) {
 // distribution it came from.
 int32_t SpeculativeDecoder::argmax_or_draw(Sampler& s, const float* logits, const std::vector<int32_t>& history,
                                            std::vector<double>& dist) {
+  if (s.greedy() && !s.penalizes()) {   // plain greedy: the argmax, no distribution needed (acceptance compares tokens)
+    dist.clear();
+    return static_cast<int32_t>(std::max_element(logits, logits + V_) - logits);
+  }
   std::vector<float> row(logits, logits + V_);
   s.distribution(row.data(), V_, history, static_cast<size_t>(P_), dist);
   return s.greedy() ? static_cast<int32_t>(std::max_element(dist.begin(), dist.end()) - dist.begin()) : s.draw(dist);
@@ -113,11 +117,15 @@ bool SpeculativeDecoder::round() {
   bool going = true, replaced = false;
   int j = 0;
   for (; j < kr && going; ++j) {
-    std::vector<float> row(vl_.begin() + static_cast<std::ptrdiff_t>(j) * V_, vl_.begin() + static_cast<std::ptrdiff_t>(j + 1) * V_);
-    tsampler_.distribution(row.data(), V_, history_, static_cast<size_t>(P_), p_);
     const int32_t d = drafts[static_cast<size_t>(j)];
     const std::vector<double>& qj = q_[static_cast<size_t>(j)];
-    const bool keep = tsampler_.greedy() ? p_[static_cast<size_t>(d)] == 1.0
+    const float* row = vl_.data() + static_cast<size_t>(j) * V_;
+    const int32_t target_pick = tsampler_.greedy() ? argmax_or_draw(tsampler_, row, history_, p_) : -1;
+    if (!tsampler_.greedy()) {
+      std::vector<float> r(row, row + V_);
+      tsampler_.distribution(r.data(), V_, history_, static_cast<size_t>(P_), p_);
+    }
+    const bool keep = tsampler_.greedy() ? target_pick == d
                                          : tsampler_.uniform() * qj[static_cast<size_t>(d)] < p_[static_cast<size_t>(d)];
     if (keep) {
       ++st_.accepted;
@@ -127,7 +135,7 @@ bool SpeculativeDecoder::round() {
     // Rejected: the target's token instead (greedy: its argmax; sampling: a draw from the residual max(0, p - q)).
     int32_t t;
     if (tsampler_.greedy()) {
-      t = static_cast<int32_t>(std::max_element(p_.begin(), p_.end()) - p_.begin());
+      t = target_pick;
     } else {
       residual_.resize(p_.size());
       double mass = 0;
@@ -135,6 +143,7 @@ bool SpeculativeDecoder::round() {
       t = tsampler_.draw(mass > 0 ? residual_ : p_);
     }
     replaced = true;
+    ++st_.rejected;
     going = commit(t);
     break;
   }
@@ -199,6 +208,7 @@ GenerateResult generate_speculative(Backend& target, Backend& draft, const std::
   r.spec_rounds = st.rounds;
   r.spec_drafted = st.drafted;
   r.spec_accepted = st.accepted;
+  r.spec_rejected = st.rejected;
   if (stats) *stats = st;
   return r;
 }

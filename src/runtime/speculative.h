@@ -30,6 +30,10 @@ struct SpeculativeOptions {
 struct SpeculativeStats {
   int64_t rounds = 0;             // target forwards after the prompt (one per round)
   int64_t drafted = 0, accepted = 0;   // draft tokens proposed / kept
+  int64_t rejected = 0;                // rounds that ended on a rejected draft token
+  // The per-position chance that the target keeps a draft token it checks (drafts after a rejection are not
+  // checked): accepted / (accepted + rejected).
+  double match_rate() const { return accepted + rejected > 0 ? static_cast<double>(accepted) / (accepted + rejected) : 0.0; }
   int64_t draft_forwards = 0;
   double draft_seconds = 0, verify_seconds = 0;
   double acceptance() const { return drafted > 0 ? static_cast<double>(accepted) / drafted : 0.0; }

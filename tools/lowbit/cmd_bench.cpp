@@ -128,8 +128,11 @@ void bench_speculative(const BenchArgs& a, const Common& common) {
   if (a.spec_texts.empty()) fail("--draft-bits: give the prompts' text with --spec-text FILE (wiki.test.raw, a .jsonl)");
   std::printf("model: %s on %s; greedy, %d new tokens after %d-token prompts, EOS ignored; adaptive k\n", a.model.c_str(),
               model.device_name().c_str(), a.speed.decode, a.spec_prompt_len);
-  std::printf("text | target | draft | prompts | draft tokens kept | mean kept per round | tokens per target forward | "
-              "target alone tok/s | speculative tok/s | speedup | outputs equal to the target's\n");
+  std::printf("text | target | draft | prompts | draft tokens kept | per-position match | mean kept per round | "
+              "tokens per target forward | target alone tok/s | speculative tok/s | speedup | outputs equal to the "
+              "target's\n");
+  std::printf("(kept: of all drafted, including those after a rejection, which are never checked; per-position match: "
+              "kept / (kept + rejected), the chance the target keeps a draft token it checks)\n");
   for (const std::string& text : a.spec_texts) {
     api::PplParams pp;
     pp.ctx = a.spec_prompt_len;
@@ -159,20 +162,22 @@ void bench_speculative(const BenchArgs& a, const Common& common) {
         api::GenerateParams s = g;
         s.draft_bits = d;
         model.generate(prompts[0], s);   // warm-up
-        int64_t drafted = 0, kept = 0, rounds = 0, tokens = 0;
+        int64_t drafted = 0, kept = 0, rejected = 0, rounds = 0, tokens = 0;
         double spec_s = 0;
         int equal = 0;
         for (size_t i = 0; i < prompts.size(); ++i) {
           const api::GenerateResult r = model.generate(prompts[i], s);
           drafted += r.drafted_tokens;
           kept += r.accepted_tokens;
+          rejected += r.rejected_tokens;
           rounds += r.target_forwards;
           tokens += static_cast<int64_t>(r.new_ids.size());
           spec_s += r.decode_seconds + r.prefill_seconds;
           equal += r.new_ids == alone[i].new_ids;
         }
-        std::printf("%s | %d-bit | %d-bit | %zu | %.1f%% | %.2f | %.2f | %.1f | %.1f | %.2fx | %d of %zu\n", name.c_str(), t,
-                    d, prompts.size(), drafted > 0 ? 100.0 * kept / drafted : 0.0,
+        std::printf("%s | %d-bit | %d-bit | %zu | %.1f%% | %.3f | %.2f | %.2f | %.1f | %.1f | %.2fx | %d of %zu\n",
+                    name.c_str(), t, d, prompts.size(), drafted > 0 ? 100.0 * kept / drafted : 0.0,
+                    kept + rejected > 0 ? static_cast<double>(kept) / (kept + rejected) : 0.0,
                     rounds > 0 ? static_cast<double>(kept) / rounds : 0.0,
                     rounds > 0 ? static_cast<double>(tokens) / rounds : 0.0, alone_tokens / alone_s, tokens / spec_s,
                     (tokens / spec_s) / (alone_tokens / alone_s), equal, prompts.size());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <random>
 
 #include "core/rss.h"
@@ -177,6 +178,28 @@ std::unique_ptr<Decoder> CudaBackend::new_decoder(Sequence& seq, const SamplingP
   return std::make_unique<CudaDecoder>(*model_, kv_cache_of(seq), sampling, bits);
 }
 
+CudaBackend::PinnedLogits::~PinnedLogits() {
+  if (p != nullptr) cudaFreeHost(p);
+}
+
+float* CudaBackend::PinnedLogits::reserve(size_t n) {
+  if (n > floats) {
+    if (p != nullptr) cudaFreeHost(p);
+    p = nullptr;
+    floats = 0;
+    LOWBIT_CUDA_CHECK(cudaMallocHost(&p, n * sizeof(float)));
+    floats = n;
+  }
+  return p;
+}
+
+void CudaBackend::download_logits(const float* device, size_t n, float* out) {
+  float* stage = pinned_.reserve(n);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(stage, device, sizeof(float) * n, cudaMemcpyDeviceToHost, model_->stream()));
+  model_->synchronize();
+  std::memcpy(out, stage, sizeof(float) * n);
+}
+
 uint64_t CudaBackend::kv_bytes_per_position() const {
   const ModelConfig& c = config();
   return static_cast<uint64_t>(c.n_layers) * 2 * c.kv_dim() * sizeof(__half);
@@ -192,19 +215,15 @@ void CudaBackend::batch_extend(BatchCache& cache, int slot, std::span<const int3
   CudaBatchCache& bc = batch_cache_of(cache);
   const float* d = model_->forward(tokens.data(), 1, static_cast<int>(tokens.size()), bc.cache, false, bits,
                                    static_cast<int>(bc.checked(slot)));
-  if (logits != nullptr)
-    LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits, d, sizeof(float) * config().vocab_size, cudaMemcpyDeviceToHost,
-                                      model_->stream()));
-  model_->synchronize();
+  if (logits != nullptr) download_logits(d, static_cast<size_t>(config().vocab_size), logits);
+  else model_->synchronize();
 }
 
 void CudaBackend::batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
   CudaBatchCache& bc = batch_cache_of(cache);
   const float* d = model_->forward(tokens.data(), 1, static_cast<int>(tokens.size()), bc.cache, true, bits,
                                    static_cast<int>(bc.checked(slot)));
-  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits, d, sizeof(float) * config().vocab_size * tokens.size(),
-                                    cudaMemcpyDeviceToHost, model_->stream()));
-  model_->synchronize();
+  download_logits(d, static_cast<size_t>(config().vocab_size) * tokens.size(), logits);
 }
 
 void CudaBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
@@ -212,9 +231,7 @@ void CudaBackend::batch_decode(BatchCache& cache, std::span<const int> slots, st
   CudaBatchCache& bc = batch_cache_of(cache);
   const float* d = model_->decode_slots(bc.cache, std::vector<int>(slots.begin(), slots.end()),
                                         std::vector<int32_t>(tokens.begin(), tokens.end()), bits, /*use_graph=*/true);
-  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(logits, d, sizeof(float) * config().vocab_size * slots.size(),
-                                    cudaMemcpyDeviceToHost, model_->stream()));
-  model_->synchronize();
+  download_logits(d, static_cast<size_t>(config().vocab_size) * slots.size(), logits);
 }
 
 }  // namespace lowbit::cuda

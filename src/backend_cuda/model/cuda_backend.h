@@ -56,6 +56,15 @@ class CudaBackend final : public Backend {
   const Tokenizer* tok_ = nullptr;
   std::string device_;
   LoadStats stats_;
+  // Pinned host memory the batch paths copy logits through (a pageable copy is staged by the driver, slower).
+  struct PinnedLogits {
+    float* p = nullptr;
+    size_t floats = 0;
+    ~PinnedLogits();
+    float* reserve(size_t n);
+  } pinned_;
+  // Copies n floats of device logits to host out through the pinned buffer, on the model's stream, and waits.
+  void download_logits(const float* device, size_t n, float* out);
 };
 
 // The KV cache of a sequence of a CudaBackend (a one-sequence GpuKVCache); fails for another backend's sequence.
