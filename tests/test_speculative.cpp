@@ -7,12 +7,15 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 
 #include "lowbit/error.h"
 #include "lowbit/model.h"
 #include "lowbit/quantize.h"
 #include "lowbit/system.h"
 #include "model/model.h"
+#include "runtime/backend.h"
+#include "runtime/speculative.h"
 #include "test_util.h"
 
 namespace lowbit {
@@ -210,6 +213,50 @@ TEST(Speculative, SampledTokensFollowTheTargetDistribution) {
   EXPECT_LT(x1, 24.3);
   EXPECT_LT(x2, 24.3);
   EXPECT_GT(drafted - kept, 300) << "rejections happened (the residual draw was exercised)";
+}
+
+// The tiny architecture fixtures (Llama 3, Qwen2, Mistral, Mistral with a sliding window; no tokenizer: ids only),
+// each drafted by its own RTN 3-bit copy (a separate draft model): greedy output equals the fp32 model's own greedy
+// loop through Model::forward, for fixed and adaptive k, through many rejections and cache rollbacks.
+TEST(Speculative, TinyArchitecturesWithASeparateDraft) {
+  for (const char* name : {"tiny_llama3", "tiny_qwen2", "tiny_mistral", "tiny_mistral_sw"}) {
+    const std::string src = test::fixture(name), draft_file = test::temp_dir() + "/" + name + ".rtn3.lowbit";
+    api::QuantizeOptions q;
+    q.method = api::QuantMethod::Rtn;
+    q.uniform.bits = 3;
+    q.uniform.group_size = 32;
+    api::quantize(src, draft_file, q);
+    BackendOptions bo;
+    bo.device = Device::Cpu;
+    const std::unique_ptr<Backend> target = open_backend(src, bo), draft = open_backend(draft_file, bo);
+    const auto model = Model::load(src);
+    const int V = model->config().vocab_size, n = 48;
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 7; ++i) prompt.push_back((i * 37 + 3) % V);
+    // The target alone: prefill, then one token at a time.
+    std::vector<int32_t> want;
+    KVCache kv = model->new_cache(static_cast<int>(prompt.size()) + n);
+    std::vector<float> logits(static_cast<size_t>(V));
+    model->forward(prompt.data(), static_cast<int>(prompt.size()), kv, logits.data(), false);
+    for (int i = 0; i < n; ++i) {
+      const int32_t t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      want.push_back(t);
+      if (i + 1 < n) model->forward(&t, 1, kv, logits.data(), false);
+    }
+    GenerateOptions g;
+    g.max_new_tokens = n;
+    g.stop_at_eos = false;
+    for (int k : {0, 1, 4}) {
+      SpeculativeOptions so;
+      so.k = k;
+      SpeculativeStats st;
+      const GenerateResult r = generate_speculative(*target, *draft, prompt, g, so, nullptr, &st);
+      EXPECT_EQ(r.new_ids, want) << name << ", k " << k;
+      EXPECT_GT(st.rounds, 0);
+      EXPECT_LT(st.rounds, n) << name << ": some drafts were kept";
+      EXPECT_GT(st.rejected, 0) << name << ": some were rejected (the caches rolled back)";
+    }
+  }
 }
 
 TEST(Speculative, RefusesBadSettings) {
