@@ -250,11 +250,45 @@ void run_server(api::Model& model, const ServerOptions& opts) {
     }
     const ResponseIds ids = make_ids(endpoint, r->model);
     if (!r->stream) {
-      std::unique_lock<std::mutex> lock(job->mu);
-      job->cv.wait(lock, [&] { return job->done; });
-      if (job->error.status != 0) return send_error(res, job->error);
-      return res.set_content(dump(completion_json(endpoint, ids, job->result, job->params.logprobs >= 0)),
-                             "application/json");
+      const bool logprobs = job->params.logprobs >= 0;
+      {
+        std::unique_lock<std::mutex> lock(job->mu);
+        if (job->cv.wait_for(lock, std::chrono::seconds(1), [&] { return job->done; })) {
+          if (job->error.status != 0) return send_error(res, job->error);
+          return res.set_content(dump(completion_json(endpoint, ids, job->result, logprobs)), "application/json");
+        }
+      }
+      // Still generating after a second: the body goes out chunked, a space each second until the JSON (whitespace
+      // before a JSON value is valid), so that a client that has gone away shows as a failed write and its request
+      // is cancelled. The status is sent with the first space: a failure after this point (a server error; the
+      // request's own checks are done) arrives as an error object under 200.
+      ++open_streams;
+      // The charset keeps httplib from gzip-compressing the body (it compresses exactly "application/json" when the
+      // client accepts gzip), which would hold the spaces back in the compressor and hide a departed client.
+      res.set_chunked_content_provider(
+          "application/json; charset=utf-8",
+          [job, endpoint, ids, logprobs](size_t, httplib::DataSink& sink) {
+            std::unique_lock<std::mutex> lock(job->mu);
+            if (!job->cv.wait_for(lock, std::chrono::seconds(1), [&] { return job->done; })) {
+              lock.unlock();
+              if (!sink.write(" ", 1)) {
+                job->cancel = true;
+                return false;
+              }
+              return true;
+            }
+            const std::string body = job->error.status != 0 ? error_body(job->error)
+                                                            : dump(completion_json(endpoint, ids, job->result, logprobs));
+            lock.unlock();
+            sink.write(body.data(), body.size());
+            sink.done();
+            return true;
+          },
+          [job, &open_streams](bool success) {
+            if (!success) job->cancel = true;   // the connection ended before the body
+            --open_streams;
+          });
+      return;
     }
     auto st = std::make_shared<Stream>(Stream{job, endpoint, ids, r->include_usage, false, job->params.logprobs >= 0, 0, {}});
     res.set_header("Cache-Control", "no-cache");

@@ -6,7 +6,7 @@ Servers started here (each `lowbit serve` on a free port, killed at the end):
     at mixed widths (each equal to `lowbit generate --bits` at its width), a fuzz of malformed requests, a soak with
     the server's memory measured;
   * SmolLM2-135M-Instruct (the GGUF the project's setup fetches): its chat template, and cancellation (a client that
-    disconnects mid-stream frees its slot and KV cache).
+    disconnects mid-stream, or gives up on a non-streaming request, frees its slot and KV cache).
 
 Usage: test_openai_client.py LOWBIT_CLI STORIES260K_BIN [SMOLLM2_GGUF]
 Prints the soak's memory figures (docs/SERVE.md quotes them). Exit status 0 when every check passes.
@@ -319,6 +319,35 @@ class SmolLM2(unittest.TestCase):
         self.assertTrue(r.choices[0].message.content.strip())
         self.assertNotIn("<|im_end|>", r.choices[0].message.content)
 
+    def wait_cancelled(self, before):
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            m = self.srv.metrics()
+            if (m.get('lowbit_requests_finished_total{reason="cancelled"}', 0) > before and
+                    m["lowbit_running_requests"] == 0 and m["lowbit_kv_cache_used_positions"] == 0):
+                return m
+            time.sleep(0.1)
+        return self.srv.metrics()
+
+    def test_non_streaming_client_that_leaves_cancels(self):
+        before = self.srv.metrics().get('lowbit_requests_finished_total{reason="cancelled"}', 0)
+        body = json.dumps({"model": "smollm2", "prompt": "Write a long story about a dragon.", "max_tokens": 900,
+                           "temperature": 0, "ignore_eos": True}).encode()
+        t0 = time.time()
+        with socket.create_connection(("127.0.0.1", self.srv.port)) as s:   # a client that sends, waits, hangs up
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Authorization: Bearer " + KEY.encode() + b"\r\nAccept-Encoding: gzip\r\n"
+                      b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            time.sleep(2.5)
+        m = self.wait_cancelled(before)
+        self.assertGreater(m.get('lowbit_requests_finished_total{reason="cancelled"}', 0), before)
+        self.assertEqual(m["lowbit_kv_cache_used_positions"], 0)
+        self.assertLess(time.time() - t0, 30, "cancelled within seconds of the client leaving")
+        # A patient client of a long request still gets its JSON (after the keep-alive spaces).
+        r = self.c.completions.create(model="smollm2", prompt="Count to ten:", max_tokens=60, temperature=0,
+                                      extra_body={"ignore_eos": True})
+        self.assertEqual(r.usage.completion_tokens, 60)
+
     def test_disconnect_cancels_and_frees_the_cache(self):
         before = self.srv.metrics().get('lowbit_requests_finished_total{reason="cancelled"}', 0)
         stream = self.c.completions.create(model="smollm2", prompt="Write a long story about a dragon.",
@@ -329,14 +358,7 @@ class SmolLM2(unittest.TestCase):
             if got == 5:
                 break
         stream.close()   # the client goes away mid-generation
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            m = self.srv.metrics()
-            if (m.get('lowbit_requests_finished_total{reason="cancelled"}', 0) > before and
-                    m["lowbit_running_requests"] == 0 and m["lowbit_kv_cache_used_positions"] == 0):
-                break
-            time.sleep(0.1)
-        m = self.srv.metrics()
+        m = self.wait_cancelled(before)
         self.assertGreater(m.get('lowbit_requests_finished_total{reason="cancelled"}', 0), before)
         self.assertEqual(m["lowbit_running_requests"], 0)
         self.assertEqual(m["lowbit_kv_cache_used_positions"], 0)
