@@ -47,15 +47,16 @@ LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, con
     for (int32_t& t : p) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(V));
     return p;
   };
-  // Warm-up: the decode graphs of every bucket this concurrency visits, at every width (requests of staggered
-  // lengths, so the batch shrinks one row at a time).
+  // Warm-up: a prompt of a whole prefill chunk first (it sizes the model's workspace; growing it later would drop
+  // every captured graph mid-run), then the decode graphs of every bucket this concurrency visits, at every width
+  // (requests of staggered lengths, so the batch shrinks one row at a time).
   for (int w : widths) {
     for (int i = 0; i < concurrency; ++i) {
       GenerateOptions g;
       g.stop_at_eos = false;
       g.max_new_tokens = 2 + i;
       g.bits = w;
-      gen.add(prompt(16), g);
+      gen.add(prompt(i == 0 ? std::min(o.prefill_chunk, o.prompt_max) : 16), g);
     }
     while (gen.active() > 0) gen.step();
   }
