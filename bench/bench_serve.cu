@@ -8,6 +8,7 @@
 
 #include "backend_cuda/model/cuda_backend.h"
 #include "bench/bench_e2e.h"
+#include "backend_cuda/common/common.h"
 #include "core/error.h"
 #include "runtime/batch.h"
 
@@ -25,7 +26,14 @@ double percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
+double gpu_used_mib() {
+  size_t free_b = 0, total_b = 0;
+  LOWBIT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  return static_cast<double>(total_b - free_b) / (1 << 20);
+}
+
 struct LoadResult {
+  double mem_warm_mib = 0, mem_end_mib = 0;   // GPU memory in use after the warm-up and after the run
   int requests = 0;
   int64_t tokens = 0;
   double wall_s = 0, decode_rows = 0, decode_s = 0, steps = 0;
@@ -65,6 +73,7 @@ LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, con
     bool first = true;
   };
   LoadResult r;
+  r.mem_warm_mib = gpu_used_mib();
   const int total = std::max(4, 2 * concurrency);
   std::uniform_int_distribution<int> len(o.prompt_min, o.prompt_max);
   int started = 0;
@@ -93,6 +102,7 @@ LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, con
   }
   r.wall_s = seconds(t0, Clock::now());
   r.requests = total;
+  r.mem_end_mib = gpu_used_mib();
   return r;
 }
 
@@ -117,7 +127,7 @@ void run_serve_bench(const ServeBenchOptions& o, std::ostream& out) {
   out << line;
   out << "shape | weights | width | concurrency | requests | output tok/s | decode-step tok/s | mean decode rows | "
          "TTFT p50 / p99 ms | ITL p50 / p99 ms | e2e decode b8 tok/s (same weights, prompt of the mean length) | "
-         "concurrency-8 decode-step / e2e b8\n";
+         "concurrency-8 decode-step / e2e b8 | GPU MiB in use after warm-up -> after the run\n";
   out.flush();
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
@@ -140,12 +150,12 @@ void run_serve_bench(const ServeBenchOptions& o, std::ostream& out) {
           const double step_tps = r.decode_s > 0 ? r.decode_rows / r.decode_s : 0;
           char ratio[32] = "";
           if (conc == 8 && e2e_b8 > 0) std::snprintf(ratio, sizeof ratio, "%.2f", step_tps / e2e_b8);
-          std::snprintf(line, sizeof line, "%s | %s | %s | %d | %d | %.1f | %.1f | %.1f | %.0f / %.0f | %.1f / %.1f | %s | %s\n",
+          std::snprintf(line, sizeof line, "%s | %s | %s | %d | %d | %.1f | %.1f | %.1f | %.0f / %.0f | %.1f / %.1f | %s | %s | %.0f -> %.0f\n",
                         shape.c_str(), kind.c_str(), widths_label(widths).c_str(), conc, r.requests,
                         r.tokens / r.wall_s, step_tps, r.steps > 0 ? r.decode_rows / r.steps : 0.0,
                         1e3 * percentile(r.ttft, 0.5), 1e3 * percentile(r.ttft, 0.99), 1e3 * percentile(r.itl, 0.5),
                         1e3 * percentile(r.itl, 0.99), e2e_b8 > 0 ? std::to_string(static_cast<int>(e2e_b8 + 0.5)).c_str() : "-",
-                        ratio[0] ? ratio : "-");
+                        ratio[0] ? ratio : "-", r.mem_warm_mib, r.mem_end_mib);
           out << line;
           out.flush();
         }

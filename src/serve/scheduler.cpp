@@ -17,8 +17,10 @@ void finish(Job& job, ApiError error) {
 }
 }  // namespace
 
-Scheduler::Scheduler(api::Model& model, int max_queue, const api::BatchParams& batch, Metrics& metrics)
-    : model_(model), max_queue_(static_cast<size_t>(std::max(max_queue, 0))), batch_params_(batch), metrics_(metrics),
+Scheduler::Scheduler(api::Model& model, int max_queue, const api::BatchParams& batch, Metrics& metrics,
+                     double request_timeout_s)
+    : model_(model), max_queue_(static_cast<size_t>(std::max(max_queue, 0))), batch_params_(batch),
+      request_timeout_s_(request_timeout_s), metrics_(metrics),
       batch_(model.new_batch(batch)), slots_(batch_->slots()) {
   metrics_.set_kv_capacity(batch_->kv_positions_total());
   thread_ = std::thread([this] { worker(); });
@@ -107,7 +109,12 @@ void Scheduler::worker() {
       if (it == running_.end()) continue;
       Job& job = *it->second;
       metrics_.add_tokens(static_cast<int64_t>(f.result.prompt_ids.size()), static_cast<int64_t>(f.result.new_ids.size()));
-      metrics_.count_finished(api::stop_reason_name(f.result.stop_reason));
+      if (job.timed_out && f.result.stop_reason == api::StopReason::Cancelled) {
+        f.result.stop_reason = api::StopReason::Length;   // cut by a limit, as max_tokens would
+        metrics_.count_finished("timeout");
+      } else {
+        metrics_.count_finished(api::stop_reason_name(f.result.stop_reason));
+      }
       metrics_.add_speculative(f.result.drafted_tokens, f.result.accepted_tokens);
       {
         std::lock_guard<std::mutex> lock(job.mu);
@@ -117,6 +124,14 @@ void Scheduler::worker() {
       }
       running_.erase(it);
       ++ended;
+    }
+    if (request_timeout_s_ > 0) {   // the time limit: ended before their next token, like a cancellation
+      const auto now = std::chrono::steady_clock::now();
+      for (auto& [id, job] : running_)
+        if (!job->cancel && std::chrono::duration<double>(now - job->arrived).count() > request_timeout_s_) {
+          job->timed_out = true;
+          job->cancel = true;
+        }
     }
     if (!failure.empty()) {
       // A failed round leaves the batch's sequences in an unknown state: every running job fails, the batch is

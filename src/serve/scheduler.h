@@ -42,6 +42,7 @@ struct Job {
   std::chrono::steady_clock::time_point arrived = std::chrono::steady_clock::now();
   std::atomic<bool> cancel{false};       // set by the handler when its client is gone
   std::chrono::steady_clock::time_point last_piece{};   // the worker's: time-to-first-token / inter-token latency
+  bool timed_out = false;                // the worker's: ended by the request time limit
   bool got_piece = false;
 
   // --- written by the worker under mu; the handler waits on cv ---
@@ -59,7 +60,9 @@ class Scheduler {
  public:
   // batch: the batch settings (ctx: the longest prompt + generation a job may use). Throws lowbit::Error when the
   // batch cannot be made (a KV budget too small for one sequence).
-  Scheduler(api::Model& model, int max_queue, const api::BatchParams& batch, Metrics& metrics);
+  // request_timeout_s > 0: a request generating longer than this since its arrival ends there (finish_reason length).
+  Scheduler(api::Model& model, int max_queue, const api::BatchParams& batch, Metrics& metrics,
+            double request_timeout_s = 0);
   int slots() const { return slots_; }   // sequences decoded together at most
   ~Scheduler();   // cancels what is left and joins the worker
   Scheduler(const Scheduler&) = delete;
@@ -82,6 +85,7 @@ class Scheduler {
   api::Model& model_;
   const size_t max_queue_;
   const api::BatchParams batch_params_;
+  const double request_timeout_s_;
   Metrics& metrics_;
   std::unique_ptr<api::Batch> batch_;           // used by the worker only
   int slots_ = 0;

@@ -140,7 +140,7 @@ void run_server(api::Model& model, const ServerOptions& opts) {
   bp.max_seqs = opts.max_batch;
   bp.prefill_chunk = opts.prefill_chunk;
   bp.kv_cache_bytes = static_cast<uint64_t>(opts.kv_cache_gb * 1e9);
-  Scheduler scheduler(model, opts.max_queue, bp, metrics);
+  Scheduler scheduler(model, opts.max_queue, bp, metrics, opts.request_timeout_s);
   std::atomic<bool> shutting_down{false};
   std::atomic<int> open_streams{0};   // streaming responses not yet ended: shutdown waits for their last chunks
 

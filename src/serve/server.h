@@ -25,6 +25,7 @@ struct ServerOptions {
   int draft_bits = 0;
   size_t max_body_bytes = 1 << 20;
   double drain_seconds = 30;     // SIGTERM / SIGINT: how long running and queued requests may take to finish
+  double request_timeout_s = 600;   // a request still generating this long after it arrived ends (0 = no limit)
 };
 
 // Serves until SIGTERM or SIGINT, then stops accepting, lets requests finish (at most drain_seconds, then cancels

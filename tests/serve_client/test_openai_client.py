@@ -348,6 +348,19 @@ class SmolLM2(unittest.TestCase):
                                       extra_body={"ignore_eos": True})
         self.assertEqual(r.usage.completion_tokens, 60)
 
+    def test_request_time_limit(self):
+        srv = Server(SMOLLM2, "--max-batch", "2", "--ctx", "1024", "--request-timeout", "2", name="smollm2")
+        try:
+            t0 = time.time()
+            r = srv.client.completions.create(model="smollm2", prompt="Write a long story about a dragon.",
+                                              max_tokens=900, temperature=0, extra_body={"ignore_eos": True})
+            self.assertEqual(r.choices[0].finish_reason, "length")
+            self.assertLess(r.usage.completion_tokens, 900)
+            self.assertLess(time.time() - t0, 15)
+            self.assertEqual(srv.metrics().get('lowbit_requests_finished_total{reason="timeout"}', 0), 1)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
     def test_disconnect_cancels_and_frees_the_cache(self):
         before = self.srv.metrics().get('lowbit_requests_finished_total{reason="cancelled"}', 0)
         stream = self.c.completions.create(model="smollm2", prompt="Write a long story about a dragon.",

@@ -35,6 +35,10 @@ void register_serve(CLI::App& app, Common& common) {
                   "Any-precision models: draft requests above this width with it (speculative decoding; a request's "
                   "\"draft_bits\" overrides; default 0: off)")
       ->check(in_range(0, 8));
+  sub->add_option("--request-timeout", a->opts.request_timeout_s,
+                  "Seconds a request may run from its arrival; then it ends with what it has (finish_reason length; "
+                  "default 600, 0 = no limit)")
+      ->check(at_least(0, "0 = no limit"));
   sub->add_option("--tokenizer", common.tokenizer, "Tokenizer file for llama2.c checkpoints");
   add_device_option(sub, a->device);
   sub->callback([a, &common] {
