@@ -261,6 +261,11 @@ TEST(CudaModel, SlotDecodeMatchesEachSequenceAlone) {
   const auto graphed = run(true, false);
   EXPECT_EQ(plain, graphed) << "graph replays give plain launches' logits";
   EXPECT_EQ(gpu.graph_captures() - before, 4) << "buckets 1, 2, 4 and 6 (8 capped at the cache's 6 slots): one capture each";
+  // A new cache of the same shape (its buffers may land where the old ones were) records graphs of its own: a graph
+  // keyed by an address could replay against a freed buffer.
+  const int again = gpu.graph_captures();
+  run(true, false);
+  EXPECT_EQ(gpu.graph_captures() - again, 4) << "a new cache: its own captures, never an old cache's graphs";
 }
 
 // The batch generator on the GPU (CudaBackend's batch cache): greedy requests that join and leave the batch give the

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -91,7 +92,7 @@ struct GpuModel::StageTimer {
   bool paused = false;                                         // marks off (the step run before a capture)
   cudaGraphExec_t graph = nullptr;                             // the profiled decode step
   int graph_seqs = -1, graph_bits = -1;
-  const void* graph_cache = nullptr;
+  uint64_t graph_cache = 0;   // GpuKVCache::id
   uint64_t graph_gemm_gen = 0;
   unsigned graph_pdl = 0;
 
@@ -462,7 +463,9 @@ uint64_t GpuModel::weight_bytes_per_token(int bits) const {
 GpuKVCache GpuModel::new_cache(int seqs, int capacity) const {
   LOWBIT_CHECK(seqs >= 1 && capacity >= 1, "KV cache: ", seqs, " sequences of ", capacity, " positions");
   LOWBIT_CHECK(capacity <= c_.max_seq_len, "KV cache: ", capacity, " positions exceed the model context of ", c_.max_seq_len);
+  static std::atomic<uint64_t> next_id{1};
   GpuKVCache kv;
+  kv.id = next_id++;
   kv.seqs = seqs;
   kv.layers = c_.n_layers;
   kv.capacity = capacity;
@@ -825,7 +828,7 @@ void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph
   if (prof_ && use_graph) {
     // Profiling: a graph of the same step with the stage events as nodes, timed replay by replay.
     StageTimer& p = *prof_;
-    if (p.graph != nullptr && p.graph_seqs == seqs && p.graph_bits == bits && p.graph_cache == cache.k.get() &&
+    if (p.graph != nullptr && p.graph_seqs == seqs && p.graph_bits == bits && p.graph_cache == cache.id &&
         p.graph_gemm_gen == gemm_->generation() && p.graph_pdl == graph_launch_key()) {
       LOWBIT_CUDA_CHECK(cudaGraphLaunch(p.graph, stream_));
       p.accumulate(stream_, false);
@@ -836,7 +839,7 @@ void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph
       run_and_capture(&p.graph);
       p.graph_seqs = seqs;
       p.graph_bits = bits;
-      p.graph_cache = cache.k.get();
+      p.graph_cache = cache.id;
       p.graph_gemm_gen = gemm_->generation();
       p.graph_pdl = graph_launch_key();
     }
@@ -846,7 +849,7 @@ void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph
     const uint64_t gen = gemm_->generation();
     const unsigned pdl = graph_launch_key();
     auto hit = std::find_if(graphs_.begin(), graphs_.end(), [&](const DecodeGraph& g) {
-      return g.seqs == seqs && g.bits == bits && g.capacity == cache.capacity && g.cache == cache.k.get() && g.gemm_gen == gen &&
+      return g.seqs == seqs && g.bits == bits && g.capacity == cache.capacity && g.cache == cache.id && g.gemm_gen == gen &&
              g.pdl == pdl && g.argmax == argmax;
     });
     if (hit != graphs_.end()) {
@@ -854,7 +857,7 @@ void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph
       LOWBIT_CUDA_CHECK(cudaGraphLaunch(hit->exec, stream_));
     } else {
       DecodeGraph g;
-      g.seqs = seqs, g.bits = bits, g.capacity = cache.capacity, g.cache = cache.k.get(), g.pdl = pdl, g.argmax = argmax;
+      g.seqs = seqs, g.bits = bits, g.capacity = cache.capacity, g.cache = cache.id, g.pdl = pdl, g.argmax = argmax;
       run_and_capture(&g.exec);
       ++graph_captures_;
       g.gemm_gen = gemm_->generation();   // after the uncaptured step, which may have grown the scratch

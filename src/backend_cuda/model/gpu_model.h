@@ -19,6 +19,9 @@ namespace lowbit::cuda {
 // Contiguous fp16 KV cache, k and v each [seqs][layers][capacity][kv_dim]; len[b] = positions filled in sequence b.
 struct GpuKVCache {
   int seqs = 0, layers = 0, capacity = 0, kv_dim = 0;
+  // Unique per cache made by new_cache (never reused): the decode graphs are keyed by it, not by the buffers'
+  // addresses, which a later cache may get again while a graph still points at the old v buffer.
+  uint64_t id = 0;
   DeviceBuffer<__half> k, v;
   std::vector<int> len;
   uint64_t bytes() const { return k.bytes() + v.bytes(); }
@@ -176,7 +179,7 @@ class GpuModel {
     cudaGraphExec_t exec = nullptr;
     int seqs = -1, bits = -1, capacity = -1;
     bool argmax = true;
-    const void* cache = nullptr;
+    uint64_t cache = 0;   // GpuKVCache::id
     uint64_t gemm_gen = 0;
     unsigned pdl = 0;   // the PDL kernel classes the graph was captured with (0: none; backend_cuda/common/launch.cuh)
     uint64_t last_use = 0;
