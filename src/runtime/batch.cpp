@@ -108,14 +108,14 @@ uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOpti
   return seqs_.back()->id;
 }
 
-bool BatchGenerator::pick(Seq& s, float* logits) {
+bool BatchGenerator::pick(Seq& s, float* logits, int32_t given) {
   if (s.r.new_ids.size() >= static_cast<size_t>(s.opts.max_new_tokens)) return false;   // max_new_tokens == 0
   if (s.opts.cancel != nullptr && s.opts.cancel->load()) {
     s.r.stop_reason = "cancelled";
     return false;
   }
-  if (s.opts.logprobs >= 0) raw_.assign(logits, logits + vocab_);   // the sampler's penalties change logits in place
-  const int32_t next = s.sampler.sample(logits, vocab_, s.history, s.r.prompt_ids.size());
+  if (given < 0 && s.opts.logprobs >= 0) raw_.assign(logits, logits + vocab_);   // the penalties change logits in place
+  const int32_t next = given >= 0 ? given : s.sampler.sample(logits, vocab_, s.history, s.r.prompt_ids.size());
   const size_t taken = s.r.new_ids.size();
   const bool more = s.stream.accept(next, s.r, s.history);
   if (s.r.new_ids.size() > taken) {
@@ -233,17 +233,28 @@ std::vector<BatchGenerator::Finished> BatchGenerator::step() {
   last_rows_ = last_forwards_ = 0;
   const auto t_decode = std::chrono::steady_clock::now();
   for (auto& [bits, group] : by_bits) {
+    // Rows that sample, penalise or report log-probabilities need their logits; plain greedy rows only their argmax
+    // (picked on the device by the GPU): those rows go first, and only they are copied.
+    auto needs_logits = [](const Seq* s) {
+      return !s->sampler.greedy() || s->sampler.penalizes() || s->opts.logprobs >= 0;
+    };
+    std::stable_partition(group.begin(), group.end(), needs_logits);
+    const size_t with_logits = static_cast<size_t>(std::count_if(group.begin(), group.end(), needs_logits));
     std::vector<int> slots;
     std::vector<int32_t> tokens;
     for (Seq* s : group) {
       slots.push_back(s->slot);
       tokens.push_back(s->pending);
     }
-    b_.batch_decode(*cache_, slots, tokens, bits, logits_.data());
+    greedy_.resize(group.size());
+    b_.batch_decode(*cache_, slots, tokens, bits, logits_.data(), with_logits, greedy_.data());
     last_rows_ += static_cast<int>(group.size());
     ++last_forwards_;
-    for (size_t i = 0; i < group.size(); ++i)
-      if (!pick(*group[i], logits_.data() + i * static_cast<size_t>(vocab_))) group[i]->ended = true;
+    for (size_t i = 0; i < group.size(); ++i) {
+      const bool ok = i < with_logits ? pick(*group[i], logits_.data() + i * static_cast<size_t>(vocab_))
+                                      : pick(*group[i], nullptr, greedy_[i]);
+      if (!ok) group[i]->ended = true;
+    }
   }
   last_decode_s_ = seconds_between(t_decode, std::chrono::steady_clock::now());
   // 3. A draft-and-verify round for every speculative generation past its prompt.

@@ -71,8 +71,9 @@ class BatchGenerator {
 
  private:
   struct Seq;
-  // Picks the next token of s from logits [vocab] (on_text called); false when s has ended (s.r complete).
-  bool pick(Seq& s, float* logits);
+  // Picks the next token of s from logits [vocab], or takes `given` (>= 0: the step's argmax, for a plain greedy
+  // sequence), on_text called; false when s has ended (s.r complete).
+  bool pick(Seq& s, float* logits, int32_t given = -1);
   void finish(size_t index, std::vector<Finished>& out);
   // The log-probability of id and the `alternatives` most likely tokens, from raw_.
   TokenLogprob logprob_of(int32_t id, int alternatives);
@@ -84,6 +85,7 @@ class BatchGenerator {
   std::vector<bool> slot_used_;
   std::vector<int32_t> stops_;
   std::vector<float> logits_;
+  std::vector<int32_t> greedy_;               // a decode step's argmax tokens
   std::vector<float> raw_;                    // a row of logits before the sampler's penalties (log-probabilities)
   std::vector<std::pair<float, int32_t>> top_;
   uint64_t next_id_ = 1;

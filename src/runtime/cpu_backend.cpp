@@ -171,18 +171,28 @@ void CpuBackend::batch_verify(BatchCache& cache, int slot, std::span<const int32
 }
 
 void CpuBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                              float* logits) {
-  LOWBIT_CHECK(slots.size() == tokens.size() && !slots.empty(), "batch_decode: ", slots.size(), " slots, ",
-               tokens.size(), " tokens");
+                              float* logits, size_t logit_rows, int32_t* greedy) {
+  LOWBIT_CHECK(slots.size() == tokens.size() && !slots.empty() && logit_rows <= slots.size(), "batch_decode: ",
+               slots.size(), " slots, ", tokens.size(), " tokens, ", logit_rows, " rows of logits");
   CpuBatchCache& bc = batch_cache_of(cache);
-  const size_t V = static_cast<size_t>(config().vocab_size);
-  if (reference_) {
-    for (size_t i = 0; i < slots.size(); ++i) model_->forward_ref(&tokens[i], 1, bc.at(slots[i]), logits + i * V, false, bits);
-    return;
+  const size_t V = static_cast<size_t>(config().vocab_size), n = slots.size();
+  // Every row's logits, in the caller's buffer when it has room for all of them.
+  float* all = logits;
+  if (logit_rows < n) {
+    logits_.resize(n * V);
+    all = logits_.data();
   }
-  std::vector<KVCache*> caches;
-  for (int s : slots) caches.push_back(&bc.at(s));
-  model_->forward_batch(tokens.data(), caches, logits, bits);
+  if (reference_) {
+    for (size_t i = 0; i < n; ++i) model_->forward_ref(&tokens[i], 1, bc.at(slots[i]), all + i * V, false, bits);
+  } else {
+    std::vector<KVCache*> caches;
+    for (int s : slots) caches.push_back(&bc.at(s));
+    model_->forward_batch(tokens.data(), caches, all, bits);
+  }
+  if (greedy != nullptr)
+    for (size_t i = 0; i < n; ++i)
+      greedy[i] = static_cast<int32_t>(std::max_element(all + i * V, all + (i + 1) * V) - (all + i * V));
+  if (all != logits) std::copy_n(all, logit_rows * V, logits);
 }
 
 }  // namespace lowbit

@@ -35,7 +35,7 @@ class CpuBackend final : public Backend {
   void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                    float* logits) override;
+                    float* logits, size_t logit_rows, int32_t* greedy) override;
 
   const Model& model() const { return *model_; }
 
@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
   const Model* model_;
   bool reference_ = false;
   LoadStats stats_;
-  std::vector<float> logits_;   // score_window's [n, vocab], kept between windows
+  std::vector<float> logits_;   // score_window's [n, vocab] (kept between windows); batch_decode's rows not asked for
 };
 
 }  // namespace lowbit

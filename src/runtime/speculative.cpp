@@ -88,7 +88,8 @@ bool SpeculativeDecoder::round() {
   const auto td = std::chrono::steady_clock::now();
   if (kr > 0) {
     const std::span<const int32_t> pending(history_.data() + draft_len_, static_cast<size_t>(C - draft_len_));
-    if (pending.size() == 1) draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), pending, so_.draft_bits, dl_.data());
+    if (pending.size() == 1)
+      draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), pending, so_.draft_bits, dl_.data(), 1, nullptr);
     else draft_.batch_extend(dcache_, dslot_, pending, so_.draft_bits, dl_.data());
     ++st_.draft_forwards;
     draft_len_ = C;
@@ -99,7 +100,7 @@ bool SpeculativeDecoder::round() {
       dh.push_back(d);
       if (i + 1 < kr) {
         draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), std::span<const int32_t>(&d, 1), so_.draft_bits,
-                            dl_.data());
+                            dl_.data(), 1, nullptr);
         ++st_.draft_forwards;
       }
     }

@@ -227,11 +227,16 @@ void CudaBackend::batch_verify(BatchCache& cache, int slot, std::span<const int3
 }
 
 void CudaBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                               float* logits) {
+                               float* logits, size_t logit_rows, int32_t* greedy) {
+  LOWBIT_CHECK(logit_rows <= slots.size(), "batch_decode: ", logit_rows, " rows of logits of ", slots.size());
   CudaBatchCache& bc = batch_cache_of(cache);
   const float* d = model_->decode_slots(bc.cache, std::vector<int>(slots.begin(), slots.end()),
                                         std::vector<int32_t>(tokens.begin(), tokens.end()), bits, /*use_graph=*/true);
-  download_logits(d, static_cast<size_t>(config().vocab_size) * slots.size(), logits);
+  if (greedy != nullptr) {   // the step's own argmax (decode_slots picks every row's on the device)
+    const std::vector<int32_t> ids = model_->get_decode_tokens(static_cast<int>(slots.size()));
+    std::copy(ids.begin(), ids.end(), greedy);
+  }
+  if (logit_rows > 0) download_logits(d, static_cast<size_t>(config().vocab_size) * logit_rows, logits);
 }
 
 }  // namespace lowbit::cuda

@@ -44,7 +44,7 @@ class CudaBackend final : public Backend {
   void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                    float* logits) override;
+                    float* logits, size_t logit_rows, int32_t* greedy) override;
 
   GpuModel& model() { return *model_; }
   const GpuModel& model() const { return *model_; }

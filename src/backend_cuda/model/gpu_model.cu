@@ -797,7 +797,7 @@ const float* GpuModel::decode_slots(GpuKVCache& cache, const std::vector<int>& s
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tok_dev_.get(), tok.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
-  decode_rows(cache, rows, bits, use_graph, /*argmax=*/false);
+  decode_rows(cache, rows, bits, use_graph, /*argmax=*/true);
   for (int i = 0; i < n; ++i) ++cache.len[static_cast<size_t>(slots[static_cast<size_t>(i)])];
   return logits_.get();
 }

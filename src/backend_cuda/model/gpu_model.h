@@ -87,7 +87,8 @@ class GpuModel {
   // cache.seqs - 1), every row at width `bits`. The rows are padded to a bucket (1, 2, 4, 8, then multiples of 8) with
   // rows of the cache's last slot, kept as padding, at position 0, so that one captured graph per (bucket, width,
   // cache) serves every mix of slots and positions (use_graph). Returns device logits [bucket, vocab], the first
-  // slots.size() rows the sequences'; valid until the next call. The slots' lengths advance by one.
+  // slots.size() rows the sequences'; valid until the next call. Each row's argmax token is left in the decode tokens
+  // (get_decode_tokens). The slots' lengths advance by one.
   const float* decode_slots(GpuKVCache& cache, const std::vector<int>& slots, const std::vector<int32_t>& tokens,
                             int bits, bool use_graph);
   static int decode_bucket(int rows);
