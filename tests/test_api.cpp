@@ -22,34 +22,17 @@
 #include "runtime/eval_text.h"
 #include "runtime/generate.h"
 #include "runtime/perplexity.h"
+#include "api_test_util.h"
 #include "test_util.h"
 
 namespace lowbit {
 namespace {
 
+using test::expect_api_error;
+using test::open_cpu;
+
 std::string stories() { return test::shared_path("models/stories260K/stories260K.bin"); }
 
-// Expects f() to throw a one-line lowbit::Error containing phrase.
-template <typename F>
-void expect_api_error(F f, const std::string& phrase) {
-  try {
-    f();
-    ADD_FAILURE() << "no error (expected '" << phrase << "')";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find(phrase), std::string::npos) << "expected '" << phrase << "' in: " << msg;
-    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
-  }
-}
-
-// One CPU thread: the models here are tiny (stories260K decodes ~1000x faster on one thread than on two threads
-// sharing their cores with the other tests ctest runs beside this one), and both paths compared run on it.
-api::Model open_cpu(const std::string& path) {
-  api::set_cpu_threads(1);
-  api::OpenOptions o;
-  o.device = api::Device::Cpu;
-  return api::Model::open(path, o);
-}
 
 TEST(Api, OpenDescribesTheModel) {
   LOWBIT_REQUIRE_FILE(stories(), "stories260K");

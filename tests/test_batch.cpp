@@ -14,29 +14,16 @@
 #include "lowbit/quantize.h"
 #include "lowbit/system.h"
 #include "model/model.h"
+#include "api_test_util.h"
 #include "test_util.h"
 
 namespace lowbit {
 namespace {
 
+using test::expect_api_error;
+using test::open_cpu;
+
 std::string stories() { return test::shared_path("models/stories260K/stories260K.bin"); }
-
-api::Model open_cpu(const std::string& path) {
-  api::set_cpu_threads(1);
-  api::OpenOptions o;
-  o.device = api::Device::Cpu;
-  return api::Model::open(path, o);
-}
-
-template <typename F>
-void expect_error(F f, const std::string& phrase) {
-  try {
-    f();
-    ADD_FAILURE() << "no error (expected '" << phrase << "')";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << "expected '" << phrase << "' in: " << e.what();
-  }
-}
 
 struct Request {
   std::string prompt;
@@ -246,7 +233,7 @@ TEST(Batch, LogprobsAreTheModelsLogSoftmax) {
   EXPECT_EQ(joined, r.text) << "the tokens' bytes make the text";
   api::GenerateParams g;
   g.logprobs = 2;
-  expect_error([&] { m.generate("Once", g); }, "log-probabilities are computed by batch generation");
+  expect_api_error([&] { m.generate("Once", g); }, "log-probabilities are computed by batch generation");
 }
 
 TEST(Batch, CancelEndsTheRequestAndFreesItsSlot) {
@@ -267,7 +254,7 @@ TEST(Batch, CancelEndsTheRequestAndFreesItsSlot) {
   other.max_tokens = 40;
   const uint64_t id2 = batch->add(m.prompt_ids("The cat", other), other);
   EXPECT_EQ(batch->free_slots(), 0);
-  expect_error([&] { batch->add(m.prompt_ids("x", p), p); }, "every slot is in use");
+  expect_api_error([&] { batch->add(m.prompt_ids("x", p), p); }, "every slot is in use");
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(batch->step().empty());
   EXPECT_GT(batch->kv_positions_used(), 0);
   cancel = true;
@@ -293,21 +280,21 @@ TEST(Batch, RefusesBadRequestsBeforeStarting) {
   bp.ctx = 16;
   std::unique_ptr<api::Batch> batch = m.new_batch(bp);
   api::GenerateParams p;
-  expect_error([&] { batch->add({}, p); }, "empty prompt");
-  expect_error([&] { batch->add({1, 600}, p); }, "outside the vocabulary");
-  expect_error([&] { batch->add(std::vector<int32_t>(16, 5), p); }, "fills the context");
+  expect_api_error([&] { batch->add({}, p); }, "empty prompt");
+  expect_api_error([&] { batch->add({1, 600}, p); }, "outside the vocabulary");
+  expect_api_error([&] { batch->add(std::vector<int32_t>(16, 5), p); }, "fills the context");
   api::GenerateParams b = p;
   b.bits = 3;
-  expect_error([&] { batch->add({1, 5}, b); }, "--bits 3");
+  expect_api_error([&] { batch->add({1, 5}, b); }, "--bits 3");
   api::GenerateParams t = p;
   t.temperature = -1;
-  expect_error([&] { batch->add({1, 5}, t); }, "temperature");
+  expect_api_error([&] { batch->add({1, 5}, t); }, "temperature");
   EXPECT_EQ(batch->free_slots(), 2);
   bp.kv_cache_bytes = 1000;
-  expect_error([&] { m.new_batch(bp); }, "holds no generation");
+  expect_api_error([&] { m.new_batch(bp); }, "holds no generation");
   bp.kv_cache_bytes = 0;
   bp.max_seqs = 0;
-  expect_error([&] { m.new_batch(bp); }, "max sequences must be >= 1");
+  expect_api_error([&] { m.new_batch(bp); }, "max sequences must be >= 1");
 }
 
 }  // namespace

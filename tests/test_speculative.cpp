@@ -16,29 +16,16 @@
 #include "model/model.h"
 #include "runtime/backend.h"
 #include "runtime/speculative.h"
+#include "api_test_util.h"
 #include "test_util.h"
 
 namespace lowbit {
 namespace {
 
+using test::expect_api_error;
+using test::open_cpu;
+
 std::string stories() { return test::shared_path("models/stories260K/stories260K.bin"); }
-
-api::Model open_cpu(const std::string& path) {
-  api::set_cpu_threads(1);
-  api::OpenOptions o;
-  o.device = api::Device::Cpu;
-  return api::Model::open(path, o);
-}
-
-template <typename F>
-void expect_error(F f, const std::string& phrase) {
-  try {
-    f();
-    ADD_FAILURE() << "no error (expected '" << phrase << "')";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << "expected '" << phrase << "' in: " << e.what();
-  }
-}
 
 // stories260K quantized once per test binary: widths 2, 3, 4, 8 of one parent.
 const std::string& anyprec_file() {
@@ -265,27 +252,27 @@ TEST(Speculative, RefusesBadSettings) {
   api::GenerateParams p;
   p.bits = 4;
   p.draft_bits = 4;
-  expect_error([&] { m.generate("Once", p); }, "below the target's 4 bits");
+  expect_api_error([&] { m.generate("Once", p); }, "below the target's 4 bits");
   p.draft_bits = 5;
-  expect_error([&] { m.generate("Once", p); }, "--draft-bits 5");
+  expect_api_error([&] { m.generate("Once", p); }, "--draft-bits 5");
   p.draft_bits = 2;
   p.draft_k = 9;
-  expect_error([&] { m.generate("Once", p); }, "--draft-k");
+  expect_api_error([&] { m.generate("Once", p); }, "--draft-k");
   api::Model plain = open_cpu(stories());
   api::GenerateParams q;
   q.draft_bits = 3;
-  expect_error([&] { plain.generate("Once", q); }, "needs an any-precision model");
+  expect_api_error([&] { plain.generate("Once", q); }, "needs an any-precision model");
   q.draft = &plain;
   q.draft_bits = 0;
-  expect_error([&] { plain.generate("Once", q); }, "must be another model");
+  expect_api_error([&] { plain.generate("Once", q); }, "must be another model");
   api::GenerateParams b;
   b.draft_bits = 2;
   api::BatchParams one;
   one.max_seqs = 1;
   auto batch = m.new_batch(one);
-  expect_error([&] { batch->add({1, 5}, b); }, "two free slots");
+  expect_api_error([&] { batch->add({1, 5}, b); }, "two free slots");
   b.draft = &plain;
-  expect_error([&] { batch->add({1, 5}, b); }, "generate() only");
+  expect_api_error([&] { batch->add({1, 5}, b); }, "generate() only");
 }
 
 }  // namespace

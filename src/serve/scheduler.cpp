@@ -62,7 +62,7 @@ bool Scheduler::drain(double seconds) {
   if (!idle) {
     // The running jobs' cancel flags are read by the batch before their next token.
     for (auto& j : queue_) j->cancel = true;
-    for (auto& [id, j] : running_snapshot_) j->cancel = true;
+    cancel_running_ = true;   // the worker cancels what it runs at the top of its next round
   }
   return idle;
 }
@@ -73,8 +73,9 @@ void Scheduler::worker() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty() || !running_.empty(); });
-      if (stopping_) {   // the destructor: cancel what runs, end what waits
+      if (stopping_ || cancel_running_)   // the destructor or a drain past its time: cancel what runs
         for (auto& [id, j] : running_) j->cancel = true;
+      if (stopping_) {   // the destructor: end what waits
         for (auto& j : queue_) admit.push_back(j);
         queue_.clear();
       } else {
@@ -144,7 +145,6 @@ void Scheduler::worker() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       inflight_ -= ended;
-      running_snapshot_ = running_;
       publish_state();
       if (stopping_ && queue_.empty() && running_.empty()) {
         cv_.notify_all();

@@ -90,12 +90,12 @@ class Scheduler {
   std::unique_ptr<api::Batch> batch_;           // used by the worker only
   int slots_ = 0;
   std::map<uint64_t, std::shared_ptr<Job>> running_;   // batch id -> job; the worker's only
-  std::map<uint64_t, std::shared_ptr<Job>> running_snapshot_;   // a copy under mu_ (drain cancels through it)
   std::mutex mu_;
   std::condition_variable cv_;                  // the worker waits for jobs; drain waits for idleness
   std::deque<std::shared_ptr<Job>> queue_;
   size_t inflight_ = 0;                         // jobs taken from the queue and not yet finished
   bool accepting_ = true, stopping_ = false;
+  bool cancel_running_ = false;                 // set by drain() past its time: the worker cancels running jobs
   std::thread thread_;
 };
 
