@@ -38,6 +38,9 @@ struct LoadResult {
   int64_t tokens = 0;
   double wall_s = 0, decode_rows = 0, decode_s = 0, steps = 0;
   std::vector<double> ttft, itl;
+  int kv_blocks = 0, kv_peak_blocks = 0;
+  int64_t preemptions = 0;
+  uint64_t kv_bytes = 0;
 };
 
 // Closed-loop load: `concurrency` requests in flight, 2x concurrency (at least 4) in all; request i runs at
@@ -47,6 +50,11 @@ LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, con
   bo.max_seqs = concurrency;
   bo.capacity = o.prompt_max + o.new_tokens + 1;
   bo.prefill_chunk = o.prefill_chunk;
+  if (o.kv_cache_bytes > 0) {
+    const uint64_t block_bytes = b.kv_bytes_per_position() * kKvBlock;
+    bo.kv_blocks = static_cast<int>(std::min<uint64_t>(o.kv_cache_bytes / block_bytes,
+                                                       static_cast<uint64_t>(full_kv_blocks(concurrency, bo.capacity))));
+  }
   BatchGenerator gen(b, bo);
   const int V = b.config().vocab_size;
   std::mt19937_64 rng(seed);
@@ -96,6 +104,7 @@ LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, con
       ++started;
     }
     gen.step();
+    r.kv_peak_blocks = std::max(r.kv_peak_blocks, gen.kv_blocks_used());
     ++r.steps;
     r.decode_rows += gen.last_decode_rows();
     r.decode_s += gen.last_decode_seconds();
@@ -103,6 +112,9 @@ LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, con
   r.wall_s = seconds(t0, Clock::now());
   r.requests = total;
   r.mem_end_mib = gpu_used_mib();
+  r.kv_blocks = gen.kv_blocks_total();
+  r.kv_bytes = static_cast<uint64_t>(r.kv_blocks) * b.kv_bytes_per_position() * kKvBlock;
+  r.preemptions = gen.preemptions();
   return r;
 }
 
@@ -127,7 +139,8 @@ void run_serve_bench(const ServeBenchOptions& o, std::ostream& out) {
   out << line;
   out << "shape | weights | width | concurrency | requests | output tok/s | decode-step tok/s | mean decode rows | "
          "TTFT p50 / p99 ms | ITL p50 / p99 ms | e2e decode b8 tok/s (same weights, prompt of the mean length) | "
-         "concurrency-8 decode-step / e2e b8 | GPU MiB in use after warm-up -> after the run\n";
+         "concurrency-8 decode-step / e2e b8 | GPU MiB in use after warm-up -> after the run | KV pool GB (blocks of 16) | "
+         "peak blocks held | preemptions\n";
   out.flush();
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
@@ -150,12 +163,13 @@ void run_serve_bench(const ServeBenchOptions& o, std::ostream& out) {
           const double step_tps = r.decode_s > 0 ? r.decode_rows / r.decode_s : 0;
           char ratio[32] = "";
           if (conc == 8 && e2e_b8 > 0) std::snprintf(ratio, sizeof ratio, "%.2f", step_tps / e2e_b8);
-          std::snprintf(line, sizeof line, "%s | %s | %s | %d | %d | %.1f | %.1f | %.1f | %.0f / %.0f | %.1f / %.1f | %s | %s | %.0f -> %.0f\n",
+          std::snprintf(line, sizeof line, "%s | %s | %s | %d | %d | %.1f | %.1f | %.1f | %.0f / %.0f | %.1f / %.1f | %s | %s | %.0f -> %.0f | %.2f (%d) | %d | %lld\n",
                         shape.c_str(), kind.c_str(), widths_label(widths).c_str(), conc, r.requests,
                         r.tokens / r.wall_s, step_tps, r.steps > 0 ? r.decode_rows / r.steps : 0.0,
                         1e3 * percentile(r.ttft, 0.5), 1e3 * percentile(r.ttft, 0.99), 1e3 * percentile(r.itl, 0.5),
                         1e3 * percentile(r.itl, 0.99), e2e_b8 > 0 ? std::to_string(static_cast<int>(e2e_b8 + 0.5)).c_str() : "-",
-                        ratio[0] ? ratio : "-", r.mem_warm_mib, r.mem_end_mib);
+                        ratio[0] ? ratio : "-", r.mem_warm_mib, r.mem_end_mib, r.kv_bytes / 1e9, r.kv_blocks,
+                        r.kv_peak_blocks, static_cast<long long>(r.preemptions));
           out << line;
           out.flush();
         }

@@ -8,7 +8,8 @@
 // Reported per weights / width / concurrency: output tokens/s over the run (prefill included), decode-step tokens/s
 // (rows per second of decode steps alone), time to first token and inter-token latency p50 / p99, mean decode rows per
 // step; and, timed in the same run on the same weights, bench --e2e's greedy decode at batch 8 from a prompt of the
-// mean prompt length: the reference of the "concurrency 8 ≥ 85%" goal.
+// mean prompt length: the reference of the "concurrency 8 ≥ 85%" goal. Also the paged KV cache's pool, the most blocks
+// the requests held at once, and the preemptions when the pool ran out.
 #pragma once
 #include <ostream>
 #include <string>
@@ -23,6 +24,9 @@ struct ServeBenchOptions {
   std::vector<int> concurrency = {1, 8, 32, 64};
   int prompt_min = 128, prompt_max = 1024, new_tokens = 256;
   int prefill_chunk = 512;
+  // The paged KV cache's size (0: every request's whole context, prompt_max + new_tokens + 1 positions, for every
+  // request in flight: what a cache without paging reserves).
+  uint64_t kv_cache_bytes = 0;
 };
 
 void run_serve_bench(const ServeBenchOptions& o, std::ostream& out);

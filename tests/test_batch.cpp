@@ -14,6 +14,7 @@
 #include "lowbit/quantize.h"
 #include "lowbit/system.h"
 #include "model/model.h"
+#include "runtime/cpu_backend.h"
 #include "api_test_util.h"
 #include "test_util.h"
 
@@ -32,8 +33,10 @@ struct Request {
 
 // Runs the requests through one batch, adding each as soon as a slot is free (so later ones join a running batch and
 // reuse the slots of ended ones). Returns results and streamed text by request index.
+// preemptions (optional): how many generations the batch preempted for KV blocks.
 std::map<size_t, std::pair<api::GenerateResult, std::string>> run_batched(api::Model& m, const std::vector<Request>& reqs,
-                                                                          const api::BatchParams& bp) {
+                                                                          const api::BatchParams& bp,
+                                                                          int64_t* preemptions = nullptr) {
   std::unique_ptr<api::Batch> batch = m.new_batch(bp);
   std::map<uint64_t, size_t> index;
   std::map<size_t, std::string> streamed;
@@ -58,11 +61,14 @@ std::map<size_t, std::pair<api::GenerateResult, std::string>> run_batched(api::M
   EXPECT_EQ(batch->active(), 0);
   EXPECT_EQ(batch->free_slots(), batch->slots());
   EXPECT_EQ(batch->kv_positions_used(), 0);
+  EXPECT_EQ(batch->kv_blocks_used(), 0) << "every generation's blocks are back in the pool";
+  if (preemptions != nullptr) *preemptions = batch->preemptions();
   return out;
 }
 
-void expect_same_as_alone(api::Model& m, const std::vector<Request>& reqs, const api::BatchParams& bp) {
-  const auto batched = run_batched(m, reqs, bp);
+void expect_same_as_alone(api::Model& m, const std::vector<Request>& reqs, const api::BatchParams& bp,
+                          int64_t* preemptions = nullptr) {
+  const auto batched = run_batched(m, reqs, bp, preemptions);
   ASSERT_EQ(batched.size(), reqs.size());
   for (size_t i = 0; i < reqs.size(); ++i) {
     const api::GenerateResult alone = m.generate(reqs[i].prompt, reqs[i].params);
@@ -109,6 +115,59 @@ TEST(Batch, EveryRequestGeneratesWhatItGeneratesAlone) {
   bp.prefill_chunk = 7;     // prompts run in chunks between decode steps
   bp.ctx = 128;
   expect_same_as_alone(m, mixed_requests({}), bp);
+}
+
+// The paged cache's bookkeeping: blocks are taken as a slot grows and given back when it is cleared, a reservation
+// the pool cannot meet takes nothing, and a forward past a slot's reserved positions is refused.
+TEST(Batch, PagedCacheTakesAndReturnsBlocks) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  const auto model = Model::load(stories());
+  CpuBackend b(*model);
+  std::unique_ptr<BatchCache> c = b.new_batch_cache(2, 40, 3);
+  EXPECT_EQ(c->block_size(), kKvBlock);
+  EXPECT_EQ(c->blocks_total(), 3);
+  ASSERT_TRUE(c->reserve(0, 20));   // 2 blocks
+  EXPECT_EQ(c->blocks_held(0), 2);
+  EXPECT_EQ(c->blocks_free(), 1);
+  EXPECT_FALSE(c->reserve(1, 20)) << "2 blocks wanted, 1 free";
+  EXPECT_EQ(c->blocks_held(1), 0) << "a refused reservation takes nothing";
+  ASSERT_TRUE(c->reserve(1, 16));
+  EXPECT_EQ(c->blocks_free(), 0);
+  EXPECT_NE(c->table(0)[0], c->table(1)[0]);
+  std::vector<int32_t> toks(33, 5);
+  expect_api_error([&] { b.batch_extend(*c, 0, toks, 0, nullptr); }, "reserve first");
+  std::vector<float> logits(static_cast<size_t>(model->config().vocab_size));
+  b.batch_extend(*c, 0, std::span<const int32_t>(toks).first(20), 0, logits.data());
+  EXPECT_EQ(c->length(0), 20);
+  c->truncate(0, 3);
+  EXPECT_EQ(c->blocks_held(0), 2) << "truncate keeps the reservation";
+  c->clear(0);
+  EXPECT_EQ(c->length(0), 0);
+  EXPECT_EQ(c->blocks_free(), 2);
+  expect_api_error([&] { c->reserve(0, 41); }, "exceed");
+}
+
+// A pool too small for the running generations: prompts wait for blocks and the newest running generation is
+// preempted, its context run again later; every request still gives exactly what it gives alone.
+TEST(Batch, PreemptedGenerationsGiveWhatTheyGiveAlone) {
+  LOWBIT_REQUIRE_FILE(stories(), "stories260K");
+  api::Model m = open_cpu(stories());
+  api::BatchParams bp;
+  bp.max_seqs = 6;
+  bp.prefill_chunk = 16;
+  bp.ctx = 128;
+  const uint64_t block_bytes = [&] {
+    std::unique_ptr<api::Batch> probe = m.new_batch(bp);
+    return probe->kv_bytes() / static_cast<uint64_t>(probe->kv_blocks_total());
+  }();
+  bp.kv_cache_bytes = 9 * block_bytes;   // 144 positions for 6 generations of up to ~80
+  std::vector<Request> reqs = mixed_requests({});
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].params.max_tokens = 30 + static_cast<int>(i % 3) * 15;
+  int64_t preemptions = 0;
+  expect_same_as_alone(m, reqs, bp, &preemptions);
+  EXPECT_GT(preemptions, 0) << "the pool was meant to run out";
+  bp.kv_cache_bytes = 7 * block_bytes;   // less than one generation of ctx 128
+  expect_api_error([&] { m.new_batch(bp); }, "holds no generation of 128 positions");
 }
 
 // A batch of one decode row runs Model::forward of one token: the same logits bit for bit.

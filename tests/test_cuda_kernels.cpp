@@ -1412,24 +1412,45 @@ TEST(CudaKernels, AttentionMatchesCpuTwinEveryHeadDimWindowAndSplit) {
                 scale_out = std::max(scale_out, std::fabs(a / l));
               }
             }
-          cuda::DeviceBuffer<uint16_t> kd(kc), vd(vc);
-          cuda::DeviceBuffer<int32_t> sd(seq), pd(pos);
+          // The same cache paged (KvMap): blocks of 16 positions in a shuffled order, two spare blocks in the pool.
+          const int block = 16, max_blocks = (capacity + block - 1) / block, pool = seqs * max_blocks + 2;
+          std::vector<int32_t> table(static_cast<size_t>(seqs) * max_blocks);
+          std::vector<int32_t> order(static_cast<size_t>(pool));
+          std::iota(order.begin(), order.end(), 0);
+          std::shuffle(order.begin(), order.end(), rng);
+          std::copy_n(order.begin(), table.size(), table.begin());
+          std::vector<uint16_t> kp(static_cast<size_t>(pool) * layers * block * kvd), vp(kp.size());
+          for (int b = 0; b < seqs; ++b)
+            for (int l = 0; l < layers; ++l)
+              for (int j = 0; j < capacity; ++j) {
+                const size_t from = ((static_cast<size_t>(b) * layers + l) * capacity + j) * kvd;
+                const size_t to = ((static_cast<size_t>(table[static_cast<size_t>(b) * max_blocks + j / block]) * layers + l) * block + j % block) * kvd;
+                std::copy_n(kc.begin() + static_cast<std::ptrdiff_t>(from), kvd, kp.begin() + static_cast<std::ptrdiff_t>(to));
+                std::copy_n(vc.begin() + static_cast<std::ptrdiff_t>(from), kvd, vp.begin() + static_cast<std::ptrdiff_t>(to));
+              }
+          cuda::DeviceBuffer<uint16_t> kd(kc), vd(vc), kpd(kp), vpd(vp);
+          cuda::DeviceBuffer<int32_t> sd(seq), pd(pos), td(table);
+          const cuda::KvMap contiguous{nullptr, 1, 31, capacity, layers};
+          const cuda::KvMap paged{td.get(), max_blocks, 4, block, layers};
           cuda::DeviceBuffer<float> scratch(static_cast<size_t>(rows) * heads * splits * (hd + 2));
           // single_token: the decode form's keys loaded before the PDL wait (the cache is complete here either way).
           const bool cluster_was = cuda::cluster_combine_enabled();
           for (const bool single_token : {false, true}) {
             std::vector<float> by_kernel;
-            for (const bool cluster : {false, true}) {
+            for (const bool cluster : {false, true})
+            for (const bool is_paged : {false, true}) {
               cuda::set_cluster_combine(cluster);
               const std::vector<float> got = run_poisoned(q, static_cast<int64_t>(q.size()), [&](const float* qd, float* out) {
-                cuda::attention(qd, sd.get(), pd.get(), rows, heads, kv_heads, hd, layer, layers, capacity, window,
-                                reinterpret_cast<const __half*>(kd.get()), reinterpret_cast<const __half*>(vd.get()), out,
-                                splits, scratch.get(), single_token, nullptr);
+                cuda::attention(qd, sd.get(), pd.get(), rows, heads, kv_heads, hd, layer, is_paged ? paged : contiguous,
+                                window, reinterpret_cast<const __half*>((is_paged ? kpd : kd).get()),
+                                reinterpret_cast<const __half*>((is_paged ? vpd : vd).get()), out, splits, scratch.get(),
+                                single_token, nullptr);
               });
               const std::string what = "attention hd " + std::to_string(hd) + " heads " + std::to_string(heads) + "/" +
                                        std::to_string(kv_heads) + " window " + std::to_string(window) + " splits " +
                                        std::to_string(splits) + (single_token ? " single token" : "") +
-                                       (cuda::attention_combines_in_cluster(splits) ? " (cluster)" : "");
+                                       (cuda::attention_combines_in_cluster(splits) ? " (cluster)" : "") +
+                                       (is_paged ? " paged" : "");
               double worst = 0;
               int bad = 0;
               for (size_t i = 0; i < got.size(); ++i) {
@@ -1438,8 +1459,10 @@ TEST(CudaKernels, AttentionMatchesCpuTwinEveryHeadDimWindowAndSplit) {
                 if (!(err <= 1e-4 * std::max(1.0, scale_out))) ++bad;   // NaN (unwritten) counts as bad
               }
               EXPECT_EQ(bad, 0) << what << ": worst |error| " << worst;
-              if (!cluster) by_kernel = got;
-              else EXPECT_EQ(0, std::memcmp(got.data(), by_kernel.data(), sizeof(float) * got.size())) << what << ": not the combine kernel's bits";
+              // Every form (cluster merge or combine kernel, paged or contiguous) sums the same keys in the same
+              // order: the same bits.
+              if (!cluster && !is_paged) by_kernel = got;
+              else EXPECT_EQ(0, std::memcmp(got.data(), by_kernel.data(), sizeof(float) * got.size())) << what << ": not the contiguous combine kernel's bits";
             }
           }
           cuda::set_cluster_combine(cluster_was);

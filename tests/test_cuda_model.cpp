@@ -281,33 +281,43 @@ TEST(CudaModel, ContinuousBatchGreedyEqualsGenerateAlone) {
   std::vector<std::vector<int32_t>> prompts;
   for (const char* p : {"Once upon a time", "The cat sat", "Lily and Tom went to the park to play", "It was"})
     prompts.push_back(tok.encode(p, true, false));
-  BatchOptions o;
-  o.max_seqs = 3;
-  o.capacity = 160;
-  o.prefill_chunk = 5;
-  BatchGenerator gen(*b, o);
-  std::map<uint64_t, size_t> index;
-  std::map<size_t, GenerateResult> got;
-  size_t next = 0;
-  for (int round = 0; got.size() < 2 * prompts.size() && round < 2000; ++round) {
-    while (next < 2 * prompts.size() && gen.free_slots() > 0) {
-      GenerateOptions g;
-      g.max_new_tokens = 20 + static_cast<int>(next) * 7;
-      index[gen.add(prompts[next % prompts.size()], g)] = next;
-      ++next;
+  // The paged cache with every slot's blocks, then a pool of 12 blocks for three generations of up to 6 each:
+  // prompts wait for blocks and running generations are preempted and resumed.
+  for (const int blocks : {0, 12}) {
+    BatchOptions o;
+    o.max_seqs = 3;
+    o.capacity = 160;
+    o.prefill_chunk = 5;
+    o.kv_blocks = blocks;
+    BatchGenerator gen(*b, o);
+    std::map<uint64_t, size_t> index;
+    std::map<size_t, GenerateResult> got;
+    size_t next = 0;
+    for (int round = 0; got.size() < 2 * prompts.size() && round < 4000; ++round) {
+      while (next < 2 * prompts.size() && gen.free_slots() > 0) {
+        GenerateOptions g;
+        g.max_new_tokens = 20 + static_cast<int>(next) * 7;
+        index[gen.add(prompts[next % prompts.size()], g)] = next;
+        ++next;
+      }
+      for (auto& f : gen.step()) got[index.at(f.id)] = f.result;
     }
-    for (auto& f : gen.step()) got[index.at(f.id)] = f.result;
+    ASSERT_EQ(got.size(), 2 * prompts.size());
+    EXPECT_EQ(gen.kv_blocks_used(), 0);
+    if (blocks > 0) {
+      EXPECT_GT(gen.preemptions(), 0) << "the pool was meant to run out";
+    }
+    int same = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      GenerateOptions g;
+      g.max_new_tokens = 20 + static_cast<int>(i) * 7;
+      const GenerateResult alone = generate(*b, prompts[i % prompts.size()], g);
+      same += alone.new_ids == got[i].new_ids;
+      EXPECT_EQ(alone.new_ids, got[i].new_ids) << "request " << i << ", pool " << blocks;
+    }
+    std::printf("[ continuous batch on the GPU ] pool of %d blocks, %lld preemptions: %d of %zu greedy requests equal "
+                "to generate() alone\n", gen.kv_blocks_total(), static_cast<long long>(gen.preemptions()), same, got.size());
   }
-  ASSERT_EQ(got.size(), 2 * prompts.size());
-  int same = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    GenerateOptions g;
-    g.max_new_tokens = 20 + static_cast<int>(i) * 7;
-    const GenerateResult alone = generate(*b, prompts[i % prompts.size()], g);
-    same += alone.new_ids == got[i].new_ids;
-    EXPECT_EQ(alone.new_ids, got[i].new_ids) << "request " << i;
-  }
-  std::printf("[ continuous batch on the GPU ] %d of %zu greedy requests equal to generate() alone\n", same, got.size());
 }
 
 // Self-speculative decoding on the GPU: an any-precision stories260K file (quantized here on the CPU) drafts at 2, 3

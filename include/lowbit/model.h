@@ -174,12 +174,16 @@ struct BatchParams {
   int max_seqs = 8;              // generations in flight at most
   int ctx = 0;                   // positions per generation, prompt and completion (0 = the model's context)
   int prefill_chunk = 512;       // prompt tokens one step() runs at most, so that running streams keep moving
-  uint64_t kv_cache_bytes = 0;   // > 0: fewer generations in flight when their KV caches would not fit this
+  // The paged KV cache's size: > 0 this many bytes; 0: what the device has free (the GPU: its free memory less a
+  // margin; the CPU: unbounded, pages committed as written), at most every generation at ctx positions.
+  uint64_t kv_cache_bytes = 0;
 };
 
 // Many generations on one model, advanced together: each step() runs a chunk of the waiting prompts and then one
 // token of every running generation, in one batched forward per width (any-precision models: each generation at
-// its own width, from the one copy of the weights). A generation ends, streams and stops exactly as
+// its own width, from the one copy of the weights). The KV cache is paged: generations take blocks of it as they
+// grow, so many short ones share the memory of a few long ones; when blocks run out, prompts wait, and a running
+// generation may be preempted and later resumed (its context run again), its output unchanged. A generation ends, streams and stops exactly as
 // Model::generate would run it (tokens picked on the host by the CPU sampler; greedy requests give generate()'s
 // tokens up to rounding of the batched matrix products). Not safe to use from two threads at once; it borrows the
 // Model, which must outlive it and must not generate on its own meanwhile.
@@ -207,8 +211,11 @@ class Batch {
 
   int last_decode_rows() const;        // generations that ran a decode step in the last round
   int last_decode_forwards() const;    // forwards that step took (one per width present)
-  int64_t kv_positions_used() const;   // KV positions the active generations hold
-  int64_t kv_positions_total() const;  // slots() x ctx()
+  int64_t kv_positions_used() const;   // KV positions the active generations have filled
+  int64_t kv_positions_total() const;  // positions in the paged cache's blocks
+  int kv_blocks_used() const;          // blocks held by the active generations
+  int kv_blocks_total() const;
+  int64_t preemptions() const;         // generations preempted for KV blocks so far
   uint64_t kv_bytes() const;           // device memory of the KV cache
 
   class Impl;

@@ -8,7 +8,9 @@
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
 #   scripts/device/cuda.sh uniform      the packed uniform (RTN / GPTQ) kernels: tests, sanitizer, kernel and 7B timings
 #   scripts/device/cuda.sh quik         the QUIK kernels (every activation form): the same
-#   scripts/device/cuda.sh serve [tests|fp16|anyprec]  continuous batching: GPU tests, sanitizer, bench --serve load
+#   scripts/device/cuda.sh serve [tests|fp16|anyprec|paged-tests|paged-load]  continuous batching: GPU tests,
+#                                       sanitizer, bench --serve load (paged-*: the paged KV cache's tests, the load at
+#                                       concurrency 8 and 64, and a KV pool of half the reserved contexts)
 #   scripts/device/cuda.sh spec [tests|7b|smollm2]  speculative decoding: GPU tests, 7B-shape step times, SmolLM2 acceptance
 #   scripts/device/cuda.sh quik-smollm2 SmolLM2 QUIK W8A8 / W4A8 (and W4 with FP8 activations at load) quantized on the
 #                                       GPU, full WikiText-2 perplexity on the GPU and on the CPU side by side (needs
@@ -110,6 +112,21 @@ case "${1:-}" in
         --gtest_filter='CudaModel.SlotDecode*:CudaModel.ContinuousBatch*:CudaModel.GraphDecode*:CudaModel.WidthSwitch*:CudaModel.DecodeAndBatch*'
       step serve-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
         --gtest_filter='CudaModel.SlotDecode*:CudaModel.ContinuousBatch*'
+    fi
+    if [ "$phase" = paged-tests ]; then   # the paged KV cache: attention through block tables, preemption
+      step paged-kernel-tests 200 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Attention*'
+      step paged-model-tests 300 "$LB/pkg/test_cuda_model" \
+        --gtest_filter='CudaModel.SlotDecode*:CudaModel.ContinuousBatch*:CudaModel.Speculative*:CudaModel.DecodeAndBatch*'
+      step paged-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
+        --gtest_filter='CudaModel.ContinuousBatch*'
+    fi
+    if [ "$phase" = paged-load ]; then    # the load at concurrency 8 and 64 with every context reserved, then a
+                                          # pool of about half that at concurrency 64
+      step serve-load-paged-anyprec 330 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights anyprec \
+        --kernel-bits 3,4,8 --concurrency 8,64
+      step serve-load-paged-fp16 250 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights fp16 --concurrency 8,64
+      step serve-load-paged-pool 250 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights fp16 \
+        --concurrency 64 --kv-cache-gb 20
     fi
     for kind in fp16 anyprec; do
       if [ "$phase" = "$kind" ] || [ "$phase" = all ]; then

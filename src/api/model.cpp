@@ -277,7 +277,7 @@ class Batch::Impl {
 
 Batch::Batch(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Batch::~Batch() = default;
-int Batch::slots() const { return static_cast<int>(impl_->gen.kv_positions_total() / impl_->gen.capacity()); }
+int Batch::slots() const { return impl_->gen.slots(); }
 int Batch::free_slots() const { return impl_->gen.free_slots(); }
 int Batch::active() const { return impl_->gen.active(); }
 int Batch::ctx() const { return impl_->gen.capacity(); }
@@ -285,6 +285,9 @@ int Batch::last_decode_rows() const { return impl_->gen.last_decode_rows(); }
 int Batch::last_decode_forwards() const { return impl_->gen.last_decode_forwards(); }
 int64_t Batch::kv_positions_used() const { return impl_->gen.kv_positions_used(); }
 int64_t Batch::kv_positions_total() const { return impl_->gen.kv_positions_total(); }
+int Batch::kv_blocks_used() const { return impl_->gen.kv_blocks_used(); }
+int Batch::kv_blocks_total() const { return impl_->gen.kv_blocks_total(); }
+int64_t Batch::preemptions() const { return impl_->gen.preemptions(); }
 uint64_t Batch::kv_bytes() const { return impl_->kv_bytes; }
 
 uint64_t Batch::add(const std::vector<int32_t>& prompt_ids, const GenerateParams& params, TokenCallback on_token,
@@ -321,15 +324,19 @@ std::unique_ptr<Batch> Model::new_batch(const BatchParams& params) {
   o.capacity = params.ctx > 0 ? std::min(params.ctx, b.config().max_seq_len) : b.config().max_seq_len;
   o.prefill_chunk = params.prefill_chunk;
   o.max_seqs = params.max_seqs;
-  const uint64_t per_seq = b.kv_bytes_per_position() * static_cast<uint64_t>(o.capacity);
-  if (params.kv_cache_bytes > 0) {
-    const uint64_t fit = params.kv_cache_bytes / per_seq;
-    LOWBIT_CHECK(fit >= 1, "--kv-cache-gb: ", params.kv_cache_bytes / 1e9, " GB holds no generation of ", o.capacity,
-                 " positions (", per_seq / 1e9, " GB each); raise it or lower --ctx");
-    o.max_seqs = static_cast<int>(std::min<uint64_t>(fit, static_cast<uint64_t>(std::max(params.max_seqs, 1))));
-  }
+  LOWBIT_CHECK(o.max_seqs >= 1, "batch: max sequences must be >= 1, got ", o.max_seqs);
+  // The KV pool: --kv-cache-gb, or what the device has free; never more than every slot full.
+  const uint64_t block_bytes = b.kv_bytes_per_position() * kKvBlock;
+  const uint64_t budget = params.kv_cache_bytes > 0 ? params.kv_cache_bytes : b.kv_bytes_available();
+  const uint64_t full = static_cast<uint64_t>(full_kv_blocks(o.max_seqs, o.capacity));
+  const uint64_t blocks = std::min(full, budget / block_bytes);
+  const uint64_t one = static_cast<uint64_t>(full_kv_blocks(1, o.capacity));
+  LOWBIT_CHECK(blocks >= one, params.kv_cache_bytes > 0 ? "--kv-cache-gb: " : "the device's free memory: ",
+               budget / 1e9, " GB holds no generation of ", o.capacity, " positions (", one * block_bytes / 1e9,
+               " GB each); ", params.kv_cache_bytes > 0 ? "raise it" : "set --kv-cache-gb", " or lower --ctx");
+  o.kv_blocks = static_cast<int>(blocks);
   auto impl = std::make_unique<Batch::Impl>(b, o);
-  impl->kv_bytes = per_seq * static_cast<uint64_t>(o.max_seqs);
+  impl->kv_bytes = blocks * block_bytes;
   return std::unique_ptr<Batch>(new Batch(std::move(impl)));
 }
 

@@ -106,8 +106,26 @@ void Model::attention(int layer, const float* q, int n, int pos0, KVCache& cache
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int block_t = std::max(1, kAttnBlockRows / group);   // query positions per block
   const int window = c.sliding_window;
-  const float* kbase = cache.k_at(layer, 0);
-  const float* vbase = cache.v_at(layer, 0);
+  // kbase / vbase: the rows of positions base_pos .. pos0 + n - 1. A paged cache's rows are gathered into one
+  // contiguous copy first (the same reads the products make), so the GEMMs below run on either layout.
+  const int base_pos = window > 0 ? std::max(0, pos0 - window + 1) : 0;
+  std::vector<float> kg, vg;
+  const float* kbase;
+  const float* vbase;
+  if (cache.paged()) {
+    const size_t rows_all = static_cast<size_t>(pos0 + n - base_pos);
+    kg.resize(rows_all * kvd);
+    vg.resize(rows_all * kvd);
+    for (int j = base_pos; j < pos0 + n; ++j) {
+      std::copy_n(cache.k_at(layer, j), kvd, kg.data() + static_cast<size_t>(j - base_pos) * kvd);
+      std::copy_n(cache.v_at(layer, j), kvd, vg.data() + static_cast<size_t>(j - base_pos) * kvd);
+    }
+    kbase = kg.data();
+    vbase = vg.data();
+  } else {
+    kbase = cache.k_at(layer, base_pos);
+    vbase = cache.v_at(layer, base_pos);
+  }
   std::vector<float> qg(static_cast<size_t>(std::min(n, block_t)) * group * hd);
   std::vector<float> og(qg.size());
   std::vector<float> scores(static_cast<size_t>(std::min(n, block_t)) * group * (pos0 + n));
@@ -122,7 +140,7 @@ void Model::attention(int layer, const float* q, int n, int pos0, KVCache& cache
         std::copy_n(q + static_cast<int64_t>(t) * qd + kvh * group * hd, group * hd,
                     qg.data() + static_cast<size_t>(t - t0) * group * hd);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, span, hd, scale, qg.data(), hd,
-                  kbase + static_cast<int64_t>(first_key) * kvd + kvh * hd, kvd, 0.0f, scores.data(), span);
+                  kbase + static_cast<int64_t>(first_key - base_pos) * kvd + kvh * hd, kvd, 0.0f, scores.data(), span);
 #pragma omp parallel for schedule(static) if (static_cast<int64_t>(rows) * span >= kMinParallelElems)
       for (int r = 0; r < rows; ++r) {
         float* s = scores.data() + static_cast<size_t>(r) * span;
@@ -131,7 +149,7 @@ void Model::attention(int layer, const float* q, int n, int pos0, KVCache& cache
         softmax_masked(s, span, lo, last);
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hd, span, 1.0f, scores.data(), span,
-                  vbase + static_cast<int64_t>(first_key) * kvd + kvh * hd, kvd, 0.0f, og.data(), hd);
+                  vbase + static_cast<int64_t>(first_key - base_pos) * kvd + kvh * hd, kvd, 0.0f, og.data(), hd);
       for (int t = t0; t < t1; ++t)
         std::copy_n(og.data() + static_cast<size_t>(t - t0) * group * hd, group * hd,
                     out + static_cast<int64_t>(t) * qd + kvh * group * hd);

@@ -1,5 +1,6 @@
 #include "runtime/backend.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -12,6 +13,57 @@ namespace lowbit {
 Sequence::~Sequence() = default;
 Decoder::~Decoder() = default;
 BatchCache::~BatchCache() = default;
+
+BatchCache::BatchCache(int slots, int capacity, int blocks, int block_size)
+    : capacity_(capacity), block_(block_size), blocks_(blocks), tables_(static_cast<size_t>(std::max(slots, 0))) {
+  LOWBIT_CHECK(slots >= 1 && capacity >= 1 && block_size >= 1 && blocks >= 1, "batch cache: ", slots, " slots of ",
+               capacity, " positions, ", blocks, " blocks of ", block_size);
+  for (auto& t : tables_) t.reserve(static_cast<size_t>(blocks_for(capacity)));
+  free_.resize(static_cast<size_t>(blocks));
+  for (int i = 0; i < blocks; ++i) free_[static_cast<size_t>(i)] = blocks - 1 - i;   // block 0 on top
+}
+
+size_t BatchCache::checked(int slot) const {
+  LOWBIT_CHECK(slot >= 0 && slot < slots(), "batch cache: slot ", slot, " of ", slots());
+  return static_cast<size_t>(slot);
+}
+
+bool BatchCache::reserve(int slot, int positions) {
+  std::vector<int32_t>& t = tables_[checked(slot)];
+  LOWBIT_CHECK(positions >= 0 && positions <= capacity_, "batch cache: ", positions, " positions exceed the ",
+               capacity_, " of a sequence");
+  const size_t need = static_cast<size_t>(blocks_for(positions));
+  if (need <= t.size()) return true;
+  if (need - t.size() > free_.size()) return false;
+  while (t.size() < need) {
+    t.push_back(free_.back());
+    free_.pop_back();
+  }
+  table_changed(slot);
+  return true;
+}
+
+void BatchCache::clear(int slot) {
+  set_length(slot, 0);
+  std::vector<int32_t>& t = tables_[checked(slot)];
+  if (t.empty()) return;
+  while (!t.empty()) {
+    free_.push_back(t.back());
+    t.pop_back();
+  }
+  table_changed(slot);
+}
+
+void BatchCache::truncate(int slot, int length) {
+  const int len = this->length(slot);
+  LOWBIT_CHECK(length >= 0 && length <= len, "batch cache: truncate slot ", slot, " to ", length, " of ", len);
+  set_length(slot, length);
+}
+
+void BatchCache::check_room(int slot, int positions) const {
+  LOWBIT_CHECK(positions <= reserved(slot), "batch cache: slot ", slot, " needs ", positions, " positions and has ",
+               reserved(slot), " reserved (BatchCache::reserve first)");
+}
 Backend::~Backend() = default;
 
 const char* device_option_name(Device d) {

@@ -48,18 +48,54 @@ class Sequence {
   virtual int length() const = 0;
 };
 
-// The KV cache of continuous batching (runtime/batch.h): `slots` sequences of up to capacity() positions each,
-// advanced together by Backend::batch_decode. A slot is reused once its sequence ends (clear()).
+// Positions per block of continuous batching's paged KV cache (BatchCache).
+inline constexpr int kKvBlock = 16;
+// Blocks for `slots` sequences of `capacity` positions each, all full.
+inline int full_kv_blocks(int slots, int capacity) { return slots * ((capacity + kKvBlock - 1) / kKvBlock); }
+
+// The KV cache of continuous batching (runtime/batch.h), paged: a pool of blocks of block_size() positions shared by
+// `slots` sequences of up to capacity() positions each. A sequence holds a table of the blocks it fills (position p
+// lives in block table[p / block_size()]), taken from the pool as it grows (reserve()) and given back when it ends or
+// ends (clear()), so the pool holds what the sequences use, not slots x capacity. The backends'
+// batch_extend / batch_verify / batch_decode refuse positions a slot has not reserved: running out of blocks is the
+// scheduler's decision (runtime/batch.h waits or preempts), never a write past a sequence's blocks.
 class BatchCache {
  public:
+  BatchCache(int slots, int capacity, int blocks, int block_size);
   virtual ~BatchCache();
-  virtual int slots() const = 0;
-  virtual int capacity() const = 0;          // positions per slot
-  virtual int length(int slot) const = 0;    // positions filled in the slot
-  virtual void clear(int slot) = 0;          // empties the slot for a new sequence
-  // Keeps the slot's first `length` positions (<= length(slot)): speculative decoding drops rejected draft tokens.
-  virtual void truncate(int slot, int length) = 0;
-  virtual uint64_t bytes() const = 0;        // memory the cache holds now
+  BatchCache(const BatchCache&) = delete;
+  BatchCache& operator=(const BatchCache&) = delete;
+  int slots() const { return static_cast<int>(tables_.size()); }
+  int capacity() const { return capacity_; }   // positions per sequence at most
+  int block_size() const { return block_; }
+  int blocks_total() const { return blocks_; }
+  int blocks_free() const { return static_cast<int>(free_.size()); }
+  int blocks_held(int slot) const { return static_cast<int>(tables_[checked(slot)].size()); }
+  int reserved(int slot) const { return blocks_held(slot) * block_; }   // positions the slot can fill
+  // Blocks a sequence of `positions` positions needs.
+  int blocks_for(int positions) const { return (positions + block_ - 1) / block_; }
+  // Makes room for `positions` positions (<= capacity()) in the slot, taking free blocks as needed; false, with
+  // nothing taken, when too few are free.
+  bool reserve(int slot, int positions);
+  virtual int length(int slot) const = 0;      // positions filled in the slot
+  void clear(int slot);                        // empties the slot; its blocks go back to the pool
+  // Keeps the slot's first `length` positions (<= length(slot)), its blocks still reserved: speculative decoding
+  // drops rejected draft tokens and fills their positions again next round.
+  void truncate(int slot, int length);
+  virtual uint64_t bytes() const = 0;          // memory the cache holds now
+  // The backends: throws unless the slot has reserved `positions` positions.
+  void check_room(int slot, int positions) const;
+  const std::vector<int32_t>& table(int slot) const { return tables_[checked(slot)]; }
+
+ protected:
+  virtual void set_length(int slot, int length) = 0;
+  virtual void table_changed(int slot) = 0;    // the slot's block table changed (the GPU uploads it)
+  size_t checked(int slot) const;
+
+ private:
+  int capacity_, block_, blocks_;
+  std::vector<std::vector<int32_t>> tables_;   // each reserved to capacity / block entries: data() never moves
+  std::vector<int32_t> free_;                  // a stack: the block freed last is taken first
 };
 
 // Negative log-likelihood summed over a window's predicted positions and how many of them the model ranked first.
@@ -115,9 +151,14 @@ class Backend {
   // --- continuous batching (runtime/batch.h) ---
   // KV bytes one position of one sequence takes on this device (every layer's K and V).
   virtual uint64_t kv_bytes_per_position() const = 0;
-  virtual std::unique_ptr<BatchCache> new_batch_cache(int slots, int capacity) = 0;
-  // Runs tokens (a prompt, or a chunk of one) at the end of the slot's sequence at width `bits`; the last position's
-  // logits into logits [vocab] (host memory) when not null.
+  // slots sequences of up to capacity positions each, sharing a pool of `blocks` blocks of kKvBlock positions
+  // (0: enough for every slot to fill its capacity).
+  virtual std::unique_ptr<BatchCache> new_batch_cache(int slots, int capacity, int blocks = 0) = 0;
+  // KV bytes this device could give a batch cache now (the GPU: its free memory less a margin for the forward's
+  // workspace; the CPU: unbounded, its pool pages are committed as they are written).
+  virtual uint64_t kv_bytes_available() const = 0;
+  // Runs tokens (a prompt, or a chunk of one) at the end of the slot's sequence at width `bits` (the positions
+  // reserved: BatchCache::reserve); the last position's logits into logits [vocab] (host memory) when not null.
   virtual void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) = 0;
   // batch_extend with every position's logits: logits [tokens.size(), vocab] (host memory). Speculative decoding
   // verifies a draft with it.

@@ -31,7 +31,8 @@ struct BatchGenerator::Seq {
   GenerateResult r;
   std::vector<int32_t> history;
   int limit = 0;              // positions this sequence may fill (generate()'s cache capacity)
-  size_t prefilled = 0;       // prompt tokens run so far
+  size_t prefilled = 0;       // prompt tokens (or, refilling, context tokens) run so far
+  bool refill = false;        // preempted while decoding: history[0 .. size-1) runs again before the next step
   int32_t pending = -1;       // the token the next decode step runs (>= 0: decoding)
   bool ended = false;
   OnToken on_token;
@@ -50,7 +51,9 @@ BatchGenerator::BatchGenerator(Backend& backend, const BatchOptions& opts)
   LOWBIT_CHECK(opts.prefill_chunk >= 1, "batch: the prefill chunk must be >= 1 token, got ", opts.prefill_chunk);
   LOWBIT_CHECK(capacity_ >= 2 && capacity_ <= backend.config().max_seq_len, "batch: ", capacity_,
                " positions per sequence (2 to the model's context of ", backend.config().max_seq_len, ")");
-  cache_ = b_.new_batch_cache(opts.max_seqs, capacity_);
+  LOWBIT_CHECK(opts.kv_blocks == 0 || opts.kv_blocks >= full_kv_blocks(1, capacity_), "batch: ", opts.kv_blocks,
+               " KV blocks hold no generation of ", capacity_, " positions");
+  cache_ = b_.new_batch_cache(opts.max_seqs, capacity_, opts.kv_blocks);
   slot_used_.assign(static_cast<size_t>(opts.max_seqs), false);
   if (b_.has_tokenizer()) stops_ = stop_tokens(b_.config(), b_.tokenizer());
   else if (b_.config().eos_id >= 0) stops_.push_back(b_.config().eos_id);
@@ -88,6 +91,10 @@ uint64_t BatchGenerator::add(std::vector<int32_t> prompt_ids, const GenerateOpti
   LOWBIT_CHECK(static_cast<int>(prompt_ids.size()) <= capacity_ &&
                    (static_cast<int>(prompt_ids.size()) < limit || opts.max_new_tokens == 0),
                "the prompt has ", prompt_ids.size(), " tokens, which fills the context of ", std::max(limit, 0));
+  if (speculative)
+    LOWBIT_CHECK(2 * cache_->blocks_for(std::min(capacity_, limit + spec->k_max + 1)) <= cache_->blocks_total(),
+                 "batch: the KV cache of ", kv_positions_total(), " positions cannot hold a speculative generation's two ",
+                 "contexts of ", std::min(capacity_, limit + spec->k_max + 1), " positions");
   const auto free = std::find(slot_used_.begin(), slot_used_.end(), false);
   LOWBIT_CHECK(free != slot_used_.end(), "batch: every slot is in use");
   const int slot = static_cast<int>(free - slot_used_.begin());
@@ -172,28 +179,50 @@ void BatchGenerator::finish(size_t index, std::vector<Finished>& out) {
   if (s.t_first == std::chrono::steady_clock::time_point{}) s.t_first = now;
   s.r.decode_seconds = seconds_between(s.t_first, now);
   slot_used_[static_cast<size_t>(s.slot)] = false;
-  if (s.dslot >= 0) slot_used_[static_cast<size_t>(s.dslot)] = false;
+  cache_->clear(s.slot);
+  if (s.dslot >= 0) {
+    slot_used_[static_cast<size_t>(s.dslot)] = false;
+    cache_->clear(s.dslot);
+  }
   out.push_back({s.id, std::move(s.r)});
   seqs_.erase(seqs_.begin() + static_cast<std::ptrdiff_t>(index));
 }
 
-std::vector<BatchGenerator::Finished> BatchGenerator::step() {
-  std::vector<Finished> out;
-  // Cancelled before their next token: ended now, whatever they were doing.
-  for (auto& s : seqs_)
-    if (s->opts.cancel != nullptr && s->opts.cancel->load()) {
-      s->r.stop_reason = "cancelled";
-      s->ended = true;
-    }
-  // 1. Prefill, oldest first, at most chunk_ prompt tokens in all.
+void BatchGenerator::preempt(Seq& s) {
+  cache_->clear(s.slot);
+  s.prefilled = 0;
+  s.refill = s.pending >= 0;   // a sequence still in its prompt starts its prompt again
+  ++preemptions_;
+}
+
+void BatchGenerator::prefill_round() {
   int budget = chunk_;
-  logits_.resize(static_cast<size_t>(vocab_) * std::max<size_t>(seqs_.size(), 1));
+  // Blocks kept back for the decoding sequences' next positions (one each), so that new prompts do not force
+  // preemptions at the next step.
+  int decoding = 0;
+  for (const auto& s : seqs_)
+    if (!s->ended && s->pending >= 0 && !s->refill && !s->spec_dec) ++decoding;
+  // Positions slot may take beyond `len` without going below the reserve.
+  auto room = [&](int slot, int len) {
+    const int spare = std::max(0, cache_->blocks_free() - decoding);
+    return std::min(capacity_, (cache_->blocks_held(slot) + spare) * cache_->block_size()) - len;
+  };
   for (auto& sp : seqs_) {
     Seq& s = *sp;
+    if (budget == 0) break;
     if (s.dslot >= 0) {   // speculative: prompt[0 .. P-1) into both slots, then its decoder takes over
-      if (s.ended || s.spec_dec || budget == 0) continue;
+      if (s.ended || s.spec_dec) continue;
       const size_t head = s.r.prompt_ids.size() - 1;
-      if (s.prefilled == 0 && s.dprefilled == 0) s.t_start = std::chrono::steady_clock::now();
+      if (s.prefilled == 0 && s.dprefilled == 0) {
+        // Its whole context, both slots, before it starts: its rounds then never wait for blocks.
+        const int want = std::min(capacity_, s.limit + s.spec.k_max + 1);
+        if (2 * cache_->blocks_for(want) > cache_->blocks_held(s.slot) + cache_->blocks_held(s.dslot) +
+                                               std::max(0, cache_->blocks_free() - decoding))
+          continue;
+        cache_->reserve(s.slot, want);
+        cache_->reserve(s.dslot, want);
+        s.t_start = std::chrono::steady_clock::now();
+      }
       for (auto [done, slot, bits] : {std::tuple<size_t*, int, int>{&s.prefilled, s.slot, s.opts.bits},
                                       std::tuple<size_t*, int, int>{&s.dprefilled, s.dslot, s.spec.draft_bits}}) {
         const size_t n = std::min(head - *done, static_cast<size_t>(budget));
@@ -211,25 +240,66 @@ std::vector<BatchGenerator::Finished> BatchGenerator::step() {
       }
       continue;
     }
-    if (s.ended || s.pending >= 0 || budget == 0) continue;
-    const size_t total = s.r.prompt_ids.size();
-    if (s.prefilled == 0) s.t_start = std::chrono::steady_clock::now();
-    const size_t n = std::min(total - s.prefilled, static_cast<size_t>(budget));
-    const bool last = s.prefilled + n == total;
-    b_.batch_extend(*cache_, s.slot, std::span<const int32_t>(s.r.prompt_ids).subspan(s.prefilled, n), s.opts.bits,
-                    last ? logits_.data() : nullptr);
+    if (s.ended || (s.pending >= 0 && !s.refill)) continue;
+    // The tokens to run: the prompt, or (refilling after a preemption) the context up to the pending token.
+    const std::span<const int32_t> src = s.refill ? std::span<const int32_t>(s.history).first(s.history.size() - 1)
+                                                  : std::span<const int32_t>(s.r.prompt_ids);
+    const int len = cache_->length(s.slot);
+    const size_t n = std::min({src.size() - s.prefilled, static_cast<size_t>(budget),
+                               static_cast<size_t>(std::max(0, room(s.slot, len)))});
+    if (n == 0) continue;   // waits for blocks
+    LOWBIT_CHECK(cache_->reserve(s.slot, len + static_cast<int>(n)), "batch: KV blocks counted free are not");
+    if (!s.refill && s.prefilled == 0) s.t_start = std::chrono::steady_clock::now();
+    const bool last = s.prefilled + n == src.size();
+    b_.batch_extend(*cache_, s.slot, src.subspan(s.prefilled, n), s.opts.bits, last && !s.refill ? logits_.data() : nullptr);
     s.prefilled += n;
     budget -= static_cast<int>(n);
     if (!last) continue;
+    if (s.refill) {   // back to decoding its pending token
+      s.refill = false;
+      continue;
+    }
     s.t_first = std::chrono::steady_clock::now();
     s.r.prefill_seconds = seconds_between(s.t_start, s.t_first);
     if (!pick(s, logits_.data())) s.ended = true;
   }
+}
+
+std::vector<BatchGenerator::Seq*> BatchGenerator::reserve_decode_rows() {
+  std::vector<Seq*> rows;
+  for (auto& s : seqs_)
+    if (!s->ended && s->pending >= 0 && !s->refill && !s->spec_dec) rows.push_back(s.get());
+  for (Seq* s : rows) {
+    if (s->refill) continue;   // preempted below for an older row
+    while (!cache_->reserve(s->slot, cache_->length(s->slot) + 1)) {
+      // The newest sequence holding blocks that may give them up (speculative ones keep theirs); s itself at worst.
+      Seq* victim = nullptr;
+      for (auto it = seqs_.rbegin(); it != seqs_.rend() && victim == nullptr; ++it)
+        if (!(*it)->ended && (*it)->dslot < 0 && cache_->blocks_held((*it)->slot) > 0) victim = it->get();
+      LOWBIT_CHECK(victim != nullptr, "batch: no KV blocks to free for a decoding sequence");
+      preempt(*victim);
+      if (victim == s) break;
+    }
+  }
+  std::erase_if(rows, [](const Seq* s) { return s->refill; });
+  return rows;
+}
+
+std::vector<BatchGenerator::Finished> BatchGenerator::step() {
+  std::vector<Finished> out;
+  // Cancelled before their next token: ended now, whatever they were doing.
+  for (auto& s : seqs_)
+    if (s->opts.cancel != nullptr && s->opts.cancel->load()) {
+      s->r.stop_reason = "cancelled";
+      s->ended = true;
+    }
+  logits_.resize(static_cast<size_t>(vocab_) * std::max<size_t>(seqs_.size(), 1));
+  // 1. Prefill, oldest first, at most chunk_ prompt tokens in all.
+  prefill_round();
   // 2. One decode step for every sequence past its prompt, one forward per width. Those whose first token was
   // picked in this round's prefill join now: the step runs that token.
   std::map<int, std::vector<Seq*>> by_bits;
-  for (auto& s : seqs_)
-    if (!s->ended && s->pending >= 0) by_bits[s->opts.bits].push_back(s.get());
+  for (Seq* s : reserve_decode_rows()) by_bits[s->opts.bits].push_back(s);
   last_rows_ = last_forwards_ = 0;
   const auto t_decode = std::chrono::steady_clock::now();
   for (auto& [bits, group] : by_bits) {

@@ -6,6 +6,11 @@
 //   2. decode: one token for every request past its prompt, one batched forward per width present (any-precision
 //      models: each request picks its width; a width's forward reads that width's bitplanes for all its rows);
 //   3. speculative generations (add's spec): one draft-and-verify round each.
+// KV memory is paged (BatchCache): a sequence takes blocks as it grows. A prompt chunk runs only when its blocks are
+// free with one block left over for each decoding sequence; when a decoding sequence needs a block and none is free,
+// the newest sequence is preempted: its blocks are freed, and it later runs its prompt and tokens so far again (as
+// a prompt, without picking a token) and decodes on from where it was, its output unchanged. Speculative
+// generations reserve their whole context when their prompt starts and are never preempted.
 // Tokens are picked on the host by each request's own Sampler (seeded as generate() seeds it) and taken through
 // the same TokenStream as generate(), so a request ends, streams and stops exactly as it would alone.
 #pragma once
@@ -27,6 +32,7 @@ struct BatchOptions {
   int max_seqs = 8;          // sequences in flight at most (the cache's slots)
   int capacity = 0;          // positions per sequence (prompt + completion); 0 = the model's context
   int prefill_chunk = 512;   // prompt tokens a round runs at most
+  int kv_blocks = 0;         // KV blocks (kKvBlock positions each) shared by the sequences; 0 = every slot full
 };
 
 class BatchGenerator {
@@ -36,6 +42,7 @@ class BatchGenerator {
   BatchGenerator(const BatchGenerator&) = delete;
   BatchGenerator& operator=(const BatchGenerator&) = delete;
 
+  int slots() const { return cache_->slots(); }
   int free_slots() const;
   int active() const { return static_cast<int>(seqs_.size()); }
   int capacity() const { return capacity_; }
@@ -65,9 +72,12 @@ class BatchGenerator {
   int last_decode_rows() const { return last_rows_; }
   int last_decode_forwards() const { return last_forwards_; }
   double last_decode_seconds() const { return last_decode_s_; }   // wall time of the last round's decode step
-  // KV positions in use (over every active sequence) and in all slots.
+  // KV positions filled (over every active sequence), and the pool's blocks in use and in all.
   int64_t kv_positions_used() const;
-  int64_t kv_positions_total() const { return static_cast<int64_t>(cache_->slots()) * capacity_; }
+  int kv_blocks_used() const { return cache_->blocks_total() - cache_->blocks_free(); }
+  int kv_blocks_total() const { return cache_->blocks_total(); }
+  int64_t kv_positions_total() const { return static_cast<int64_t>(cache_->blocks_total()) * cache_->block_size(); }
+  int64_t preemptions() const { return preemptions_; }   // sequences preempted for blocks so far
 
  private:
   struct Seq;
@@ -75,6 +85,13 @@ class BatchGenerator {
   // sequence), on_text called; false when s has ended (s.r complete).
   bool pick(Seq& s, float* logits, int32_t given = -1);
   void finish(size_t index, std::vector<Finished>& out);
+  // 1. of step(): prompt chunks (and preempted sequences' refills) within the chunk budget and the free blocks.
+  void prefill_round();
+  // Frees s's blocks; it runs its context again before decoding on.
+  void preempt(Seq& s);
+  // Reserves a block for every decoding sequence's next position, preempting the newest sequences while blocks lack;
+  // returns the sequences that decode this round.
+  std::vector<Seq*> reserve_decode_rows();
   // The log-probability of id and the `alternatives` most likely tokens, from raw_.
   TokenLogprob logprob_of(int32_t id, int alternatives);
 
@@ -89,6 +106,7 @@ class BatchGenerator {
   std::vector<float> raw_;                    // a row of logits before the sampler's penalties (log-probabilities)
   std::vector<std::pair<float, int32_t>> top_;
   uint64_t next_id_ = 1;
+  int64_t preemptions_ = 0;
   int last_rows_ = 0, last_forwards_ = 0;
   double last_decode_s_ = 0;
 };

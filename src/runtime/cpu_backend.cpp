@@ -54,37 +54,40 @@ class CpuDecoder final : public Decoder {
   size_t prompt_len_ = 0;
 };
 
-// One KVCache per slot, allocated at the slot's first use and kept for the sequences that reuse it.
+// The paged cache on the CPU: one fp32 pool [blocks][layers][kKvBlock][kv_dim] for k and one for v, allocated
+// uninitialised (the pages are committed as positions are written, so an idle pool costs address space, not memory),
+// and per slot a KVCache viewing the pool through the slot's block table.
 class CpuBatchCache final : public BatchCache {
  public:
-  CpuBatchCache(const Model& m, int slots, int capacity) : m_(m), capacity_(capacity), caches_(static_cast<size_t>(slots)) {}
-  int slots() const override { return static_cast<int>(caches_.size()); }
-  int capacity() const override { return capacity_; }
+  CpuBatchCache(const ModelConfig& c, int slots, int capacity, int blocks)
+      : BatchCache(slots, capacity, blocks, kKvBlock), block_floats_(static_cast<size_t>(c.n_layers) * kKvBlock * c.kv_dim()),
+        k_(std::make_unique_for_overwrite<float[]>(block_floats_ * blocks)),
+        v_(std::make_unique_for_overwrite<float[]>(block_floats_ * blocks)), caches_(static_cast<size_t>(slots)) {
+    for (int s = 0; s < slots; ++s) {
+      KVCache& kv = caches_[static_cast<size_t>(s)];
+      kv.n_layers = c.n_layers;
+      kv.capacity = capacity;
+      kv.kv_dim = c.kv_dim();
+      kv.pool_k = k_.get();
+      kv.pool_v = v_.get();
+      kv.table = table(s).data();
+      kv.block = kKvBlock;
+    }
+  }
   int length(int slot) const override { return caches_[checked(slot)].len; }
-  void clear(int slot) override { caches_[checked(slot)].len = 0; }
-  void truncate(int slot, int length) override {
+  uint64_t bytes() const override { return 2 * block_floats_ * blocks_total() * sizeof(float); }
+  // The slot's cache for a forward of `n` more positions (reserved, or a one-line error).
+  KVCache& at(int slot, int n) {
     KVCache& c = caches_[checked(slot)];
-    LOWBIT_CHECK(length >= 0 && length <= c.len, "batch cache: truncate slot ", slot, " to ", length, " of ", c.len);
-    c.len = length;
-  }
-  uint64_t bytes() const override {
-    uint64_t b = 0;
-    for (const KVCache& c : caches_) b += (c.k.size() + c.v.size()) * sizeof(float);
-    return b;
-  }
-  KVCache& at(int slot) {
-    KVCache& c = caches_[checked(slot)];
-    if (c.capacity == 0) c = m_.new_cache(capacity_);
+    check_room(slot, c.len + n);
     return c;
   }
 
  private:
-  size_t checked(int slot) const {
-    LOWBIT_CHECK(slot >= 0 && slot < slots(), "batch cache: slot ", slot, " of ", slots());
-    return static_cast<size_t>(slot);
-  }
-  const Model& m_;
-  int capacity_;
+  void set_length(int slot, int length) override { caches_[checked(slot)].len = length; }
+  void table_changed(int) override {}   // the KVCache views read the table in place
+  size_t block_floats_;
+  std::unique_ptr<float[]> k_, v_;
   std::vector<KVCache> caches_;
 };
 
@@ -150,22 +153,25 @@ uint64_t CpuBackend::kv_bytes_per_position() const {
   return static_cast<uint64_t>(c.n_layers) * 2 * c.kv_dim() * sizeof(float);
 }
 
-std::unique_ptr<BatchCache> CpuBackend::new_batch_cache(int slots, int capacity) {
-  LOWBIT_CHECK(slots >= 1 && capacity >= 1 && capacity <= config().max_seq_len, "batch cache: ", slots, " slots of ",
-               capacity, " positions (the model's context is ", config().max_seq_len, ")");
-  return std::make_unique<CpuBatchCache>(*model_, slots, capacity);
+std::unique_ptr<BatchCache> CpuBackend::new_batch_cache(int slots, int capacity, int blocks) {
+  LOWBIT_CHECK(slots >= 1 && capacity >= 1 && capacity <= config().max_seq_len && blocks >= 0, "batch cache: ", slots,
+               " slots of ", capacity, " positions, ", blocks, " blocks (the model's context is ", config().max_seq_len, ")");
+  if (blocks == 0) blocks = full_kv_blocks(slots, capacity);
+  return std::make_unique<CpuBatchCache>(config(), slots, capacity, blocks);
 }
 
+uint64_t CpuBackend::kv_bytes_available() const { return UINT64_MAX; }
+
 void CpuBackend::batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
-  KVCache& c = batch_cache_of(cache).at(slot);
   const int n = static_cast<int>(tokens.size());
+  KVCache& c = batch_cache_of(cache).at(slot, n);
   if (reference_) model_->forward_ref(tokens.data(), n, c, logits, false, bits);
   else model_->forward(tokens.data(), n, c, logits, false, bits);
 }
 
 void CpuBackend::batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
-  KVCache& c = batch_cache_of(cache).at(slot);
   const int n = static_cast<int>(tokens.size());
+  KVCache& c = batch_cache_of(cache).at(slot, n);
   if (reference_) model_->forward_ref(tokens.data(), n, c, logits, true, bits);
   else model_->forward(tokens.data(), n, c, logits, true, bits);
 }
@@ -183,10 +189,10 @@ void CpuBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std
     all = logits_.data();
   }
   if (reference_) {
-    for (size_t i = 0; i < n; ++i) model_->forward_ref(&tokens[i], 1, bc.at(slots[i]), all + i * V, false, bits);
+    for (size_t i = 0; i < n; ++i) model_->forward_ref(&tokens[i], 1, bc.at(slots[i], 1), all + i * V, false, bits);
   } else {
     std::vector<KVCache*> caches;
-    for (int s : slots) caches.push_back(&bc.at(s));
+    for (int s : slots) caches.push_back(&bc.at(s, 1));
     model_->forward_batch(tokens.data(), caches, all, bits);
   }
   if (greedy != nullptr)

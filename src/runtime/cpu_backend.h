@@ -31,7 +31,8 @@ class CpuBackend final : public Backend {
   WindowScore score_window(Sequence& seq, std::span<const int32_t> tokens, int bits, bool reference) override;
   std::unique_ptr<Decoder> new_decoder(Sequence& seq, const SamplingParams& sampling, int bits) override;
   uint64_t kv_bytes_per_position() const override;
-  std::unique_ptr<BatchCache> new_batch_cache(int slots, int capacity) override;
+  std::unique_ptr<BatchCache> new_batch_cache(int slots, int capacity, int blocks) override;
+  uint64_t kv_bytes_available() const override;
   void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,

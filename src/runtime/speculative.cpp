@@ -46,7 +46,7 @@ SpeculativeDecoder::SpeculativeDecoder(Backend& target, BatchCache& tcache, int 
                                        const SpeculativeOptions& so, int capacity, TokenStream& stream,
                                        GenerateResult& r)
     : target_(target), draft_(draft), tcache_(tcache), dcache_(dcache), tslot_(tslot), dslot_(dslot), opts_(opts),
-      so_(so), capacity_(capacity), cap_(std::min(tcache.capacity(), dcache.capacity())), V_(target.config().vocab_size),
+      so_(so), capacity_(capacity), cap_(std::min(tcache.reserved(tslot), dcache.reserved(dslot))), V_(target.config().vocab_size),
       P_(static_cast<int>(r.prompt_ids.size())), stream_(stream), r_(r), history_(r.prompt_ids),
       tsampler_(opts.sampling), dsampler_(draft_sampling(opts.sampling)), dl_(static_cast<size_t>(V_)),
       k_(so.k > 0 ? so.k : std::min(4, so.k_max)), draft_len_(std::max(P_ - 1, 0)) {}
@@ -188,6 +188,7 @@ GenerateResult generate_speculative(Backend& target, Backend& draft, const std::
   std::unique_ptr<BatchCache> dcache_own = same ? nullptr : draft.new_batch_cache(1, cap);
   BatchCache& dcache = same ? *tcache : *dcache_own;
   const int tslot = 0, dslot = same ? 1 : 0;
+  LOWBIT_CHECK(tcache->reserve(tslot, cap) && dcache.reserve(dslot, cap), "speculative: the KV cache has no room");
   const auto t0 = std::chrono::steady_clock::now();
   if (P > 1) {
     const std::span<const int32_t> head(prompt_ids.data(), static_cast<size_t>(P - 1));

@@ -48,7 +48,7 @@ void check_speculative(Backend& target, Backend& draft, const GenerateOptions& o
 // One speculative generation, round by round: generate_speculative() and the batch generator (runtime/batch.h)
 // each drive one. The caller owns the caches, the output (r, whose prompt_ids are the prompt) and the TokenStream,
 // and has run prompt[0 .. P-1) into both slots (every committed token but the last is in both caches; the last runs
-// first in each round). Each slot needs room for the context plus k_max + 1 positions.
+// first in each round). Each slot needs room for the context plus k_max + 1 positions, reserved (BatchCache::reserve).
 class SpeculativeDecoder {
  public:
   SpeculativeDecoder(Backend& target, BatchCache& tcache, int tslot, Backend& draft, BatchCache& dcache, int dslot,

@@ -86,14 +86,17 @@ void Metrics::count_finished(const std::string& reason) {
   ++finished_[reason];
 }
 
-void Metrics::set_kv_used(int64_t positions) {
+void Metrics::set_kv_used(int64_t positions, int64_t blocks, int64_t preemptions) {
   std::lock_guard<std::mutex> lock(mu_);
   kv_used_ = positions;
+  kv_blocks_used_ = blocks;
+  preemptions_ = preemptions;
 }
 
-void Metrics::set_kv_capacity(int64_t positions) {
+void Metrics::set_kv_capacity(int64_t positions, int64_t blocks) {
   std::lock_guard<std::mutex> lock(mu_);
   kv_capacity_ = positions;
+  kv_blocks_total_ = blocks;
 }
 
 void Metrics::observe_time_to_first_token(double seconds) {
@@ -131,8 +134,12 @@ std::string Metrics::render() const {
   out += "# TYPE lowbit_requests_finished_total counter\n";
   for (const auto& [reason, n] : finished_)
     out += "lowbit_requests_finished_total{reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
-  series(out, "lowbit_kv_cache_used_positions", "gauge", "KV cache positions the running requests hold.", kv_used_);
-  series(out, "lowbit_kv_cache_capacity_positions", "gauge", "KV cache positions in all slots.", kv_capacity_);
+  series(out, "lowbit_kv_cache_used_positions", "gauge", "KV cache positions the running requests have filled.", kv_used_);
+  series(out, "lowbit_kv_cache_capacity_positions", "gauge", "KV cache positions in the paged cache's blocks.", kv_capacity_);
+  series(out, "lowbit_kv_cache_used_blocks", "gauge", "KV cache blocks the running requests hold.", kv_blocks_used_);
+  series(out, "lowbit_kv_cache_blocks", "gauge", "KV cache blocks in all.", kv_blocks_total_);
+  series(out, "lowbit_kv_cache_preemptions_total", "counter",
+         "Running requests preempted for KV blocks (resumed later, their output unchanged).", preemptions_);
   ttft_.render(out, "lowbit_time_to_first_token_seconds", "From the request's arrival to its first generated token.");
   itl_.render(out, "lowbit_inter_token_latency_seconds", "Between consecutive generated tokens of one request.");
   return out;

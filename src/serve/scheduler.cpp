@@ -22,7 +22,7 @@ Scheduler::Scheduler(api::Model& model, int max_queue, const api::BatchParams& b
     : model_(model), max_queue_(static_cast<size_t>(std::max(max_queue, 0))), batch_params_(batch),
       request_timeout_s_(request_timeout_s), metrics_(metrics),
       batch_(model.new_batch(batch)), slots_(batch_->slots()) {
-  metrics_.set_kv_capacity(batch_->kv_positions_total());
+  metrics_.set_kv_capacity(batch_->kv_positions_total(), batch_->kv_blocks_total());
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -157,7 +157,7 @@ void Scheduler::worker() {
 
 void Scheduler::publish_state() {
   metrics_.set_running(static_cast<int64_t>(running_.size()));
-  metrics_.set_kv_used(batch_->kv_positions_used());
+  metrics_.set_kv_used(batch_->kv_positions_used(), batch_->kv_blocks_used(), batch_->preemptions());
 }
 
 bool Scheduler::start(const std::shared_ptr<Job>& job_ptr) {

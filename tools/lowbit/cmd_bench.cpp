@@ -50,6 +50,7 @@ struct BenchArgs {
   std::vector<std::string> spec_texts;
   int spec_prompts = 8, spec_prompt_len = 64;
   std::vector<int> concurrency = {1, 8, 32, 64};
+  double serve_kv_gb = 0;
   api::SpeedParams speed;
   std::vector<std::string> shapes = {"4096x4096",  "11008x4096", "4096x11008", "14336x4096",
                                      "8192x8192", "28672x8192", "8192x28672"};
@@ -236,6 +237,9 @@ void register_bench(CLI::App& app, Common& common) {
   sub->add_option("--concurrency", a->concurrency, "--serve: requests in flight (comma-separated)")
       ->delimiter(',')
       ->check(in_range(1, 512));
+  sub->add_option("--kv-cache-gb", a->serve_kv_gb,
+                  "--serve: the paged KV cache's size in GB (default: every request's whole context, as without paging)")
+      ->check(at_least(0, "0 = every request's whole context"));
   sub->callback([a, sub, &common] {
     apply_threads(common);
     refuse_unless(sub, {"--kernels"}, !a->e2e && !a->serve, "and --e2e / --serve are separate benchmarks: give one");
@@ -243,7 +247,7 @@ void register_bench(CLI::App& app, Common& common) {
     refuse_unless(sub, {"--shapes", "--batch", "--iters", "--formats"}, a->kernels, "applies to --kernels only");
     refuse_unless(sub, {"--model-shapes", "--weights"}, a->e2e || a->serve, "applies to --e2e and --serve only");
     refuse_unless(sub, {"--decode-batches"}, a->e2e, "applies to --e2e only");
-    refuse_unless(sub, {"--concurrency"}, a->serve, "applies to --serve only");
+    refuse_unless(sub, {"--concurrency", "--kv-cache-gb"}, a->serve, "applies to --serve only");
     refuse_unless(sub, {"--spec", "--spec-target"}, a->e2e, "applies to --e2e only");
     refuse_unless(sub, {"--kernel-bits"}, a->kernels || a->e2e || a->serve, "applies to --kernels, --e2e and --serve only");
     const bool no_model = a->kernels || a->e2e || a->serve;
@@ -261,6 +265,7 @@ void register_bench(CLI::App& app, Common& common) {
         if (sub->count("--weights") > 0) o.kinds = a->e2e_weights;
         o.bits = a->kernel_bits;
         o.concurrency = a->concurrency;
+        o.kv_cache_bytes = static_cast<uint64_t>(a->serve_kv_gb * 1e9);
         cuda::run_serve_bench(o, std::cout);
         return;
       }

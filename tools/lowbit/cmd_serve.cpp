@@ -26,8 +26,9 @@ void register_serve(CLI::App& app, Common& common) {
   sub->add_option("--max-batch", a->opts.max_batch, "Requests generated together at most (default 8)")
       ->check(in_range(1, 1024));
   sub->add_option("--kv-cache-gb", a->opts.kv_cache_gb,
-                  "KV cache size in GB; fewer requests run together when it holds fewer (default: --max-batch x ctx)")
-      ->check(at_least(0, "0 = room for --max-batch contexts"));
+                  "Paged KV cache size in GB, shared by the running requests in blocks of 16 positions (default: the "
+                  "GPU's free memory less a margin, at most --max-batch full contexts)")
+      ->check(at_least(0, "0 = the device's free memory"));
   sub->add_option("--prefill-chunk", a->opts.prefill_chunk,
                   "Prompt tokens per scheduling round, so that running streams keep moving (default 512)")
       ->check(in_range(1, 1 << 20));

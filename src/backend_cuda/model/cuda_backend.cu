@@ -90,26 +90,26 @@ class CudaDecoder final : public Decoder {
   size_t prompt_len_ = 0;
 };
 
-// Continuous batching's cache: a GpuKVCache of slots + 1 sequences, the last one kept for the padding rows of
-// GpuModel::decode_slots.
+// Continuous batching's cache: a paged GpuKVCache of slots + 1 sequences over blocks + 1 blocks. The last sequence
+// and the last block are the padding rows' of GpuModel::decode_slots (position 0 of that block), outside the pool the
+// slots share.
 class CudaBatchCache final : public BatchCache {
  public:
-  CudaBatchCache(GpuModel& m, int slots, int capacity) : cache(m.new_cache(slots + 1, capacity)) {}
-  int slots() const override { return cache.seqs - 1; }
-  int capacity() const override { return cache.capacity; }
+  CudaBatchCache(GpuModel& m, int slots, int capacity, int blocks)
+      : BatchCache(slots, capacity, blocks, kKvBlock), cache(m.new_paged_cache(slots + 1, capacity, blocks + 1, kKvBlock)) {
+    cache.table[static_cast<size_t>(slots) * cache.max_blocks] = blocks;
+  }
   int length(int slot) const override { return cache.len[checked(slot)]; }
-  void clear(int slot) override { cache.len[checked(slot)] = 0; }
-  void truncate(int slot, int length) override {
-    int& len = cache.len[checked(slot)];
-    LOWBIT_CHECK(length >= 0 && length <= len, "batch cache: truncate slot ", slot, " to ", length, " of ", len);
-    len = length;
-  }
   uint64_t bytes() const override { return cache.bytes(); }
-  size_t checked(int slot) const {
-    LOWBIT_CHECK(slot >= 0 && slot < slots(), "batch cache: slot ", slot, " of ", slots());
-    return static_cast<size_t>(slot);
-  }
   GpuKVCache cache;
+
+ private:
+  void set_length(int slot, int length) override { cache.len[checked(slot)] = length; }
+  void table_changed(int slot) override {
+    const std::vector<int32_t>& t = table(slot);
+    std::copy(t.begin(), t.end(), cache.table.begin() + static_cast<std::ptrdiff_t>(slot) * cache.max_blocks);
+    cache.table_dirty = true;
+  }
 };
 
 CudaBatchCache& batch_cache_of(BatchCache& c) {
@@ -205,24 +205,35 @@ uint64_t CudaBackend::kv_bytes_per_position() const {
   return static_cast<uint64_t>(c.n_layers) * 2 * c.kv_dim() * sizeof(__half);
 }
 
-std::unique_ptr<BatchCache> CudaBackend::new_batch_cache(int slots, int capacity) {
-  LOWBIT_CHECK(slots >= 1 && capacity >= 1 && capacity <= config().max_seq_len, "batch cache: ", slots, " slots of ",
-               capacity, " positions (the model's context is ", config().max_seq_len, ")");
-  return std::make_unique<CudaBatchCache>(*model_, slots, capacity);
+std::unique_ptr<BatchCache> CudaBackend::new_batch_cache(int slots, int capacity, int blocks) {
+  LOWBIT_CHECK(slots >= 1 && capacity >= 1 && capacity <= config().max_seq_len && blocks >= 0, "batch cache: ", slots,
+               " slots of ", capacity, " positions, ", blocks, " blocks (the model's context is ", config().max_seq_len, ")");
+  if (blocks == 0) blocks = full_kv_blocks(slots, capacity);
+  return std::make_unique<CudaBatchCache>(*model_, slots, capacity, blocks);
+}
+
+uint64_t CudaBackend::kv_bytes_available() const {
+  size_t free = 0, total = 0;
+  LOWBIT_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  // Left for the forward's workspace, the GEMM scratch and the decode graphs, which grow after the cache is made.
+  const uint64_t margin = std::max<uint64_t>(uint64_t{2} << 30, total / 20);
+  return free > margin ? free - margin : 0;
 }
 
 void CudaBackend::batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
   CudaBatchCache& bc = batch_cache_of(cache);
+  bc.check_room(slot, bc.length(slot) + static_cast<int>(tokens.size()));
   const float* d = model_->forward(tokens.data(), 1, static_cast<int>(tokens.size()), bc.cache, false, bits,
-                                   static_cast<int>(bc.checked(slot)));
+                                   slot);
   if (logits != nullptr) download_logits(d, static_cast<size_t>(config().vocab_size), logits);
   else model_->synchronize();
 }
 
 void CudaBackend::batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) {
   CudaBatchCache& bc = batch_cache_of(cache);
+  bc.check_room(slot, bc.length(slot) + static_cast<int>(tokens.size()));
   const float* d = model_->forward(tokens.data(), 1, static_cast<int>(tokens.size()), bc.cache, true, bits,
-                                   static_cast<int>(bc.checked(slot)));
+                                   slot);
   download_logits(d, static_cast<size_t>(config().vocab_size) * tokens.size(), logits);
 }
 
@@ -230,6 +241,7 @@ void CudaBackend::batch_decode(BatchCache& cache, std::span<const int> slots, st
                                float* logits, size_t logit_rows, int32_t* greedy) {
   LOWBIT_CHECK(logit_rows <= slots.size(), "batch_decode: ", logit_rows, " rows of logits of ", slots.size());
   CudaBatchCache& bc = batch_cache_of(cache);
+  for (int slot : slots) bc.check_room(slot, bc.length(slot) + 1);
   const float* d = model_->decode_slots(bc.cache, std::vector<int>(slots.begin(), slots.end()),
                                         std::vector<int32_t>(tokens.begin(), tokens.end()), bits, /*use_graph=*/true);
   if (greedy != nullptr) {   // the step's own argmax (decode_slots picks every row's on the device)

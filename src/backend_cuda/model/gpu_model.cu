@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -460,12 +461,18 @@ uint64_t GpuModel::weight_bytes_per_token(int bits) const {
   return b;
 }
 
+namespace {
+uint64_t next_cache_id() {
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+}  // namespace
+
 GpuKVCache GpuModel::new_cache(int seqs, int capacity) const {
   LOWBIT_CHECK(seqs >= 1 && capacity >= 1, "KV cache: ", seqs, " sequences of ", capacity, " positions");
   LOWBIT_CHECK(capacity <= c_.max_seq_len, "KV cache: ", capacity, " positions exceed the model context of ", c_.max_seq_len);
-  static std::atomic<uint64_t> next_id{1};
   GpuKVCache kv;
-  kv.id = next_id++;
+  kv.id = next_cache_id();
   kv.seqs = seqs;
   kv.layers = c_.n_layers;
   kv.capacity = capacity;
@@ -474,7 +481,45 @@ GpuKVCache GpuModel::new_cache(int seqs, int capacity) const {
   kv.k = DeviceBuffer<__half>(n);
   kv.v = DeviceBuffer<__half>(n);
   kv.len.assign(static_cast<size_t>(seqs), 0);
+  kv.block = capacity;
+  kv.blocks = seqs;
+  LOWBIT_CHECK(static_cast<int64_t>(seqs) * c_.n_layers * capacity < (int64_t{1} << 31), "KV cache: ", seqs,
+               " sequences of ", capacity, " positions exceed the attention kernels' 2^31 cache rows");
   return kv;
+}
+
+GpuKVCache GpuModel::new_paged_cache(int seqs, int capacity, int blocks, int block) const {
+  LOWBIT_CHECK(seqs >= 1 && capacity >= 1 && blocks >= 1 && block >= 1 && (block & (block - 1)) == 0, "KV cache: ",
+               seqs, " sequences of ", capacity, " positions, ", blocks, " blocks of ", block, " (a power of two)");
+  LOWBIT_CHECK(capacity <= c_.max_seq_len, "KV cache: ", capacity, " positions exceed the model context of ", c_.max_seq_len);
+  LOWBIT_CHECK(static_cast<int64_t>(blocks) * c_.n_layers * block < (int64_t{1} << 31), "KV cache: ", blocks,
+               " blocks of ", block, " positions exceed the attention kernels' 2^31 cache rows");
+  GpuKVCache kv;
+  kv.id = next_cache_id();
+  kv.seqs = seqs;
+  kv.layers = c_.n_layers;
+  kv.capacity = capacity;
+  kv.kv_dim = c_.kv_dim();
+  kv.block = block;
+  kv.blocks = blocks;
+  kv.shift = std::countr_zero(static_cast<unsigned>(block));
+  kv.max_blocks = (capacity + block - 1) / block;
+  const size_t n = static_cast<size_t>(blocks) * c_.n_layers * block * c_.kv_dim();
+  kv.k = DeviceBuffer<__half>(n);
+  kv.v = DeviceBuffer<__half>(n);
+  kv.len.assign(static_cast<size_t>(seqs), 0);
+  kv.table.assign(static_cast<size_t>(seqs) * kv.max_blocks, 0);
+  kv.table_dev = DeviceBuffer<int32_t>(kv.table.size());
+  kv.table_dirty = true;
+  return kv;
+}
+
+void GpuModel::upload_table(GpuKVCache& cache) {
+  if (!cache.table_dirty) return;
+  // From pageable memory: the call returns once the table is staged, so the host copy may change right after.
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(cache.table_dev.get(), cache.table.data(), sizeof(int32_t) * cache.table.size(),
+                                    cudaMemcpyHostToDevice, stream_));
+  cache.table_dirty = false;
 }
 
 void GpuModel::synchronize() const { LOWBIT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -610,11 +655,10 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     if (!fold) {
       mark("RoPE + KV store");
       rope_kv_store(qin, q_ld, kin, vin, kv_ld, q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, rope_cos_.get(),
-                    rope_sin_.get(), l, c_.n_layers, cache.capacity, cache.k.get(), cache.v.get(), s);
+                    rope_sin_.get(), l, cache.map(), cache.k.get(), cache.v.get(), s);
     }
     mark("attention");
-    attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, c_.n_layers, cache.capacity,
-              c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s,
+    attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, cache.map(), c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s,
               reinterpret_cast<unsigned*>(slot_a), fold ? &rope : nullptr);
     mark("o linear");
     run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits, slot_a);
@@ -683,6 +727,7 @@ const float* GpuModel::forward(const int32_t* tokens, int seqs, int n, GpuKVCach
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tok_in_.get(), tokens, sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
+  upload_table(cache);
   embed_rows(emb_, tok_in_.get(), rows, c_.dim, x_.get(), stream_);
   const int splits = splits_for(max_span, rows, c_.n_heads, sms_);
   ensure_attn_scratch(rows, splits);
@@ -797,6 +842,7 @@ const float* GpuModel::decode_slots(GpuKVCache& cache, const std::vector<int>& s
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(tok_dev_.get(), tok.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(seq_dev_.get(), seq.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
   LOWBIT_CUDA_CHECK(cudaMemcpyAsync(pos_dev_.get(), pos.data(), sizeof(int32_t) * rows, cudaMemcpyHostToDevice, stream_));
+  upload_table(cache);
   decode_rows(cache, rows, bits, use_graph, /*argmax=*/true);
   for (int i = 0; i < n; ++i) ++cache.len[static_cast<size_t>(slots[static_cast<size_t>(i)])];
   return logits_.get();

@@ -11,20 +11,30 @@
 
 #include "backend_cuda/common/common.h"
 #include "backend_cuda/dispatch/packed.h"
+#include "backend_cuda/ops/gpu_ops.h"
 #include "backend_cuda/ops/sampling.h"
 #include "model/model.h"
 
 namespace lowbit::cuda {
 
-// Contiguous fp16 KV cache, k and v each [seqs][layers][capacity][kv_dim]; len[b] = positions filled in sequence b.
+// fp16 KV cache of `seqs` sequences, k and v each [blocks][layers][block][kv_dim] (ops/gpu_ops.h, KvMap); len[b] =
+// positions filled in sequence b. Contiguous (new_cache): one block of `capacity` positions per sequence. Paged
+// (new_paged_cache, continuous batching): sequence b's position p in block table[b][p / block], the table kept on the
+// host and uploaded before a forward that follows a change (table_dirty).
 struct GpuKVCache {
   int seqs = 0, layers = 0, capacity = 0, kv_dim = 0;
+  int block = 0, blocks = 0, max_blocks = 1, shift = 31;
   // Unique per cache made by new_cache (never reused): the decode graphs are keyed by it, not by the buffers'
   // addresses, which a later cache may get again while a graph still points at the old v buffer.
   uint64_t id = 0;
   DeviceBuffer<__half> k, v;
   std::vector<int> len;
-  uint64_t bytes() const { return k.bytes() + v.bytes(); }
+  std::vector<int32_t> table;   // paged: [seqs][max_blocks] (entries past a sequence's blocks unused)
+  DeviceBuffer<int32_t> table_dev;
+  bool table_dirty = false;
+  bool paged() const { return table_dev.size() > 0; }
+  KvMap map() const { return KvMap{paged() ? table_dev.get() : nullptr, max_blocks, shift, block, layers}; }
+  uint64_t bytes() const { return k.bytes() + v.bytes() + table_dev.bytes(); }
 };
 
 // One linear layer on the device: fp16 dense or a packed weight, optional fp32 bias.
@@ -66,6 +76,9 @@ class GpuModel {
   uint64_t weight_bytes() const;              // device bytes of all weights
   uint64_t weight_bytes_per_token(int bits) const;   // bytes one decode step reads (linears + head)
   GpuKVCache new_cache(int seqs, int capacity) const;
+  // A paged cache: `blocks` blocks of `block` positions (a power of two) shared by `seqs` sequences of up to
+  // `capacity` positions; every table entry starts at block 0.
+  GpuKVCache new_paged_cache(int seqs, int capacity, int blocks, int block) const;
   int decode_splits(int seqs, int capacity) const;   // attention's key splits in a decode step over such a cache
 
   // Runs n new tokens for each of `seqs` sequences (tokens sequence-major, host memory) at positions
@@ -125,6 +138,7 @@ class GpuModel {
   void ensure_workspace(int rows, int seqs, bool all_logits);
   void ensure_attn_scratch(int rows, int splits);
   void invalidate_graph();
+  void upload_table(GpuKVCache& cache);   // a paged cache's table, when it changed since the last upload
   void note_dense_layers();
   bool runs_int8_gemv(int bits, int rows) const;   // some linear takes the int8 GEMV at this width and batch
   // x_max: the rows' exact max |x| (packed_matmul), or null.

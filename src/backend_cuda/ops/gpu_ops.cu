@@ -165,12 +165,18 @@ __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, 
   hi = __fmaf_rn(b, c, __fmul_rn(a, s));
 }
 
+// The cache row (in units of kv_dim elements) of position pos of sequence seq in `layer` (KvMap).
+__device__ __forceinline__ int64_t kv_row(const KvMap& m, int seq, int layer, int pos) {
+  const int blk = m.table != nullptr ? __ldg(m.table + static_cast<int64_t>(seq) * m.max_blocks + (pos >> m.shift)) : seq;
+  return (static_cast<int64_t>(blk) * m.layers + layer) * m.block + (pos & static_cast<int>((1u << m.shift) - 1u));
+}
+
 // grid (rows, slices): q rotated into q_out (row stride heads * hd; may be q itself); k rotated and, with v, stored
 // into the fp16 cache at (seq[r], pos[r]). q, k, v rows are q_ld / kv_ld floats apart (one fused q/k/v output row).
 // The row's work is spread over gridDim.y blocks so that a decode step's few rows still fill several SMs.
 __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* k, const float* v, int64_t kv_ld,
                                      float* q_out, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd,
-                                     const float* cos_t, const float* sin_t, int layer, int layers, int capacity,
+                                     const float* cos_t, const float* sin_t, int layer, KvMap map,
                                      __half* kc, __half* vc) {
   pdl_launch_dependents();
   const int r = blockIdx.x, half = hd / 2, kvd = kv_heads * hd;
@@ -195,7 +201,7 @@ __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* 
     const float c = one_pair ? c1 : cs[i], sv = one_pair ? s1 : sn[i];
     rope_rotate(a, b, c, sv, qo[i], qo[i + half]);
   }
-  const int64_t base = ((static_cast<int64_t>(seq[r]) * layers + layer) * capacity + pos[r]) * kvd;
+  const int64_t base = kv_row(map, seq[r], layer, pos[r]) * kvd;
   for (int idx = first; idx < kv_heads * half; idx += step) {
     const int h = idx / half, i = idx % half;
     const float* kv = k + r * kv_ld + h * hd;
@@ -254,8 +260,8 @@ template <int HD, bool kPrefetch>
 // bytes spilled at 3); elsewhere no bound (0: an explicit 1 let prefill grow from 40-64 to 72-144 registers and the
 // 512-token prefill fall ~5%, H200).
 __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD == 128) ? 3 : 0) attention_kernel(
-    const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, int layers,
-    int capacity, int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch,
+    const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, KvMap map,
+    int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch,
     int single_token, unsigned* xmax_bits, RopeIn rope, int cluster) {
   pdl_launch_dependents();
   constexpr bool kPrefetchV = kPrefetch && (HD == 64 || HD == 128);
@@ -281,9 +287,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
   const int per = (span + splits - 1) / splits;
   const int k0 = first + split * per, k1 = min(p + 1, k0 + per);
   const float scale = rsqrtf(static_cast<float>(hd));
-  const int64_t base = (static_cast<int64_t>(seq[r]) * layers + layer) * capacity * kvd + static_cast<int64_t>(kvh) * hd;
-  const __half* kb = kc + base;
-  const __half* vb = vc + base;
+  const int sq = seq[r];
+  const __half* kb = kc + static_cast<int64_t>(kvh) * hd;
+  const __half* vb = vc + static_cast<int64_t>(kvh) * hd;
+  // Key j's cache row (kv_row). A contiguous cache keeps a chunk's rows consecutive; a paged one's chunk may cross
+  // blocks, so each lane looks up its own key's row and the value loops take row c0 + jj from lane jj.
+  const bool paged = map.table != nullptr;
+  auto row_of = [&](int j) { return kv_row(map, sq, layer, j); };
+  auto value_row = [&](int64_t lane_row, int64_t row0, int jj) {
+    return paged ? __shfl_sync(0xffffffffu, lane_row, jj) : row0 + jj;
+  };
   // kPrefetchV (decode, head dims 64, 128): the chunk's 32 value rows are loaded with its keys, before the scores
   // exist (they do not depend on them), so a chunk costs one round of memory latency instead of one for the keys and
   // four more for the values (8 in flight); keys past the range load nothing and hold zeros (their weight is 0 too).
@@ -297,15 +310,17 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
   auto load_chunk = [&](int c0, int only) {
     if constexpr (kPrefetchV) {
       const int cnt = min(32, k1 - c0);
+      const int64_t lane_row = c0 + lane < k1 ? row_of(c0 + lane) : 0;
+      const int64_t row0 = paged ? 0 : row_of(c0);
 #pragma unroll
       for (int jj = 0; jj < 32; ++jj) {
         if (only >= 0 && jj != only) continue;
-        const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd + 2 * lane;
+        const __half* vr = vb + value_row(lane_row, row0, jj) * kvd + 2 * lane;
 #pragma unroll
         for (int pp = 0; pp < HD / 64; ++pp) vpre[jj][pp] = jj < cnt ? *reinterpret_cast<const uint32_t*>(vr + 64 * pp) : 0u;
       }
       if (c0 + lane < k1 && (only < 0 || lane == only)) {
-        const __half* kr = kb + static_cast<int64_t>(c0 + lane) * kvd;
+        const __half* kr = kb + lane_row * kvd;
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) kraw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
       }
@@ -324,7 +339,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
       const float* kr = rope.k + static_cast<int64_t>(r) * rope.kv_ld + static_cast<int64_t>(kvh) * hd;
       const float* vr = rope.v + static_cast<int64_t>(r) * rope.kv_ld + static_cast<int64_t>(kvh) * hd;
       const bool store = h % (heads / kv_heads) == 0;
-      const int64_t at = base + static_cast<int64_t>(p) * kvd;
+      const int64_t at = row_of(p) * kvd + static_cast<int64_t>(kvh) * hd;
 #pragma unroll
       for (int t = 0; t < HD / 64; ++t) {   // pairs i = lane + 32 t
         const int i = lane + 32 * t;
@@ -383,9 +398,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
     const int cnt = min(32, k1 - c0);
     if (!early || c0 != c_first) load_chunk(c0, -1);
     if (fold && p >= c0 && p < c0 + 32) patch_new(c0);   // the chunk holds p
+    int64_t lane_row = 0, row0 = 0;   // the forms without the prefetch: key j's row, and c0's (contiguous)
+    if constexpr (!kPrefetchV) {
+      lane_row = j < k1 ? row_of(j) : 0;
+      row0 = paged ? 0 : row_of(c0);
+    }
     float sc = -FLT_MAX;
     if (j < k1) {
-      const __half* kr = kb + static_cast<int64_t>(j) * kvd;
+      const __half* kr = kb + lane_row * kvd;
       float d = 0.0f;
       if constexpr (HD > 0) {
         uint4 raw[HD / 8];
@@ -438,7 +458,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
 #pragma unroll 8
       for (int jj = 0; jj < cnt; ++jj) {
         const float pw = ps[warp][jj];
-        const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd + 2 * lane;
+        const __half* vr = vb + value_row(lane_row, row0, jj) * kvd + 2 * lane;
 #pragma unroll
         for (int pp = 0; pp < HD / 64; ++pp) {
           const float2 f = __half22float2(*reinterpret_cast<const __half2*>(vr + 64 * pp));
@@ -449,7 +469,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
     } else {
       for (int jj = 0; jj < cnt; ++jj) {
         const float pw = ps[warp][jj];
-        const __half* vr = vb + static_cast<int64_t>(c0 + jj) * kvd;
+        const __half* vr = vb + value_row(lane_row, row0, jj) * kvd;
 #pragma unroll
         for (int i = 0; i < kDims; ++i) {
           const int d = lane + 32 * i;
@@ -630,11 +650,11 @@ void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh,
 }
 void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v, int64_t kv_ld, float* q_out,
                    const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd, const float* cos_t,
-                   const float* sin_t, int layer, int layers, int capacity, __half* kc, __half* vc, cudaStream_t s) {
+                   const float* sin_t, int layer, const KvMap& map, __half* kc, __half* vc, cudaStream_t s) {
   const int work = std::max({heads * hd / 2, kv_heads * hd});   // the widest of the three loops
   const unsigned slices = static_cast<unsigned>(std::min(16, (work + 255) / 256));
   launch_pdl(kPdlOps, rope_kv_store_kernel, dim3(rows, slices), 256, 0, s, q, q_ld, k, v, kv_ld, q_out, seq, pos, heads, kv_heads, hd,
-                                                          cos_t, sin_t, layer, layers, capacity, kc, vc);
+                                                          cos_t, sin_t, layer, map, kc, vc);
 }
 namespace {
 bool& fold_rope_state() {   // from the environment on first use
@@ -657,7 +677,7 @@ bool attention_folds_rope(int rows, int hd, bool single_token) {
   return fold_rope_enabled() && single_token && rows <= 8 && (hd == 64 || hd == 128);
 }
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
-               int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
+               int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
                int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits, const RopeIn* rope) {
   LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
   const dim3 grid(rows, heads, splits);
@@ -673,7 +693,7 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
   LOWBIT_CHECK(rope == nullptr || attention_folds_rope(rows, hd, single_token), "attention: RoPE folds into decode attention only");
   const bool cluster = attention_combines_in_cluster(splits);
   launch_pdl(kPdlOps, kern, grid, kAttnWarps * 32, 0, s, dim3(1, 1, cluster ? splits : 1), q, seq, pos, heads, kv_heads, hd,
-             layer, layers, capacity, window, kc, vc, out, splits, scratch, single_token ? 1 : 0, xmax_bits,
+             layer, map, window, kc, vc, out, splits, scratch, single_token ? 1 : 0, xmax_bits,
              rope != nullptr ? *rope : RopeIn{}, cluster ? 1 : 0);
   if (splits > 1 && !cluster)
     launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out, xmax_bits);

@@ -19,14 +19,25 @@ void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, flo
 void rmsnorm(float* x, const float* delta, const float* w, float* y, __half* yh, int rows, int dim, float eps,
              cudaStream_t s, float* xmax = nullptr, float* zero = nullptr);
 bool rmsnorm_writes_xmax(int dim);
+// Where the KV cache keeps position pos of sequence seq in layer `layer`: caches are [blocks][layers][block][kv_dim]
+// fp16 (k and v alike), the position in block table[seq * max_blocks + pos / block] at row pos % block of it. A
+// contiguous cache (table == nullptr) is the case of one block of `block` = capacity positions per sequence, block
+// seq: no table read. Paged caches (continuous batching) have blocks of 2^shift positions.
+struct KvMap {
+  const int32_t* table = nullptr;
+  int max_blocks = 1;
+  int shift = 31;   // log2 of the block's positions (paged); 31 contiguous (pos >> 31 == 0)
+  int block = 0;    // positions per block
+  int layers = 0;
+};
 // Rotates q [rows, heads * hd] into q_out (compact rows; q_out == q with q_ld == heads * hd rotates in place) and
 // k [rows, kv_heads * hd] (Hugging Face half-split pairs) at per-row positions pos[r] with tables cos/sin
-// [max_pos, hd/2], and stores the rotated k and v as fp16 into the KV cache, layout [seqs][layers][capacity][kv_dim]:
-// row r goes to sequence seq[r], position pos[r] of `layer`. Rows of q are q_ld floats apart, rows of k and v kv_ld
+// [max_pos, hd/2], and stores the rotated k and v as fp16 into the KV cache (map): row r goes to sequence seq[r],
+// position pos[r] of `layer`. Rows of q are q_ld floats apart, rows of k and v kv_ld
 // (all three views of one fused q/k/v output: q_ld = kv_ld = its width).
 void rope_kv_store(const float* q, int64_t q_ld, const float* k, const float* v, int64_t kv_ld, float* q_out,
                    const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd, const float* cos_t,
-                   const float* sin_t, int layer, int layers, int capacity, __half* kc, __half* vc, cudaStream_t s);
+                   const float* sin_t, int layer, const KvMap& map, __half* kc, __half* vc, cudaStream_t s);
 // Causal GQA attention of q [rows, heads * hd] (row r: sequence seq[r] at position pos[r], keys 0..pos[r], or the
 // last `window` of them when window > 0) against the cache; out [rows, heads * hd]. Keys are split over `splits`
 // blocks per (row, head) when splits > 1 (flash-decoding), partial results combined by a second kernel in
@@ -66,7 +77,7 @@ void set_cluster_combine(bool on);
 // rope != nullptr (attention_folds_rope): q is ignored (rope->q is rotated in the kernel) and rope_kv_store must not
 // have run for this step's positions.
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
-               int layer, int layers, int capacity, int window, const __half* kc, const __half* vc, float* out,
+               int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
                int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits = nullptr,
                const RopeIn* rope = nullptr);
 // out [rows, width] = silu(g) * u, g and u rows ld floats apart (the two halves of a fused gate/up output: ld =
