@@ -325,6 +325,70 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           }
         }
       }
+      // Mixed widths (anyprec_gemv_mixed: each row at its own width, the planes of the widest read once) for the mixes
+      // 3/4/8 and 3/8 whose widths are all among the widths asked, rows given the widths round robin, at the batches
+      // from the mix's size to 8.
+      // Beside them, in the same run: the runtime's GEMV at each width of the mix with every row at it (the widest
+      // is the ratio's baseline), the single-width kernel with the mixed one's arithmetic (tensor cores, shared tables,
+      // x pre-split) at the widest, and one runtime GEMV per width over its own rows (what a step costs without the
+      // mixed kernel). Bytes read: the widest width's.
+      for (const std::vector<int>& mix : {std::vector<int>{3, 4, 8}, std::vector<int>{3, 8}}) {
+        if (!std::all_of(mix.begin(), mix.end(), [&](int b) { return std::find(o.bits.begin(), o.bits.end(), b) != o.bits.end(); }))
+          continue;
+        const int widest = *std::max_element(mix.begin(), mix.end());
+        std::string mname;
+        for (int b : mix) {
+          if (!mname.empty()) mname += '/';
+          mname += std::to_string(b);
+        }
+        const uint64_t bytes = w[0].bytes_read(widest);
+        for (size_t bi = 0; bi < o.batches.size(); ++bi) {
+          const int64_t m = o.batches[bi];
+          if (m < static_cast<int64_t>(mix.size()) || m > kMaxGemvBatch) continue;   // every width of the mix present
+          std::vector<int32_t> row_bits(static_cast<size_t>(m));
+          std::vector<int64_t> rows_at(9, 0);   // rows at each width
+          for (int64_t r = 0; r < m; ++r) {
+            row_bits[static_cast<size_t>(r)] = mix[static_cast<size_t>(r) % mix.size()];
+            ++rows_at[static_cast<size_t>(row_bits[static_cast<size_t>(r)])];
+          }
+          const DeviceBuffer<int32_t> bits_d(row_bits);
+          double widest_us = 0;
+          for (int b : mix) {
+            const double us = median_us(o.iters, [&](int i) { packed_matmul(w[static_cast<size_t>(i % rot)], b, xf.get(), m, yf.get(), ctx); });
+            row("anyprec " + std::to_string(b) + "-bit, the runtime's GEMV, every row at " + std::to_string(b) + " bits", m, us,
+                base[bi], w[0].bytes_read(b));
+            if (b == widest) widest_us = us;
+          }
+          const double twin_us = median_us(o.iters, [&](int i) {
+            anyprec_gemv(w[static_cast<size_t>(i % rot)].anyprec(), widest, xf.get(), static_cast<int>(m), yf.get(), s,
+                         OutlierMode::Fused, GemvPath::TensorCore, xfrag.get());
+          });
+          row("anyprec " + std::to_string(widest) + "-bit (tensor cores, x pre-split), every row at " + std::to_string(widest) + " bits",
+              m, twin_us, base[bi], bytes);
+          const double per_width_us = median_us(o.iters, [&](int i) {
+            for (int b : mix) packed_matmul(w[static_cast<size_t>(i % rot)], b, xf.get(), rows_at[static_cast<size_t>(b)], yf.get(), ctx);
+          });
+          row("anyprec mix " + mname + ", one runtime GEMV per width over its rows", m, per_width_us, base[bi], bytes);
+          struct MixedForm {
+            GemvPath path;
+            bool presplit;
+            const char* name;
+          };
+          for (const MixedForm& f : {MixedForm{GemvPath::Scalar, false, "CUDA cores"}, MixedForm{GemvPath::TensorCore, false, "tensor cores"},
+                                     MixedForm{GemvPath::TensorCore, true, "tensor cores, x pre-split"}}) {
+            const double us = median_us(o.iters, [&](int i) {
+              anyprec_gemv_mixed(w[static_cast<size_t>(i % rot)].anyprec(), widest, bits_d.get(), xf.get(), static_cast<int>(m), yf.get(), s,
+                                 f.path, f.presplit ? xfrag.get() : nullptr);
+            });
+            const std::string kernel = "anyprec mix " + mname + " (mixed-width GEMV, " + f.name + ")";
+            row(kernel, m, us, base[bi], bytes);
+            std::snprintf(line, sizeof line, "%lldx%lld | %s: %.2fx the %d-bit runtime GEMV, %.2fx one GEMV per width | %lld | - | - | - | - | -\n",
+                          static_cast<long long>(n), static_cast<long long>(k), kernel.c_str(), us / widest_us, widest, us / per_width_us,
+                          static_cast<long long>(m));
+            out << line << std::flush;
+          }
+        }
+      }
     }
     if (o.uniform) {
       // GPTQ / RTN w4 and w3, groups of 128, asymmetric: the formats users bring most.

@@ -66,12 +66,15 @@ LoadResult run_load(Backend& b, const ServeBenchOptions& o, int concurrency, con
   // Warm-up: a prompt of a whole prefill chunk first (it sizes the model's workspace; growing it later would drop
   // every captured graph mid-run), then the decode graphs of every bucket this concurrency visits, at every width
   // (requests of staggered lengths, so the batch shrinks one row at a time).
-  for (int w : widths) {
+  // A mix of widths warms its mixed-width steps too (w = -1: request i at widths[i % size]).
+  std::vector<int> warm = widths;
+  if (widths.size() > 1) warm.push_back(-1);
+  for (int w : warm) {
     for (int i = 0; i < concurrency; ++i) {
       GenerateOptions g;
       g.stop_at_eos = false;
       g.max_new_tokens = 2 + i;
-      g.bits = w;
+      g.bits = w >= 0 ? w : widths[static_cast<size_t>(i) % widths.size()];
       gen.add(prompt(i == 0 ? std::min(o.prefill_chunk, o.prompt_max) : 16), g);
     }
     while (gen.active() > 0) gen.step();
@@ -155,16 +158,22 @@ void run_serve_bench(const ServeBenchOptions& o, std::ostream& out) {
         for (int w : o.bits) configs.push_back({w});
         if (o.bits.size() > 1) configs.push_back(o.bits);
       }
-      for (const std::vector<int>& widths : configs) {
+      for (const std::vector<int>& widths : configs)
+      for (const bool mixed_step : widths.size() > 1 ? std::vector<bool>{false, true} : std::vector<bool>{mixed_step_enabled()}) {
+        // A mix of widths runs twice: one forward per width, then (where served: up to 8 rows) one mixed-width forward.
+        const bool mixed_was = mixed_step_enabled();
+        set_mixed_step(mixed_step);
         double e2e_b8 = 0;
         if (widths.size() == 1) e2e_b8 = time_decode(m, widths[0], (o.prompt_min + o.prompt_max) / 2, 64, 8, nullptr);
+        std::string label = widths_label(widths);
+        if (widths.size() > 1) label += mixed_step ? " (mixed-width forward)" : " (a forward per width)";
         for (int conc : o.concurrency) {
           const LoadResult r = run_load(backend, o, conc, widths, 77 + static_cast<uint64_t>(conc));
           const double step_tps = r.decode_s > 0 ? r.decode_rows / r.decode_s : 0;
           char ratio[32] = "";
           if (conc == 8 && e2e_b8 > 0) std::snprintf(ratio, sizeof ratio, "%.2f", step_tps / e2e_b8);
           std::snprintf(line, sizeof line, "%s | %s | %s | %d | %d | %.1f | %.1f | %.1f | %.0f / %.0f | %.1f / %.1f | %s | %s | %.0f -> %.0f | %.2f (%d) | %d | %lld\n",
-                        shape.c_str(), kind.c_str(), widths_label(widths).c_str(), conc, r.requests,
+                        shape.c_str(), kind.c_str(), label.c_str(), conc, r.requests,
                         r.tokens / r.wall_s, step_tps, r.steps > 0 ? r.decode_rows / r.steps : 0.0,
                         1e3 * percentile(r.ttft, 0.5), 1e3 * percentile(r.ttft, 0.99), 1e3 * percentile(r.itl, 0.5),
                         1e3 * percentile(r.itl, 0.99), e2e_b8 > 0 ? std::to_string(static_cast<int>(e2e_b8 + 0.5)).c_str() : "-",
@@ -173,6 +182,7 @@ void run_serve_bench(const ServeBenchOptions& o, std::ostream& out) {
           out << line;
           out.flush();
         }
+        set_mixed_step(mixed_was);
       }
     }
   }

@@ -15,6 +15,8 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <numeric>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -281,12 +283,13 @@ TEST(CudaModel, ContinuousBatchGreedyEqualsGenerateAlone) {
   std::vector<std::vector<int32_t>> prompts;
   for (const char* p : {"Once upon a time", "The cat sat", "Lily and Tom went to the park to play", "It was"})
     prompts.push_back(tok.encode(p, true, false));
-  // The paged cache with every slot's blocks, then a pool of 12 blocks for three generations of up to 6 each:
-  // prompts wait for blocks and running generations are preempted and resumed.
-  for (const int blocks : {0, 12}) {
+  // The paged cache with every slot's blocks, then a pool of 7 blocks (one context of 96 positions and one block) for
+  // three generations of up to 6 each (EOS off: they run their whole length): prompts wait for blocks and running
+  // generations are preempted and resumed.
+  for (const int blocks : {0, 7}) {
     BatchOptions o;
     o.max_seqs = 3;
-    o.capacity = 160;
+    o.capacity = 96;
     o.prefill_chunk = 5;
     o.kv_blocks = blocks;
     BatchGenerator gen(*b, o);
@@ -297,6 +300,7 @@ TEST(CudaModel, ContinuousBatchGreedyEqualsGenerateAlone) {
       while (next < 2 * prompts.size() && gen.free_slots() > 0) {
         GenerateOptions g;
         g.max_new_tokens = 20 + static_cast<int>(next) * 7;
+        g.stop_at_eos = blocks == 0;
         index[gen.add(prompts[next % prompts.size()], g)] = next;
         ++next;
       }
@@ -311,6 +315,7 @@ TEST(CudaModel, ContinuousBatchGreedyEqualsGenerateAlone) {
     for (size_t i = 0; i < got.size(); ++i) {
       GenerateOptions g;
       g.max_new_tokens = 20 + static_cast<int>(i) * 7;
+      g.stop_at_eos = blocks == 0;
       const GenerateResult alone = generate(*b, prompts[i % prompts.size()], g);
       same += alone.new_ids == got[i].new_ids;
       EXPECT_EQ(alone.new_ids, got[i].new_ids) << "request " << i << ", pool " << blocks;
@@ -396,6 +401,117 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
   }
   EXPECT_EQ(runs[0], runs[1]);
   EXPECT_EQ(gpu.graph_captures() - captures_before, 1) << "40 graph steps of one batch and cache: one capture, 39 replays";
+}
+
+// A paged KV cache (blocks of 16 in a shuffled order) gives the logits of a contiguous one bit for bit: prefill, and
+// decode steps with RoPE folded into attention and keys split over several blocks per head, plain and replayed.
+TEST(CudaModel, PagedCacheDecodesAsContiguous) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.dim = 256, c.hidden_dim = 704, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
+  c.max_seq_len = 1024;
+  cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 31);
+  const int S = 3, cap = 1000, block = 16, per = (cap + block - 1) / block;
+  ASSERT_GT(gpu.decode_splits(4, cap), 1) << "the test wants split keys";
+  ASSERT_TRUE(cuda::attention_folds_rope(4, c.head_dim, true) || !cuda::fold_rope_enabled());
+  cuda::GpuKVCache flat = gpu.new_cache(S + 1, cap);
+  cuda::GpuKVCache paged = gpu.new_paged_cache(S + 1, cap, (S + 1) * per + 5, block);
+  std::vector<int32_t> order(static_cast<size_t>((S + 1) * per + 5));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937 rng(7);
+  std::shuffle(order.begin(), order.end(), rng);
+  std::copy_n(order.begin(), paged.table.size(), paged.table.begin());
+  paged.table_dirty = true;
+  const int V = c.vocab_size;
+  for (int s = 0; s < S; ++s) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 300 + 150 * s; ++t) prompt.push_back(static_cast<int32_t>((t * 41 + s * 7 + 3) % V));
+    const auto a = download(gpu, gpu.forward(prompt.data(), 1, static_cast<int>(prompt.size()), flat, false, 4, s), static_cast<size_t>(V));
+    const auto b = download(gpu, gpu.forward(prompt.data(), 1, static_cast<int>(prompt.size()), paged, false, 4, s), static_cast<size_t>(V));
+    EXPECT_EQ(a, b) << "prefill of slot " << s;
+  }
+  const std::vector<std::vector<int>> schedule = {{0, 1, 2}, {2, 0}, {1}, {0, 1, 2}, {2, 1, 0}, {0, 2}};
+  for (size_t k = 0; k < schedule.size(); ++k) {
+    std::vector<int32_t> toks;
+    for (int s : schedule[k]) toks.push_back(static_cast<int32_t>((k * 31 + static_cast<size_t>(s) * 5 + 1) % V));
+    const bool graph = k >= 3;
+    const size_t n = schedule[k].size() * static_cast<size_t>(V);
+    const auto a = download(gpu, gpu.decode_slots(flat, schedule[k], toks, 4, graph), n);
+    const auto b = download(gpu, gpu.decode_slots(paged, schedule[k], toks, 4, graph), n);
+    EXPECT_EQ(a, b) << "decode step " << k << (graph ? " (graph)" : "");
+  }
+}
+
+// A decode step whose rows run at different any-precision widths (one forward reading the widest width's planes for
+// all rows, packed_matmul_mixed) gives each row the logits of a step at its own width alone, within the same-device
+// budget; graph replays (one capture per bucket and widest width, the widths uploaded per step) give plain launches'
+// logits bit for bit; the batch generator on it runs a step of three widths as one forward.
+TEST(CudaModel, MixedWidthDecodeStepGivesEachRowItsWidth) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.dim = 256, c.hidden_dim = 704, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
+  c.max_seq_len = 256;
+  cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 29);
+  ASSERT_TRUE(gpu.mixed_decode_serves(8));
+  EXPECT_FALSE(gpu.mixed_decode_serves(9));
+  const int V = c.vocab_size, S = 6, cap = 64;
+  const std::vector<std::pair<std::vector<int>, std::vector<int>>> schedule = {
+      {{0, 1, 2}, {3, 8, 4}}, {{3, 1, 0, 5}, {2, 2, 8, 8}}, {{0, 1, 2, 3, 4, 5}, {3, 4, 8, 2, 3, 4}},
+      {{2, 4}, {4, 3}}, {{5, 0, 3, 1, 4, 2}, {8, 3, 3, 3, 3, 0}}, {{1}, {6}}};
+  auto run = [&](bool graph, bool check) {
+    cuda::GpuKVCache mixed = gpu.new_cache(S + 1, cap), single = gpu.new_cache(S + 1, cap);
+    for (int s = 0; s < S; ++s) {
+      std::vector<int32_t> prompt;
+      for (int t = 0; t < 4 + 2 * s; ++t) prompt.push_back(static_cast<int32_t>((t * 37 + s * 11 + 5) % V));
+      gpu.forward(prompt.data(), 1, static_cast<int>(prompt.size()), mixed, false, 8, s);
+      gpu.forward(prompt.data(), 1, static_cast<int>(prompt.size()), single, false, 8, s);
+    }
+    std::vector<std::vector<float>> logits;
+    for (size_t k = 0; k < schedule.size(); ++k) {
+      const auto& [slots, bits] = schedule[k];
+      std::vector<int32_t> toks;
+      for (int s : slots) toks.push_back(static_cast<int32_t>((k * 53 + static_cast<size_t>(s) * 19 + 2) % V));
+      const auto rows = download(gpu, gpu.decode_slots(mixed, slots, toks, bits, graph), slots.size() * static_cast<size_t>(V));
+      logits.push_back(rows);
+      for (size_t i = 0; i < slots.size(); ++i) {
+        const auto want = download(gpu, gpu.decode_slots(single, {slots[i]}, {toks[i]}, bits[i], false), static_cast<size_t>(V));
+        if (!check) continue;
+        const std::vector<float> row(rows.begin() + static_cast<ptrdiff_t>(i) * V, rows.begin() + static_cast<ptrdiff_t>(i + 1) * V);
+        EXPECT_LE(compare_logits(row, want, V).first, kSameDeviceBudget)
+            << "step " << k << " slot " << slots[i] << " at width " << bits[i];
+      }
+    }
+    return logits;
+  };
+  const auto plain = run(false, true);
+  const auto graphed = run(true, false);
+  EXPECT_EQ(plain, graphed) << "graph replays of mixed steps give plain launches' logits";
+
+  // The batch generator with the mixed step on: requests at 3, 4 and 8 bits decode in one forward per step.
+  const bool mixed_was = cuda::mixed_step_enabled();
+  cuda::set_mixed_step(true);
+  cuda::CudaBackend backend(gpu, nullptr, "random:mixed", ModelFormat::Random);
+  BatchOptions o;
+  o.max_seqs = 3;
+  o.capacity = 64;
+  BatchGenerator gen(backend, o);
+  for (int w : {3, 4, 8}) {
+    GenerateOptions g;
+    g.max_new_tokens = 6;
+    g.stop_at_eos = false;
+    g.bits = w;
+    gen.add({1, 2, 3, static_cast<int32_t>(w)}, g);
+  }
+  int three_row_steps = 0;
+  for (int round = 0; gen.active() > 0 && round < 100; ++round) {
+    gen.step();
+    if (gen.last_decode_rows() == 3) {
+      ++three_row_steps;
+      EXPECT_EQ(gen.last_decode_forwards(), 1) << "three widths in one forward";
+    }
+  }
+  EXPECT_GT(three_row_steps, 0);
+  cuda::set_mixed_step(mixed_was);
 }
 
 // Any-precision width changed from step to step (as requests at different widths would): each width's decode graph

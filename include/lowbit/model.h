@@ -180,8 +180,8 @@ struct BatchParams {
 };
 
 // Many generations on one model, advanced together: each step() runs a chunk of the waiting prompts and then one
-// token of every running generation, in one batched forward per width (any-precision models: each generation at
-// its own width, from the one copy of the weights). The KV cache is paged: generations take blocks of it as they
+// token of every running generation (any-precision models: each generation at its own width, from the one copy of
+// the weights; on the GPU up to 8 rows of different widths share one forward, otherwise one forward per width). The KV cache is paged: generations take blocks of it as they
 // grow, so many short ones share the memory of a few long ones; when blocks run out, prompts wait, and a running
 // generation may be preempted and later resumed (its context run again), its output unchanged. A generation ends, streams and stops exactly as
 // Model::generate would run it (tokens picked on the host by the CPU sampler; greedy requests give generate()'s

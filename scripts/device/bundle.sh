@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.."
 B=build-portable-cuda
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DLOWBIT_NATIVE=OFF -DLOWBIT_CUDA=ON -DLOWBIT_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 GPU_TESTS=(test_cuda_kernels test_cuda_model test_api test_gptq_gpu test_mixed24_gpu test_fisher_gpu test_quantize_gpu
-  test_anyprec_gpu)
+  test_anyprec_gpu test_cuda_mixed_width)
 targets=(lowbit_cli)
 grep -q "LOWBIT_CUDA:BOOL=ON" $B/CMakeCache.txt && grep -q "CMAKE_CUDA_COMPILER:.*nvcc" $B/CMakeCache.txt && targets+=("${GPU_TESTS[@]}")
 cmake --build $B -j "$(nproc)" --target "${targets[@]}" >/dev/null

@@ -8,9 +8,10 @@
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
 #   scripts/device/cuda.sh uniform      the packed uniform (RTN / GPTQ) kernels: tests, sanitizer, kernel and 7B timings
 #   scripts/device/cuda.sh quik         the QUIK kernels (every activation form): the same
-#   scripts/device/cuda.sh serve [tests|fp16|anyprec|paged-tests|paged-load]  continuous batching: GPU tests,
-#                                       sanitizer, bench --serve load (paged-*: the paged KV cache's tests, the load at
-#                                       concurrency 8 and 64, and a KV pool of half the reserved contexts)
+#   scripts/device/cuda.sh serve [tests|fp16|anyprec|paged-tests|paged-load|mixed-tests]  continuous batching: GPU
+#                                       tests, sanitizer, bench --serve load (paged-*: the paged KV cache's tests, the
+#                                       load at concurrency 8 and 64, and a KV pool of half the reserved contexts;
+#                                       mixed-tests: the mixed-width GEMV's tests, sanitizer and kernel benchmark)
 #   scripts/device/cuda.sh spec [tests|7b|smollm2]  speculative decoding: GPU tests, 7B-shape step times, SmolLM2 acceptance
 #   scripts/device/cuda.sh quik-smollm2 SmolLM2 QUIK W8A8 / W4A8 (and W4 with FP8 activations at load) quantized on the
 #                                       GPU, full WikiText-2 perplexity on the GPU and on the CPU side by side (needs
@@ -119,6 +120,26 @@ case "${1:-}" in
         --gtest_filter='CudaModel.SlotDecode*:CudaModel.ContinuousBatch*:CudaModel.Speculative*:CudaModel.DecodeAndBatch*'
       step paged-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
         --gtest_filter='CudaModel.ContinuousBatch*'
+    fi
+    if [ "$phase" = mixed-tests ]; then   # rows of different widths in one forward (anyprec_gemv_mixed)
+      step mixed-kernel-tests 240 "$LB/pkg/test_cuda_mixed_width"
+      step mixed-model-tests 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.Mixed*:CudaModel.WidthSwitch*:CudaModel.SlotDecode*:CudaModel.ContinuousBatch*:CudaModel.Speculative*'
+      step mixed-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_mixed_width" \
+        --gtest_filter='CudaMixedWidth/AnyPrecMixedSweep.RowsMatchTheirWidth/3:CudaMixedWidth.GraphReplaysFollowNewWidths'
+      step mixed-model-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
+        --gtest_filter='CudaModel.Mixed*:CudaModel.ContinuousBatch*'
+      step mixed-kernel-bench 200 "$LB/pkg/lowbit" bench --kernels --formats anyprec --kernel-bits 3,4,8 --batch 8 \
+        --iters 50 --shapes 4096x4096,11008x4096,4096x11008,28672x8192
+    fi
+    if [ "$phase" = final ]; then   # the paged cache's and the mixed step's GPU tests, then the load at 8 and 64
+      step final-tests 300 "$LB/pkg/test_cuda_model" \
+        --gtest_filter='CudaModel.Mixed*:CudaModel.Paged*:CudaModel.SlotDecode*:CudaModel.ContinuousBatch*:CudaModel.Speculative*:CudaModel.WidthSwitch*'
+      step final-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_model" \
+        --gtest_filter='CudaModel.Paged*:CudaModel.Mixed*:CudaModel.ContinuousBatch*'
+      step final-kernel-tests 200 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Attention*'
+      step final-load-anyprec 330 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights anyprec \
+        --kernel-bits 3,4,8 --concurrency 8,64
+      step final-load-fp16 120 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights fp16 --concurrency 8,64
     fi
     if [ "$phase" = paged-load ]; then    # the load at concurrency 8 and 64 with every context reserved, then a
                                           # pool of about half that at concurrency 64

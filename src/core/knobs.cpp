@@ -46,6 +46,9 @@ constexpr KnobInfo kKnobs[] = {
      "the streamed shared-table GEMV stages x through its ring at batch 1 (0: x from global memory)"},
     {Knob::FoldRope, "LOWBIT_FOLD_ROPE", KnobType::Bool, "1", "0 | 1",
      "RoPE and the KV-cache store folded into one kernel in the decode step"},
+    {Knob::MixedStep, "LOWBIT_MIXED_STEP", KnobType::Bool, "0", "0 | 1",
+     "continuous batching: decode rows of different any-precision widths in one forward (the mixed-width GEMV) "
+     "instead of one forward per width"},
     {Knob::ClusterCombine, "LOWBIT_CLUSTER_COMBINE", KnobType::Bool, "1", "0 | 1",
      "split-key decode attention combines its partial results within a thread-block cluster"},
     {Knob::AttnSplits, "LOWBIT_ATTN_SPLITS", KnobType::Int, "0", "0 | n >= 1",

@@ -31,6 +31,7 @@ enum class Knob : uint8_t {
   I8Stages,             // int: 0 rule, 2, 3
   LutStreamRingX,       // bool
   FoldRope,             // bool
+  MixedStep,            // bool
   ClusterCombine,       // bool
   AttnSplits,           // int: 0 rule, else forced
   Pdl,                  // bool

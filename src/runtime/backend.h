@@ -163,12 +163,13 @@ class Backend {
   // batch_extend with every position's logits: logits [tokens.size(), vocab] (host memory). Speculative decoding
   // verifies a draft with it.
   virtual void batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) = 0;
-  // One decode step of several sequences: tokens[i] at the end of slots[i] (distinct slots), all at width `bits`.
-  // logits [logit_rows, vocab] (host memory) receives the first logit_rows rows' logits; greedy (when not null)
-  // receives every row's argmax token (the first index of the largest logit), so that rows decoded greedily need no
-  // logits copied (the GPU picks them on the device).
-  virtual void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                            float* logits, size_t logit_rows, int32_t* greedy) = 0;
+  // One decode step of several sequences: tokens[i] at the end of slots[i] (distinct slots) at width bits[i] (one
+  // entry: every row's). logits [logit_rows, vocab] (host memory) receives the first logit_rows rows' logits; greedy
+  // (when not null) receives every row's argmax token (the first index of the largest logit), so that rows decoded
+  // greedily need no logits copied (the GPU picks them on the device). Rows of different widths run in one forward
+  // where the device can (the GPU: packed_matmul_mixed), else one forward per width. Returns the forwards it ran.
+  virtual int batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens,
+                           std::span<const int> bits, float* logits, size_t logit_rows, int32_t* greedy) = 0;
 
  protected:
   Backend(std::string path, ModelFormat format) : path_(std::move(path)), format_(format) {}

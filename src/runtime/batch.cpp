@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <tuple>
 
 #include "core/error.h"
@@ -298,11 +297,10 @@ std::vector<BatchGenerator::Finished> BatchGenerator::step() {
   prefill_round();
   // 2. One decode step for every sequence past its prompt, one forward per width. Those whose first token was
   // picked in this round's prefill join now: the step runs that token.
-  std::map<int, std::vector<Seq*>> by_bits;
-  for (Seq* s : reserve_decode_rows()) by_bits[s->opts.bits].push_back(s);
+  std::vector<Seq*> group = reserve_decode_rows();
   last_rows_ = last_forwards_ = 0;
   const auto t_decode = std::chrono::steady_clock::now();
-  for (auto& [bits, group] : by_bits) {
+  if (!group.empty()) {
     // Rows that sample, penalise or report log-probabilities need their logits; plain greedy rows only their argmax
     // (picked on the device by the GPU): those rows go first, and only they are copied.
     auto needs_logits = [](const Seq* s) {
@@ -310,16 +308,17 @@ std::vector<BatchGenerator::Finished> BatchGenerator::step() {
     };
     std::stable_partition(group.begin(), group.end(), needs_logits);
     const size_t with_logits = static_cast<size_t>(std::count_if(group.begin(), group.end(), needs_logits));
-    std::vector<int> slots;
+    std::vector<int> slots, bits;
     std::vector<int32_t> tokens;
     for (Seq* s : group) {
       slots.push_back(s->slot);
       tokens.push_back(s->pending);
+      bits.push_back(s->opts.bits);
     }
     greedy_.resize(group.size());
-    b_.batch_decode(*cache_, slots, tokens, bits, logits_.data(), with_logits, greedy_.data());
-    last_rows_ += static_cast<int>(group.size());
-    ++last_forwards_;
+    logits_.resize(std::max(logits_.size(), with_logits * static_cast<size_t>(vocab_)));
+    last_forwards_ = b_.batch_decode(*cache_, slots, tokens, bits, logits_.data(), with_logits, greedy_.data());
+    last_rows_ = static_cast<int>(group.size());
     for (size_t i = 0; i < group.size(); ++i) {
       const bool ok = i < with_logits ? pick(*group[i], logits_.data() + i * static_cast<size_t>(vocab_))
                                       : pick(*group[i], nullptr, greedy_[i]);

@@ -3,8 +3,10 @@
 // running batch between decode steps. A round (step()) runs
 //   1. prefill: up to prefill_chunk prompt tokens of the requests still reading their prompts, oldest first, in
 //      chunks, so a long prompt never stalls the running streams for more than one chunk;
-//   2. decode: one token for every request past its prompt, one batched forward per width present (any-precision
-//      models: each request picks its width; a width's forward reads that width's bitplanes for all its rows);
+//   2. decode: one token for every request past its prompt (any-precision models: each request picks its width). On
+//      the GPU, rows of different widths run in one forward that reads the widest width's bitplanes once and gives
+//      each row its own prefix width (up to 8 rows: packed_matmul_mixed); elsewhere one forward per width present,
+//      each reading its width's planes for its rows (Backend::batch_decode);
 //   3. speculative generations (add's spec): one draft-and-verify round each.
 // KV memory is paged (BatchCache): a sequence takes blocks as it grows. A prompt chunk runs only when its blocks are
 // free with one block left over for each decoding sequence; when a decoding sequence needs a block and none is free,

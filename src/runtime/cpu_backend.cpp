@@ -176,29 +176,52 @@ void CpuBackend::batch_verify(BatchCache& cache, int slot, std::span<const int32
   else model_->forward(tokens.data(), n, c, logits, true, bits);
 }
 
-void CpuBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                              float* logits, size_t logit_rows, int32_t* greedy) {
-  LOWBIT_CHECK(slots.size() == tokens.size() && !slots.empty() && logit_rows <= slots.size(), "batch_decode: ",
-               slots.size(), " slots, ", tokens.size(), " tokens, ", logit_rows, " rows of logits");
+int CpuBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens,
+                             std::span<const int> bits, float* logits, size_t logit_rows, int32_t* greedy) {
+  LOWBIT_CHECK(slots.size() == tokens.size() && !slots.empty() && logit_rows <= slots.size() &&
+                   (bits.size() == 1 || bits.size() == slots.size()),
+               "batch_decode: ", slots.size(), " slots, ", tokens.size(), " tokens, ", bits.size(), " widths, ",
+               logit_rows, " rows of logits");
   CpuBatchCache& bc = batch_cache_of(cache);
   const size_t V = static_cast<size_t>(config().vocab_size), n = slots.size();
+  auto width = [&](size_t i) { return bits.size() == 1 ? bits[0] : bits[i]; };
   // Every row's logits, in the caller's buffer when it has room for all of them.
   float* all = logits;
   if (logit_rows < n) {
     logits_.resize(n * V);
     all = logits_.data();
   }
-  if (reference_) {
-    for (size_t i = 0; i < n; ++i) model_->forward_ref(&tokens[i], 1, bc.at(slots[i], 1), all + i * V, false, bits);
-  } else {
+  // One batched forward per width present (the CPU reads each width's planes for its rows).
+  std::vector<int> widths;
+  for (size_t i = 0; i < n; ++i)
+    if (std::find(widths.begin(), widths.end(), width(i)) == widths.end()) widths.push_back(width(i));
+  for (const int w : widths) {
+    std::vector<size_t> rows;
+    for (size_t i = 0; i < n; ++i)
+      if (width(i) == w) rows.push_back(i);
+    if (reference_) {
+      for (size_t i : rows) model_->forward_ref(&tokens[i], 1, bc.at(slots[i], 1), all + i * V, false, w);
+      continue;
+    }
     std::vector<KVCache*> caches;
-    for (int s : slots) caches.push_back(&bc.at(s, 1));
-    model_->forward_batch(tokens.data(), caches, all, bits);
+    std::vector<int32_t> toks;
+    for (size_t i : rows) {
+      caches.push_back(&bc.at(slots[i], 1));
+      toks.push_back(tokens[i]);
+    }
+    if (rows.size() == n) {
+      model_->forward_batch(toks.data(), caches, all, w);
+    } else {
+      std::vector<float> part(rows.size() * V);
+      model_->forward_batch(toks.data(), caches, part.data(), w);
+      for (size_t j = 0; j < rows.size(); ++j) std::copy_n(part.data() + j * V, V, all + rows[j] * V);
+    }
   }
   if (greedy != nullptr)
     for (size_t i = 0; i < n; ++i)
       greedy[i] = static_cast<int32_t>(std::max_element(all + i * V, all + (i + 1) * V) - (all + i * V));
   if (all != logits) std::copy_n(all, logit_rows * V, logits);
+  return static_cast<int>(widths.size());
 }
 
 }  // namespace lowbit

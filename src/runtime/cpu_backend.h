@@ -35,8 +35,8 @@ class CpuBackend final : public Backend {
   uint64_t kv_bytes_available() const override;
   void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
-  void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                    float* logits, size_t logit_rows, int32_t* greedy) override;
+  int batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, std::span<const int> bits,
+                   float* logits, size_t logit_rows, int32_t* greedy) override;
 
   const Model& model() const { return *model_; }
 

@@ -89,7 +89,8 @@ bool SpeculativeDecoder::round() {
   if (kr > 0) {
     const std::span<const int32_t> pending(history_.data() + draft_len_, static_cast<size_t>(C - draft_len_));
     if (pending.size() == 1)
-      draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), pending, so_.draft_bits, dl_.data(), 1, nullptr);
+      draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), pending, std::span<const int>(&so_.draft_bits, 1),
+                          dl_.data(), 1, nullptr);
     else draft_.batch_extend(dcache_, dslot_, pending, so_.draft_bits, dl_.data());
     ++st_.draft_forwards;
     draft_len_ = C;
@@ -99,8 +100,8 @@ bool SpeculativeDecoder::round() {
       drafts.push_back(d);
       dh.push_back(d);
       if (i + 1 < kr) {
-        draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), std::span<const int32_t>(&d, 1), so_.draft_bits,
-                            dl_.data(), 1, nullptr);
+        draft_.batch_decode(dcache_, std::span<const int>(&dslot_, 1), std::span<const int32_t>(&d, 1),
+                            std::span<const int>(&so_.draft_bits, 1), dl_.data(), 1, nullptr);
         ++st_.draft_forwards;
       }
     }

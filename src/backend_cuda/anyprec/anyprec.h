@@ -76,4 +76,17 @@ void set_gemv_balance(bool on);
 int i8_pack_mode();
 void set_i8_pack_mode(int mode);
 
+// y [m, n] (fp32) = x [m, k] (fp32) · W_{b_r}ᵀ per activation row r, b_r = row_bits[r] (device memory, m entries, each
+// a served width <= max_bits); the planes (0..max_bits-1 at most) are read once for all rows. 1 <= m <= kMaxGemvBatch.
+// (anyprec_gemv_mixed.cu.) The kernels read row_bits when they run, so a captured launch serves any mix of widths; a
+// row whose width the weight does not serve, or above max_bits, comes out NaN. max_bits picks the instantiation
+// (2..8, at most the weight's planes) and the shared memory; the planes read are those of the widest width present
+// (beyond each CTA's first words), so one launch captured at the widest served width reads, at each replay, the
+// planes that mix's widest row needs. Outliers are always fused, each row corrected at its own width.
+// path: Auto (= TensorCore), TensorCore (mma.sync; widths 2..4 from register tables, 5..8 from shared memory) or Scalar
+// (CUDA cores). xfrag: optional scratch of anyprec_xfrag_bytes(k) bytes; given, the tensor-core path reads x pre-split
+// by a kernel launched first (its fragments only: the scratch's layout past them is not this call's).
+void anyprec_gemv_mixed(const AnyPrecDevice& w, int max_bits, const int32_t* row_bits, const float* x, int m, float* y,
+                        cudaStream_t s, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
+
 }  // namespace lowbit::cuda

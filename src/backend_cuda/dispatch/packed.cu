@@ -106,6 +106,18 @@ void packed_matmul_group(const std::vector<const DevicePackedWeight*>& ws, const
                       xfrag, x_max);
 }
 
+bool packed_mixed_serves(const DevicePackedWeight& w, int64_t m) {
+  return w.format() == FormatId::AnyPrec && m >= 1 && m <= kMaxGemvBatch;
+}
+
+void packed_matmul_mixed(const DevicePackedWeight& w, int max_bits, const int32_t* row_bits, const float* x, int64_t m,
+                         float* y, GemmContext& ctx) {
+  LOWBIT_CHECK(packed_mixed_serves(w, m), "packed_matmul_mixed: a ", format_name(w.format()), " weight at batch ", m,
+               " (any-precision at batch 1..", kMaxGemvBatch, " only)");
+  anyprec_gemv_mixed(w.anyprec(), served_width(w, max_bits), row_bits, x, static_cast<int>(m), y, ctx.stream(),
+                     GemvPath::Auto, ctx.act_scratch((anyprec_xfrag_bytes(w.k()) + 1) / 2));
+}
+
 void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* y, GemmContext& ctx,
                    OutlierMode mode, const float* x_max) {
   LOWBIT_CHECK(m >= 1, "packed_matmul: batch ", m);

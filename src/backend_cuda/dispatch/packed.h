@@ -71,4 +71,12 @@ void packed_matmul_group(const std::vector<const DevicePackedWeight*>& ws, const
 void packed_matmul_swiglu(const DevicePackedWeight& w, int bits, const float* x, int64_t m, float* h, GemmContext& ctx,
                           const float* x_max, unsigned* h_max_bits);
 
+// One decode step's rows at different any-precision widths (continuous batching with per-request precision):
+// y [m, n] = x [m, k] · W_{b_r}ᵀ per row r, b_r = row_bits[r] (device memory, read when the kernel runs: a captured
+// step serves any mix), max_bits the widest of them. The planes of max_bits are read once for all rows
+// (anyprec_gemv_mixed) instead of once per width. Served for any-precision weights at batch m <= kMaxGemvBatch.
+bool packed_mixed_serves(const DevicePackedWeight& w, int64_t m);
+void packed_matmul_mixed(const DevicePackedWeight& w, int max_bits, const int32_t* row_bits, const float* x, int64_t m,
+                         float* y, GemmContext& ctx);
+
 }  // namespace lowbit::cuda

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/knobs.h"
 #include "core/rss.h"
 #include "model/weight_convert.h"
 #include "runtime/sampler.h"
@@ -237,18 +238,71 @@ void CudaBackend::batch_verify(BatchCache& cache, int slot, std::span<const int3
   download_logits(d, static_cast<size_t>(config().vocab_size) * tokens.size(), logits);
 }
 
-void CudaBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                               float* logits, size_t logit_rows, int32_t* greedy) {
-  LOWBIT_CHECK(logit_rows <= slots.size(), "batch_decode: ", logit_rows, " rows of logits of ", slots.size());
+namespace {
+bool& mixed_step_state() {   // from the environment on first use
+  static bool on = knob_bool(Knob::MixedStep);
+  return on;
+}
+}  // namespace
+bool mixed_step_enabled() { return mixed_step_state(); }
+void set_mixed_step(bool on) { mixed_step_state() = on; }
+
+int CudaBackend::batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens,
+                              std::span<const int> bits, float* logits, size_t logit_rows, int32_t* greedy) {
+  LOWBIT_CHECK(logit_rows <= slots.size() && (bits.size() == 1 || bits.size() == slots.size()), "batch_decode: ",
+               logit_rows, " rows of logits, ", bits.size(), " widths for ", slots.size(), " slots");
   CudaBatchCache& bc = batch_cache_of(cache);
   for (int slot : slots) bc.check_room(slot, bc.length(slot) + 1);
-  const float* d = model_->decode_slots(bc.cache, std::vector<int>(slots.begin(), slots.end()),
-                                        std::vector<int32_t>(tokens.begin(), tokens.end()), bits, /*use_graph=*/true);
-  if (greedy != nullptr) {   // the step's own argmax (decode_slots picks every row's on the device)
-    const std::vector<int32_t> ids = model_->get_decode_tokens(static_cast<int>(slots.size()));
-    std::copy(ids.begin(), ids.end(), greedy);
+  const size_t V = static_cast<size_t>(config().vocab_size), n = slots.size();
+  auto width = [&](size_t i) { return bits.size() == 1 ? bits[0] : bits[i]; };
+  std::vector<int> widths;
+  for (size_t i = 0; i < n; ++i)
+    if (std::find(widths.begin(), widths.end(), width(i)) == widths.end()) widths.push_back(width(i));
+  // The rows in `rows` as one step (all of them at width w, or, w < 0, each at its own width in one mixed step).
+  auto step = [&](const std::vector<size_t>& rows, int w) {
+    std::vector<int> sl;
+    std::vector<int32_t> tk;
+    std::vector<int> rb;
+    for (size_t i : rows) {
+      sl.push_back(slots[i]);
+      tk.push_back(tokens[i]);
+      rb.push_back(width(i));
+    }
+    const float* d = w >= 0 ? model_->decode_slots(bc.cache, sl, tk, w, /*use_graph=*/true)
+                            : model_->decode_slots(bc.cache, sl, tk, rb, /*use_graph=*/true);
+    if (greedy != nullptr) {   // the step's own argmax (decode_slots picks every row's on the device)
+      const std::vector<int32_t> ids = model_->get_decode_tokens(static_cast<int>(rows.size()));
+      for (size_t j = 0; j < rows.size(); ++j) greedy[rows[j]] = ids[j];
+    }
+    // The rows that want logits lead the caller's order, so they lead each step's rows too: one download.
+    size_t want = 0;
+    while (want < rows.size() && rows[want] < logit_rows) ++want;
+    if (want == 0) return;
+    if (want == rows.size() && rows.front() == 0 && rows.back() == rows.size() - 1) {
+      download_logits(d, V * want, logits);
+      return;
+    }
+    std::vector<float> part(V * want);
+    download_logits(d, V * want, part.data());
+    for (size_t j = 0; j < want; ++j) std::copy_n(part.data() + j * V, V, logits + rows[j] * V);
+  };
+  std::vector<size_t> all(n);
+  for (size_t i = 0; i < n; ++i) all[i] = i;
+  if (widths.size() == 1) {
+    step(all, widths[0]);
+    return 1;
   }
-  if (logit_rows > 0) download_logits(d, static_cast<size_t>(config().vocab_size) * logit_rows, logits);
+  if (mixed_step_enabled() && model_->mixed_decode_serves(static_cast<int>(n))) {
+    step(all, -1);
+    return 1;
+  }
+  for (const int w : widths) {
+    std::vector<size_t> rows;
+    for (size_t i = 0; i < n; ++i)
+      if (width(i) == w) rows.push_back(i);
+    step(rows, w);
+  }
+  return static_cast<int>(widths.size());
 }
 
 }  // namespace lowbit::cuda

@@ -17,6 +17,12 @@
 
 namespace lowbit::cuda {
 
+// Whether batch_decode runs rows of different any-precision widths as one mixed-width forward (GpuModel::decode_slots
+// with per-row widths) where the model serves it, instead of one forward per width: LOWBIT_MIXED_STEP (core/knobs.h,
+// read once); set_mixed_step() overrides it (bench --serve times both in one run).
+bool mixed_step_enabled();
+void set_mixed_step(bool on);
+
 class CudaBackend final : public Backend {
  public:
   // Uploads ws to the current device, timing the load and sampling host memory after every tensor (load_stats()).
@@ -44,8 +50,8 @@ class CudaBackend final : public Backend {
   uint64_t kv_bytes_available() const override;
   void batch_extend(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
   void batch_verify(BatchCache& cache, int slot, std::span<const int32_t> tokens, int bits, float* logits) override;
-  void batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, int bits,
-                    float* logits, size_t logit_rows, int32_t* greedy) override;
+  int batch_decode(BatchCache& cache, std::span<const int> slots, std::span<const int32_t> tokens, std::span<const int> bits,
+                   float* logits, size_t logit_rows, int32_t* greedy) override;
 
   GpuModel& model() { return *model_; }
   const GpuModel& model() const { return *model_; }

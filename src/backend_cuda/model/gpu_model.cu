@@ -93,6 +93,7 @@ struct GpuModel::StageTimer {
   bool paused = false;                                         // marks off (the step run before a capture)
   cudaGraphExec_t graph = nullptr;                             // the profiled decode step
   int graph_seqs = -1, graph_bits = -1;
+  bool graph_mixed = false;
   uint64_t graph_cache = 0;   // GpuKVCache::id
   uint64_t graph_gemm_gen = 0;
   unsigned graph_pdl = 0;
@@ -489,8 +490,9 @@ GpuKVCache GpuModel::new_cache(int seqs, int capacity) const {
 }
 
 GpuKVCache GpuModel::new_paged_cache(int seqs, int capacity, int blocks, int block) const {
-  LOWBIT_CHECK(seqs >= 1 && capacity >= 1 && blocks >= 1 && block >= 1 && (block & (block - 1)) == 0, "KV cache: ",
-               seqs, " sequences of ", capacity, " positions, ", blocks, " blocks of ", block, " (a power of two)");
+  LOWBIT_CHECK(seqs >= 1 && capacity >= 1 && blocks >= 1 && block >= 16 && (block & (block - 1)) == 0, "KV cache: ",
+               seqs, " sequences of ", capacity, " positions, ", blocks, " blocks of ", block,
+               " (a power of two, at least 16)");
   LOWBIT_CHECK(capacity <= c_.max_seq_len, "KV cache: ", capacity, " positions exceed the model context of ", c_.max_seq_len);
   LOWBIT_CHECK(static_cast<int64_t>(blocks) * c_.n_layers * block < (int64_t{1} << 31), "KV cache: ", blocks,
                " blocks of ", block, " positions exceed the attention kernels' 2^31 cache rows");
@@ -588,7 +590,7 @@ bool GpuModel::run_group(const std::vector<const GpuLinear*>& ls, const float* x
                          const float* x_max) {
   std::vector<const DevicePackedWeight*> ws;
   for (const GpuLinear* l : ls) ws.push_back(l->packed.get());
-  if (!packed_group_runs(ws, m)) return false;
+  if (mixed_ || !packed_group_runs(ws, m)) return false;
   packed_matmul_group(ws, x, m, ys, *gemm_, x_max);
   for (size_t i = 0; i < ls.size(); ++i)
     if (ls[i]->bias.size() > 0) add_bias_rows(ys[i], ls[i]->bias.get(), static_cast<int>(m), static_cast<int>(ls[i]->n), stream_);
@@ -602,7 +604,8 @@ void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, 
     dense_f16_gemv(l.dense, l.n, l.k, x, static_cast<int>(m), l.bias.size() > 0 ? l.bias.get() : nullptr, y, stream_);
     return;
   }
-  if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_, OutlierMode::Fused, x_max);
+  if (l.packed && mixed_) packed_matmul_mixed(*l.packed, bits, row_bits_dev_.get(), x, m, y, *gemm_);
+  else if (l.packed) packed_matmul(*l.packed, bits, x, m, y, *gemm_, OutlierMode::Fused, x_max);
   else if (xh != nullptr) dense_f16_matmul_h(l.dense, l.n, l.k, xh, m, y, *gemm_);
   else dense_f16_matmul(l.dense, l.n, l.k, x, m, y, *gemm_);
   if (l.bias.size() > 0) add_bias_rows(y, l.bias.get(), static_cast<int>(m), static_cast<int>(l.n), stream_);
@@ -624,7 +627,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   // The rows' max |x| for the int8 GEMVs' activation kernels, taken by the kernels that produce x (packed_matmul's
   // x_max: the x kernel then skips its row-wide reduction): slot N by every RMSNorm (q/k/v, gate/up), A by attention
   // (o; zeroed by the RMSNorm before the layer), S by SwiGLU (down; zeroed by the RMSNorm before gate/up).
-  const bool xm = producer_xmax_enabled() && rows <= kMaxGemvBatch && rmsnorm_writes_xmax(dim) && c_.hidden_dim % 32 == 0 &&
+  const bool xm = !mixed_ && producer_xmax_enabled() && rows <= kMaxGemvBatch && rmsnorm_writes_xmax(dim) && c_.hidden_dim % 32 == 0 &&
                   runs_int8_gemv(bits, rows);
   float* slot_n = xm ? xmax_.get() : nullptr;
   float* slot_a = xm ? xmax_.get() + kMaxGemvBatch : nullptr;
@@ -666,7 +669,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     rmsnorm(x_.get(), tmp_.get(), L.ffn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s, slot_n, slot_s);   // x += attention out
     mark("gate/up linears");
     const int64_t hid = c_.hidden_dim;
-    if (L.gate_up.n > 0 && slot_s != nullptr && L.gate_up.packed && L.gate_up.bias.size() == 0 &&
+    if (!mixed_ && L.gate_up.n > 0 && slot_s != nullptr && L.gate_up.packed && L.gate_up.bias.size() == 0 &&
         packed_swiglu_fuses(*L.gate_up.packed, bits, rows)) {
       // SwiGLU in the GEMV's epilogue, its row maxima into slot S (one kernel fewer per layer: faster on the H200 with
       // Llama-2-7B).
@@ -848,6 +851,43 @@ const float* GpuModel::decode_slots(GpuKVCache& cache, const std::vector<int>& s
   return logits_.get();
 }
 
+bool GpuModel::mixed_decode_serves(int rows) const {
+  if (widths_ == 0 || decode_bucket(rows) > kMaxGemvBatch) return false;
+  for (const Layer& L : layers_)
+    for (const GpuLinear* l : linears(L))
+      if (l->packed && !packed_mixed_serves(*l->packed, decode_bucket(rows))) return false;
+  return true;
+}
+
+const float* GpuModel::decode_slots(GpuKVCache& cache, const std::vector<int>& slots, const std::vector<int32_t>& tokens,
+                                    const std::vector<int>& row_bits, bool use_graph) {
+  LOWBIT_CHECK(row_bits.size() == slots.size() && !slots.empty(), "decode_slots: ", row_bits.size(), " widths for ",
+               slots.size(), " slots");
+  const int widest = 31 - std::countl_zero(widths_ | 1u);
+  std::vector<int32_t> rb(row_bits.begin(), row_bits.end());
+  for (int32_t& b : rb) {
+    check_bits(b);
+    if (b == 0) b = widest;
+  }
+  const int top = *std::max_element(rb.begin(), rb.end());
+  if (std::all_of(rb.begin(), rb.end(), [&](int32_t b) { return b == top; })) return decode_slots(cache, slots, tokens, top, use_graph);
+  LOWBIT_CHECK(mixed_decode_serves(static_cast<int>(slots.size())), "decode_slots: rows of different widths need an ",
+               "any-precision model and at most ", kMaxGemvBatch, " rows (mixed_decode_serves)");
+  const int rows = decode_bucket(static_cast<int>(slots.size()));
+  rb.resize(static_cast<size_t>(rows), top);   // padding rows at the widest
+  if (row_bits_dev_.size() < static_cast<size_t>(kMaxGemvBatch)) row_bits_dev_ = DeviceBuffer<int32_t>(kMaxGemvBatch);
+  LOWBIT_CUDA_CHECK(cudaMemcpyAsync(row_bits_dev_.get(), rb.data(), sizeof(int32_t) * rb.size(), cudaMemcpyHostToDevice, stream_));
+  mixed_ = true;
+  try {
+    const float* out = decode_slots(cache, slots, tokens, top, use_graph);
+    mixed_ = false;
+    return out;
+  } catch (...) {
+    mixed_ = false;
+    throw;
+  }
+}
+
 void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph, bool argmax) {
   const int splits = decode_splits(seqs, cache.capacity);   // fixed per cache: one graph, every position
   ensure_attn_scratch(seqs, splits);
@@ -874,7 +914,7 @@ void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph
   if (prof_ && use_graph) {
     // Profiling: a graph of the same step with the stage events as nodes, timed replay by replay.
     StageTimer& p = *prof_;
-    if (p.graph != nullptr && p.graph_seqs == seqs && p.graph_bits == bits && p.graph_cache == cache.id &&
+    if (p.graph != nullptr && p.graph_seqs == seqs && p.graph_bits == bits && p.graph_mixed == mixed_ && p.graph_cache == cache.id &&
         p.graph_gemm_gen == gemm_->generation() && p.graph_pdl == graph_launch_key()) {
       LOWBIT_CUDA_CHECK(cudaGraphLaunch(p.graph, stream_));
       p.accumulate(stream_, false);
@@ -885,6 +925,7 @@ void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph
       run_and_capture(&p.graph);
       p.graph_seqs = seqs;
       p.graph_bits = bits;
+      p.graph_mixed = mixed_;
       p.graph_cache = cache.id;
       p.graph_gemm_gen = gemm_->generation();
       p.graph_pdl = graph_launch_key();
@@ -895,15 +936,16 @@ void GpuModel::decode_rows(GpuKVCache& cache, int seqs, int bits, bool use_graph
     const uint64_t gen = gemm_->generation();
     const unsigned pdl = graph_launch_key();
     auto hit = std::find_if(graphs_.begin(), graphs_.end(), [&](const DecodeGraph& g) {
-      return g.seqs == seqs && g.bits == bits && g.capacity == cache.capacity && g.cache == cache.id && g.gemm_gen == gen &&
-             g.pdl == pdl && g.argmax == argmax;
+      return g.seqs == seqs && g.bits == bits && g.mixed == mixed_ && g.capacity == cache.capacity && g.cache == cache.id &&
+             g.gemm_gen == gen && g.pdl == pdl && g.argmax == argmax;
     });
     if (hit != graphs_.end()) {
       hit->last_use = ++graph_clock_;
       LOWBIT_CUDA_CHECK(cudaGraphLaunch(hit->exec, stream_));
     } else {
       DecodeGraph g;
-      g.seqs = seqs, g.bits = bits, g.capacity = cache.capacity, g.cache = cache.id, g.pdl = pdl, g.argmax = argmax;
+      g.seqs = seqs, g.bits = bits, g.mixed = mixed_, g.capacity = cache.capacity, g.cache = cache.id, g.pdl = pdl,
+      g.argmax = argmax;
       run_and_capture(&g.exec);
       ++graph_captures_;
       g.gemm_gen = gemm_->generation();   // after the uncaptured step, which may have grown the scratch

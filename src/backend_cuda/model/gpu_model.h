@@ -76,7 +76,7 @@ class GpuModel {
   uint64_t weight_bytes() const;              // device bytes of all weights
   uint64_t weight_bytes_per_token(int bits) const;   // bytes one decode step reads (linears + head)
   GpuKVCache new_cache(int seqs, int capacity) const;
-  // A paged cache: `blocks` blocks of `block` positions (a power of two) shared by `seqs` sequences of up to
+  // A paged cache: `blocks` blocks of `block` positions (a power of two, at least 16) shared by `seqs` sequences of up to
   // `capacity` positions; every table entry starts at block 0.
   GpuKVCache new_paged_cache(int seqs, int capacity, int blocks, int block) const;
   int decode_splits(int seqs, int capacity) const;   // attention's key splits in a decode step over such a cache
@@ -104,6 +104,15 @@ class GpuModel {
   // (get_decode_tokens). The slots' lengths advance by one.
   const float* decode_slots(GpuKVCache& cache, const std::vector<int>& slots, const std::vector<int32_t>& tokens,
                             int bits, bool use_graph);
+  // The same step with each row at its own width (row_bits[i] for slots[i]; 0 = the widest): every packed linear reads
+  // the widest present width's planes once for all rows (packed_matmul_mixed), so a step mixing widths costs about
+  // one forward at the widest, not one forward per width. The row widths are uploaded like the positions, so one
+  // captured graph per (bucket, widest width) serves every mix. Needs mixed_decode_serves(slots.size()).
+  const float* decode_slots(GpuKVCache& cache, const std::vector<int>& slots, const std::vector<int32_t>& tokens,
+                            const std::vector<int>& row_bits, bool use_graph);
+  // Whether decode_slots with per-row widths serves `rows` rows: an any-precision model (every packed linear), a
+  // bucket within the GEMV batch.
+  bool mixed_decode_serves(int rows) const;
   static int decode_bucket(int rows);
   int32_t* decode_tokens() { return tok_dev_.get(); }
   void set_decode_tokens(const std::vector<int32_t>& toks);
@@ -182,6 +191,8 @@ class GpuModel {
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
   DeviceBuffer<float> qkv_, gu_;   // outputs of the stacked linears [rows, qd + 2 kvd] / [rows, 2 hidden]
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
+  DeviceBuffer<int32_t> row_bits_dev_;   // a mixed-width decode step's width per row
+  bool mixed_ = false;                   // the forward being run or captured is a mixed-width step
   DeviceBuffer<uint64_t> argmax_keys_;   // [logit rows][kArgmaxSlices]: the split argmax's partial keys
   DeviceBuffer<float> u_dev_;
   struct StageTimer;
@@ -194,6 +205,7 @@ class GpuModel {
     cudaGraphExec_t exec = nullptr;
     int seqs = -1, bits = -1, capacity = -1;
     bool argmax = true;
+    bool mixed = false;   // per-row widths (row_bits_dev_), bits the widest
     uint64_t cache = 0;   // GpuKVCache::id
     uint64_t gemm_gen = 0;
     unsigned pdl = 0;   // the PDL kernel classes the graph was captured with (0: none; backend_cuda/common/launch.cuh)

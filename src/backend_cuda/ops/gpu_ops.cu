@@ -217,6 +217,8 @@ __global__ void rope_kv_store_kernel(const float* q, int64_t q_ld, const float* 
 
 constexpr int kAttnWarps = 4;
 constexpr int kMaxHd = 256;
+constexpr int kTableRun = 512;   // paged caches: block numbers per attention block held in shared memory
+constexpr int kMinPagedBlock = 16;   // positions per block at least: a 32-key chunk spans at most three blocks
 constexpr int kMaxClusterSplits = 8;   // the portable cluster size
 
 // The key splits' partials (m, l, acc[hd], as attention_kernel leaves them; part(s) points at split s's) merged into
@@ -254,7 +256,7 @@ __device__ __forceinline__ void combine_splits(Part part, int splits, int hd, fl
 // HD > 0: the head dimension known at compile time (64, 128, 256): the key row is loaded as HD/8 independent
 // 16-byte loads and lane l owns the dimension pairs 2l + 64p, read as half2 with eight keys in flight; HD == 0:
 // any even head dimension, element by element.
-template <int HD, bool kPrefetch>
+template <int HD, bool kPrefetch, bool kPaged>
 // Blocks per SM the registers must allow: the decode form with values prefetched (head dims 64, 128) 3, so that a 7B
 // decode grid (32 heads x 9 key splits) fits one wave (the folded RoPE took it to 230 registers unbounded, 168 with 48
 // bytes spilled at 3); elsewhere no bound (0: an explicit 1 let prefill grow from 40-64 to 72-144 registers and the
@@ -290,12 +292,52 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
   const int sq = seq[r];
   const __half* kb = kc + static_cast<int64_t>(kvh) * hd;
   const __half* vb = vc + static_cast<int64_t>(kvh) * hd;
-  // Key j's cache row (kv_row). A contiguous cache keeps a chunk's rows consecutive; a paged one's chunk may cross
-  // blocks, so each lane looks up its own key's row and the value loops take row c0 + jj from lane jj.
-  const bool paged = map.table != nullptr;
-  auto row_of = [&](int j) { return kv_row(map, sq, layer, j); };
-  auto value_row = [&](int64_t lane_row, int64_t row0, int jj) {
-    return paged ? __shfl_sync(0xffffffffu, lane_row, jj) : row0 + jj;
+  // The cache rows (kv_row) of a chunk's keys c0 .. c0 + 31. Contiguous (kPaged false): consecutive from the
+  // sequence's base. Paged: the chunk spans at most three blocks (blocks of 16 positions or more), whose rows are
+  // found once per chunk; key c0 + jj is then row r[(o + jj) >> shift] + ((o + jj) & mask), o = c0's offset in its
+  // block: a few integer operations per key, no table read in front of each key's load. The block numbers of
+  // the keys [k0, k1) are read into shared memory at the start (up to kTableRun of them; past that, from the table).
+  const int64_t cbase = (static_cast<int64_t>(sq) * map.layers + layer) * map.block;
+  const int mask = static_cast<int>((1u << map.shift) - 1u);
+  __shared__ int32_t blk_s[kPaged ? kTableRun : 1];
+  const int b0 = kPaged ? k0 >> map.shift : 0;
+  const int nb = kPaged && k1 > k0 ? ((k1 - 1) >> map.shift) - b0 + 1 : 0;
+  const bool table_in_smem = kPaged && nb > 0 && nb <= kTableRun;
+  if constexpr (kPaged) {
+    if (table_in_smem) {
+      const int32_t* t = map.table + static_cast<int64_t>(sq) * map.max_blocks + b0;
+      for (int i = threadIdx.x; i < nb; i += blockDim.x) blk_s[i] = __ldg(t + i);
+      __syncthreads();
+    }
+  }
+  auto block_row = [&](int b) -> int64_t {   // row of the block's first position
+    const int32_t blk = table_in_smem ? blk_s[b - b0] : __ldg(map.table + static_cast<int64_t>(sq) * map.max_blocks + b);
+    return (static_cast<int64_t>(blk) * map.layers + layer) * map.block;
+  };
+  struct ChunkRows {
+    int64_t r0 = 0, r1 = 0, r2 = 0;
+    int o = 0;
+  };
+  auto chunk_rows = [&](int c0) {
+    ChunkRows c;
+    if constexpr (!kPaged) {
+      c.r0 = cbase + c0;
+    } else {
+      const int bf = c0 >> map.shift, bl = min(c0 + 31, k1 - 1) >> map.shift;
+      c.o = c0 & mask;
+      c.r0 = block_row(bf);
+      if (bf + 1 <= bl) c.r1 = block_row(bf + 1);
+      if (bf + 2 <= bl) c.r2 = block_row(bf + 2);
+    }
+    return c;
+  };
+  auto row_in = [&](const ChunkRows& c, int jj) -> int64_t {
+    if constexpr (!kPaged) {
+      return c.r0 + jj;
+    } else {
+      const int t = c.o + jj, i = t >> map.shift;
+      return (i == 0 ? c.r0 : i == 1 ? c.r1 : c.r2) + (t & mask);
+    }
   };
   // kPrefetchV (decode, head dims 64, 128): the chunk's 32 value rows are loaded with its keys, before the scores
   // exist (they do not depend on them), so a chunk costs one round of memory latency instead of one for the keys and
@@ -310,17 +352,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
   auto load_chunk = [&](int c0, int only) {
     if constexpr (kPrefetchV) {
       const int cnt = min(32, k1 - c0);
-      const int64_t lane_row = c0 + lane < k1 ? row_of(c0 + lane) : 0;
-      const int64_t row0 = paged ? 0 : row_of(c0);
+      const ChunkRows cr = chunk_rows(c0);
 #pragma unroll
       for (int jj = 0; jj < 32; ++jj) {
         if (only >= 0 && jj != only) continue;
-        const __half* vr = vb + value_row(lane_row, row0, jj) * kvd + 2 * lane;
+        const __half* vr = vb + row_in(cr, jj) * kvd + 2 * lane;
 #pragma unroll
         for (int pp = 0; pp < HD / 64; ++pp) vpre[jj][pp] = jj < cnt ? *reinterpret_cast<const uint32_t*>(vr + 64 * pp) : 0u;
       }
       if (c0 + lane < k1 && (only < 0 || lane == only)) {
-        const __half* kr = kb + lane_row * kvd;
+        const __half* kr = kb + row_in(cr, lane) * kvd;
 #pragma unroll
         for (int i = 0; i < HD / 8; ++i) kraw[i] = *reinterpret_cast<const uint4*>(kr + 8 * i);
       }
@@ -339,7 +380,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
       const float* kr = rope.k + static_cast<int64_t>(r) * rope.kv_ld + static_cast<int64_t>(kvh) * hd;
       const float* vr = rope.v + static_cast<int64_t>(r) * rope.kv_ld + static_cast<int64_t>(kvh) * hd;
       const bool store = h % (heads / kv_heads) == 0;
-      const int64_t at = row_of(p) * kvd + static_cast<int64_t>(kvh) * hd;
+      // kv_row, not the chunk's rows: a chunk that ends this split's range short of p may still hold p, outside the
+      // blocks read for the range.
+      const int64_t at = kv_row(map, sq, layer, p) * kvd + static_cast<int64_t>(kvh) * hd;
 #pragma unroll
       for (int t = 0; t < HD / 64; ++t) {   // pairs i = lane + 32 t
         const int i = lane + 32 * t;
@@ -398,14 +441,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
     const int cnt = min(32, k1 - c0);
     if (!early || c0 != c_first) load_chunk(c0, -1);
     if (fold && p >= c0 && p < c0 + 32) patch_new(c0);   // the chunk holds p
-    int64_t lane_row = 0, row0 = 0;   // the forms without the prefetch: key j's row, and c0's (contiguous)
-    if constexpr (!kPrefetchV) {
-      lane_row = j < k1 ? row_of(j) : 0;
-      row0 = paged ? 0 : row_of(c0);
-    }
+    ChunkRows cr;   // the forms without the prefetch: this chunk's rows
+    if constexpr (!kPrefetchV) cr = chunk_rows(c0);
     float sc = -FLT_MAX;
     if (j < k1) {
-      const __half* kr = kb + lane_row * kvd;
+      const __half* kr = kb + row_in(cr, lane) * kvd;
       float d = 0.0f;
       if constexpr (HD > 0) {
         uint4 raw[HD / 8];
@@ -458,7 +498,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
 #pragma unroll 8
       for (int jj = 0; jj < cnt; ++jj) {
         const float pw = ps[warp][jj];
-        const __half* vr = vb + value_row(lane_row, row0, jj) * kvd + 2 * lane;
+        const __half* vr = vb + row_in(cr, jj) * kvd + 2 * lane;
 #pragma unroll
         for (int pp = 0; pp < HD / 64; ++pp) {
           const float2 f = __half22float2(*reinterpret_cast<const __half2*>(vr + 64 * pp));
@@ -469,7 +509,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
     } else {
       for (int jj = 0; jj < cnt; ++jj) {
         const float pw = ps[warp][jj];
-        const __half* vr = vb + value_row(lane_row, row0, jj) * kvd;
+        const __half* vr = vb + row_in(cr, jj) * kvd;
 #pragma unroll
         for (int i = 0; i < kDims; ++i) {
           const int d = lane + 32 * i;
@@ -682,9 +722,13 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
   LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
   const dim3 grid(rows, heads, splits);
   const bool decode = rows <= 8;   // one row per sequence: a grid too small to hide memory latency by occupancy
-  auto pick = [decode](auto hd_const) {
+  const bool paged = map.table != nullptr;
+  LOWBIT_CHECK(!paged || map.block >= kMinPagedBlock, "CUDA attention: paged KV blocks of ", map.block,
+               " positions (at least ", kMinPagedBlock, ")");
+  auto pick = [decode, paged](auto hd_const) {
     constexpr int HD = decltype(hd_const)::value;
-    return decode ? attention_kernel<HD, true> : attention_kernel<HD, false>;
+    return decode ? (paged ? attention_kernel<HD, true, true> : attention_kernel<HD, true, false>)
+                  : (paged ? attention_kernel<HD, false, true> : attention_kernel<HD, false, false>);
   };
   const auto kern = hd == 64    ? pick(std::integral_constant<int, 64>{})
                     : hd == 128 ? pick(std::integral_constant<int, 128>{})

@@ -22,7 +22,7 @@ bool rmsnorm_writes_xmax(int dim);
 // Where the KV cache keeps position pos of sequence seq in layer `layer`: caches are [blocks][layers][block][kv_dim]
 // fp16 (k and v alike), the position in block table[seq * max_blocks + pos / block] at row pos % block of it. A
 // contiguous cache (table == nullptr) is the case of one block of `block` = capacity positions per sequence, block
-// seq: no table read. Paged caches (continuous batching) have blocks of 2^shift positions.
+// seq: no table read. Paged caches (continuous batching) have blocks of 2^shift >= 16 positions.
 struct KvMap {
   const int32_t* table = nullptr;
   int max_blocks = 1;
