@@ -316,6 +316,7 @@ TEST(Batch, CancelEndsTheRequestAndFreesItsSlot) {
   expect_api_error([&] { batch->add(m.prompt_ids("x", p), p); }, "every slot is in use");
   for (int i = 0; i < 5; ++i) EXPECT_TRUE(batch->step().empty());
   EXPECT_GT(batch->kv_positions_used(), 0);
+  const int blocks_both = batch->kv_blocks_used();
   cancel = true;
   const std::vector<api::Batch::Finished> done = batch->step();
   ASSERT_EQ(done.size(), 1u);
@@ -323,6 +324,7 @@ TEST(Batch, CancelEndsTheRequestAndFreesItsSlot) {
   EXPECT_EQ(done[0].result.stop_reason, api::StopReason::Cancelled);
   EXPECT_EQ(done[0].result.new_ids.size(), 6u);   // the first round picks two: after the prompt and after its step
   EXPECT_EQ(batch->free_slots(), 1);
+  EXPECT_LT(batch->kv_blocks_used(), blocks_both) << "the cancelled request's KV blocks are back in the pool";
   // The other request goes on undisturbed: its tokens are those it gives alone.
   std::vector<api::Batch::Finished> rest;
   while (rest.empty()) rest = batch->step();

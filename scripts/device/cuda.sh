@@ -140,6 +140,8 @@ case "${1:-}" in
       step final-load-anyprec 330 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights anyprec \
         --kernel-bits 3,4,8 --concurrency 8,64
       step final-load-fp16 120 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights fp16 --concurrency 8,64
+      step final-load-pool 120 "$LB/pkg/lowbit" bench --serve --model-shapes llama2-7b --weights fp16 --concurrency 64 \
+        --kv-cache-gb 20
     fi
     if [ "$phase" = paged-load ]; then    # the load at concurrency 8 and 64 with every context reserved, then a
                                           # pool of about half that at concurrency 64
