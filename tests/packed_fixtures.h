@@ -67,6 +67,35 @@ inline AnyPrecQuantized random_codes(int64_t n, int64_t k, int planes, uint32_t 
   return q;
 }
 
+// A random any-precision weight (random_codes: an 8-bit parent serving 2..8, or as given) with about 1.5% outliers
+// when asked, each a fp16 value in [-2^-2, 2^-2] at 2^-12 steps.
+inline AnyPrecQuantized random_anyprec(int64_t n, int64_t k, bool outliers, uint32_t seed, int planes = 8,
+                                       uint32_t widths = 0x1FCu) {
+  AnyPrecQuantized q = random_codes(n, k, planes, widths, seed);
+  if (outliers) {
+    std::mt19937 rng(seed + 1);
+    q.outlier_rowptr.push_back(0);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c)
+        if (rng() % 64 == 0) {
+          q.outlier_col.push_back(static_cast<int32_t>(c));
+          q.outlier_val.push_back(f32_to_f16(std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, -12)));
+        }
+      q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
+    }
+  }
+  return q;
+}
+
+// Activations x [m, k], standard normal.
+inline std::vector<float> random_x(int64_t m, int64_t k, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(static_cast<size_t>(m * k));
+  for (float& v : x) v = nd(rng);
+  return x;
+}
+
 // Random group widths (1 in 4 at 4 bits), codes, scales, zeros and (optionally) ~2% outliers.
 inline Mixed24Quantized random_mixed(int64_t n, int64_t k, bool outliers, uint32_t seed) {
   std::mt19937 rng(seed);

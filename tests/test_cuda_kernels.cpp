@@ -35,14 +35,6 @@ constexpr double kCublasBudget = 2e-3;     // x and W rounded to fp16 (2 x 2^-11
 constexpr double kFp16XBudget = 5e-4;      // x alone rounded to fp16 (2^-11 = 4.9e-4), W exact (fp16 LUT values)
 
 
-std::vector<float> random_x(int64_t m, int64_t k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(static_cast<size_t>(m * k));
-  for (float& v : x) v = nd(rng);
-  return x;
-}
-
 // sum_c |x[t, c]| |w[r, c]| for every output, from the dense weights w [n, k].
 std::vector<double> abs_scale(const std::vector<float>& x, const std::vector<float>& w, int64_t m, int64_t n, int64_t k) {
   std::vector<double> s(static_cast<size_t>(m * n));
@@ -94,24 +86,6 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   ::testing::Test::RecordProperty(what, std::to_string(worst));
 }
 
-// A random any-precision weight (8-bit parent serving 2..8) with about 1.5% outliers when asked.
-AnyPrecQuantized anyprec_weight(int64_t n, int64_t k, bool outliers, uint32_t seed) {
-  AnyPrecQuantized q = test::random_codes(n, k, 8, 0x1FCu, seed);
-  if (outliers) {
-    std::mt19937 rng(seed + 1);
-    q.outlier_rowptr.push_back(0);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < k; ++c)
-        if (rng() % 64 == 0) {
-          q.outlier_col.push_back(static_cast<int32_t>(c));
-          q.outlier_val.push_back(f32_to_f16(std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, -12)));
-        }
-      q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
-    }
-  }
-  return q;
-}
-
 struct Shape {
   int64_t n, k;
 };
@@ -133,7 +107,7 @@ TEST_P(AnyPrecGemvSweep, MatchesCpuTwinEveryWidthAndBatch) {
   uint32_t seed = 1 + 1000 * static_cast<uint32_t>(GetParam());
   for (bool outliers : {false, true}) {
     std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-    const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, outliers, seed++);
+    const AnyPrecQuantized q = test::random_anyprec(sh.n, sh.k, outliers, seed++);
     const PackedWeight pw = pack_anyprec(q, storage);
     validate_packed(pw, "t");
     const auto cpu = make_packed_linear(pw, nullptr, "t");
@@ -143,7 +117,7 @@ TEST_P(AnyPrecGemvSweep, MatchesCpuTwinEveryWidthAndBatch) {
       q.dequantize(bits, wd.data());
       for (int m : {1, 2, 3, 4, 5, 6, 7, 8}) {
         if (sh.n * sh.k > 1000000 && m != 1 && m != 2 && m != 8) continue;   // the wide shapes: the ends of the batch range
-        const std::vector<float> x = random_x(m, sh.k, seed++);
+        const std::vector<float> x = test::random_x(m, sh.k, seed++);
         std::vector<float> want(static_cast<size_t>(m * sh.n));
         cpu->forward_ref(x.data(), m, want.data(), bits);
         const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
@@ -203,7 +177,7 @@ TEST_P(AnyPrecInt8GemvSweep, MatchesCpuTwin) {
   uint32_t seed = 500 + 1000 * static_cast<uint32_t>(GetParam());
   for (bool outliers : {false, true}) {
     std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-    const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, outliers, seed++);
+    const AnyPrecQuantized q = test::random_anyprec(sh.n, sh.k, outliers, seed++);
     const PackedWeight pw = pack_anyprec(q, storage);
     const auto cpu = make_packed_linear(pw, nullptr, "t");
     const cuda::DevicePackedWeight dw(pw);
@@ -250,7 +224,7 @@ TEST_P(AnyPrecInt8GemvSweep, MatchesCpuTwin) {
         }
       for (int m : {1, 2, 3, 5, 8}) {
         if (sh.n * sh.k > 1000000 && m != 1 && m != 8) continue;   // the large shapes: the ends of the batch range
-        const std::vector<float> x = random_x(m, sh.k, seed++);
+        const std::vector<float> x = test::random_x(m, sh.k, seed++);
         std::vector<float> want(static_cast<size_t>(m * sh.n)), ref(want.size());
         std::vector<double> bound(want.size());
         cpu->forward_ref(x.data(), m, ref.data(), bits);
@@ -321,7 +295,7 @@ TEST(CudaKernels, ProducerRowMaximaAreExactAndChangeNothing) {
   for (const int64_t k : {2048, 4224, 8192}) {
     std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
     const int64_t n = 40;
-    const AnyPrecQuantized q = anyprec_weight(n, k, true, seed++);
+    const AnyPrecQuantized q = test::random_anyprec(n, k, true, seed++);
     const cuda::DevicePackedWeight dw(pack_anyprec(q, storage));
     ASSERT_NE(dw.anyprec().rowptr, nullptr);
     ASSERT_TRUE(cuda::rmsnorm_writes_xmax(static_cast<int>(k)));
@@ -331,7 +305,7 @@ TEST(CudaKernels, ProducerRowMaximaAreExactAndChangeNothing) {
       cuda::DeviceBuffer<float> slots(16);
       LOWBIT_CUDA_CHECK(cudaMemset(slots.get(), 0x7F, slots.bytes()));   // garbage the kernels must overwrite / zero
       // RMSNorm: its max into slot 0.., zeroing slot 8..
-      const std::vector<float> x = random_x(m, k, seed++), d = random_x(m, k, seed++), w = random_x(1, k, seed++);
+      const std::vector<float> x = test::random_x(m, k, seed++), d = test::random_x(m, k, seed++), w = test::random_x(1, k, seed++);
       cuda::DeviceBuffer<float> x1(x), x2(x), dd(d), wd(w), y1(x.size()), y2(x.size());
       cuda::rmsnorm(x1.get(), dd.get(), wd.get(), y1.get(), nullptr, m, static_cast<int>(k), 1e-5f, nullptr, slots.get(), slots.get() + 8);
       cuda::rmsnorm(x2.get(), dd.get(), wd.get(), y2.get(), nullptr, m, static_cast<int>(k), 1e-5f, nullptr);
@@ -360,7 +334,7 @@ TEST(CudaKernels, ProducerRowMaximaAreExactAndChangeNothing) {
       EXPECT_EQ(p_own, p_given) << what << " activation pieces from rmsnorm's max";
       EXPECT_TRUE(std::all_of(own.begin(), own.end(), [](float v) { return std::isfinite(v); })) << what;
       // SwiGLU: its max atomically into the slot zeroed above.
-      const std::vector<float> gu = random_x(m, 2 * k, seed++);
+      const std::vector<float> gu = test::random_x(m, 2 * k, seed++);
       cuda::DeviceBuffer<float> gud(gu), h1(static_cast<size_t>(m * k)), h2(static_cast<size_t>(m * k));
       cuda::swiglu_rows(gud.get(), gud.get() + k, 2 * k, h1.get(), m, k, nullptr, reinterpret_cast<unsigned*>(slots.get() + 8));
       cuda::swiglu_rows(gud.get(), gud.get() + k, 2 * k, h2.get(), m, k, nullptr);
@@ -384,13 +358,13 @@ TEST(CudaKernels, Int8GemvSwiGluEpilogueIsBitIdentical) {
   uint32_t seed = 820;
   for (const Shape& sh : {Shape{128, 2048}, Shape{22016, 4096}, Shape{8192, 8192}}) {
     std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-    const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(sh.n, sh.k, true, seed++), storage));
+    const cuda::DevicePackedWeight dw(pack_anyprec(test::random_anyprec(sh.n, sh.k, true, seed++), storage));
     const int64_t H = sh.n / 2;
     cuda::DeviceBuffer<uint8_t> xq(cuda::anyprec_xfrag_bytes(sh.k));
     for (int bits = 2; bits <= 4; ++bits)
       for (const int m : {1, 2, 5, 8}) {
         const std::string what = std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" + std::to_string(m);
-        const std::vector<float> x = random_x(m, sh.k, seed++);
+        const std::vector<float> x = test::random_x(m, sh.k, seed++);
         cuda::DeviceBuffer<float> xd(x), gu(static_cast<size_t>(m * sh.n)), h1(static_cast<size_t>(m * H)), h2(static_cast<size_t>(m * H));
         cuda::DeviceBuffer<unsigned> mx1(8), mx2(8);
         LOWBIT_CUDA_CHECK(cudaMemset(h1.get(), 0xFF, h1.bytes()));
@@ -423,7 +397,7 @@ TEST(CudaKernels, Int8GemvCtaFormsAreBitIdentical) {
   uint32_t seed = 1300;
   for (const Shape& sh : {Shape{12288, 4096}, Shape{22016, 4096}}) {
     std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-    const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(sh.n, sh.k, true, seed++), storage));
+    const cuda::DevicePackedWeight dw(pack_anyprec(test::random_anyprec(sh.n, sh.k, true, seed++), storage));
     cuda::DeviceBuffer<uint8_t> xq(cuda::anyprec_xfrag_bytes(sh.k));
     for (int bits = 2; bits <= 4; ++bits)
       for (const int m : {1, 2, 8})
@@ -431,7 +405,7 @@ TEST(CudaKernels, Int8GemvCtaFormsAreBitIdentical) {
           if (sw && (sh.n != 22016 || bits == 4)) continue;   // the SwiGLU epilogue: gate/up at 2..3 bits
           const std::string what = std::to_string(sh.n) + "x" + std::to_string(sh.k) + " b" + std::to_string(bits) + " m" +
                                    std::to_string(m) + (sw ? " swiglu" : "");
-          const std::vector<float> x = random_x(m, sh.k, seed++);
+          const std::vector<float> x = test::random_x(m, sh.k, seed++);
           const int64_t outs = m * (sw ? sh.n / 2 : sh.n);
           std::vector<float> got[2];
           int warps[2];
@@ -473,13 +447,13 @@ TEST(CudaKernels, StackedAnyPrecRowsEqualTheirParts) {
     std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
     std::vector<cuda::DevicePackedWeight> parts;
     const int64_t ns[] = {5, 33, 16};
-    for (int i = 0; i < 3; ++i) parts.emplace_back(pack_anyprec(anyprec_weight(ns[i], k, true, 900 + static_cast<uint32_t>(i)), storage));
+    for (int i = 0; i < 3; ++i) parts.emplace_back(pack_anyprec(test::random_anyprec(ns[i], k, true, 900 + static_cast<uint32_t>(i)), storage));
     const auto stacked = cuda::DevicePackedWeight::concat_rows({&parts[0], &parts[1], &parts[2]});
     ASSERT_NE(stacked, nullptr);
     ASSERT_EQ(stacked->n(), 54);
     for (int bits : {3, 4, 8})
       for (int m : {1, 8}) {
-        const std::vector<float> x = random_x(m, k, 77);
+        const std::vector<float> x = test::random_x(m, k, 77);
         cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(k));
         const auto path = cuda::anyprec_auto_path(54, k, m, bits, true);
         const auto got = run_poisoned(x, m * 54, [&](const float* xd, float* yd) {
@@ -501,10 +475,10 @@ TEST(CudaKernels, StackedAnyPrecRowsEqualTheirParts) {
   }
   // Weights that cannot be stacked: another input width, other served widths, outliers in one only.
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
-  const cuda::DevicePackedWeight a(pack_anyprec(anyprec_weight(4, 64, false, 1), storage));
-  const cuda::DevicePackedWeight b(pack_anyprec(anyprec_weight(4, 96, false, 2), storage));
+  const cuda::DevicePackedWeight a(pack_anyprec(test::random_anyprec(4, 64, false, 1), storage));
+  const cuda::DevicePackedWeight b(pack_anyprec(test::random_anyprec(4, 96, false, 2), storage));
   const cuda::DevicePackedWeight c(pack_anyprec(test::random_codes(4, 64, 8, 0x118u, 3), storage));   // widths 3, 4, 8
-  const cuda::DevicePackedWeight d(pack_anyprec(anyprec_weight(4, 64, true, 4), storage));
+  const cuda::DevicePackedWeight d(pack_anyprec(test::random_anyprec(4, 64, true, 4), storage));
   EXPECT_EQ(cuda::DevicePackedWeight::concat_rows({&a, &b}), nullptr);
   EXPECT_EQ(cuda::DevicePackedWeight::concat_rows({&a, &c}), nullptr);
   EXPECT_EQ(cuda::DevicePackedWeight::concat_rows({&a, &d}), nullptr);
@@ -528,7 +502,7 @@ TEST(CudaKernels, Mixed24aGemvMatchesCpuTwin) {
       std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
       q.dequantize(wd.data());
       for (int m : {1, 2, 3, 4, 5, 6, 7, 8}) {
-        const std::vector<float> x = random_x(m, sh.k, seed++);
+        const std::vector<float> x = test::random_x(m, sh.k, seed++);
         std::vector<float> want(static_cast<size_t>(m * sh.n));
         mixed24a_gemm_packed_ref(pw, x.data(), m, nullptr, want.data());
         const std::vector<double> scale = abs_scale(x, wd, m, sh.n, sh.k);
@@ -620,7 +594,7 @@ TEST(CudaKernels, UniformGemvMatchesCpuTwin) {
                                   : cuda::uniform_gemv_chunked(dw.uniform()) ? " chunked" : " per-column");
         for (int m = 1; m <= 8; ++m) {
           if (m > 2 && m < 8 && bits != 4 && bits != 3) continue;   // every batch at 3 and 4 bits; 1, 2, 8 at the others
-          const std::vector<float> x = random_x(m, c.k, seed++);
+          const std::vector<float> x = test::random_x(m, c.k, seed++);
           std::vector<float> want(static_cast<size_t>(m * c.n));
           ref->forward_ref(x.data(), m, want.data(), 0);
           const std::vector<double> scale = abs_scale(x, wd, m, c.n, c.k);
@@ -680,7 +654,7 @@ TEST(CudaKernels, QuikMatchesIntegerReference) {
           const bool gemm = m > 8;
           const bool exact = f.abits != 16 && (!f.fp8 || !gemm);
           const double budget = f.abits == 16 ? (gemm ? kFp16XBudget : kGemvBudget) : f.fp8 && gemm ? kFp8GemmBudget : kGemvBudget;
-          const std::vector<float> x = random_x(m, c.k, seed++);
+          const std::vector<float> x = test::random_x(m, c.k, seed++);
           std::vector<float> want(static_cast<size_t>(m * c.n));
           std::vector<int64_t> want_acc;
           quik_gemm_packed_ref(pw, x.data(), m, nullptr, want.data(), &want_acc);
@@ -734,7 +708,7 @@ TEST(CudaKernels, CusparseOutliersMatchCpuTwin) {
     std::vector<float> wd(static_cast<size_t>(sh.n * sh.k));
     q.dequantize(wd.data());
     for (int m : {1, 3, 8}) {
-      const std::vector<float> x = random_x(m, sh.k, seed++);
+      const std::vector<float> x = test::random_x(m, sh.k, seed++);
       std::vector<float> want(static_cast<size_t>(m * sh.n));
       mixed24a_gemm_packed_ref(pw, x.data(), m, nullptr, want.data());
       const auto got = run_poisoned(x, m * sh.n, [&](const float* xd, float* yd) {
@@ -786,7 +760,7 @@ TEST(CudaKernels, Mixed24aIntegerDotGemvMatchesCpuTwin) {
           ASSERT_LE(cuda::mixed24a_dp_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
         }
         ASSERT_LE(cuda::mixed24a_mma_x_bytes(sh.k, m), cuda::mixed24a_xfrag_bytes(sh.k));
-        const std::vector<float> x = random_x(m, sh.k, seed++);
+        const std::vector<float> x = test::random_x(m, sh.k, seed++);
         std::vector<float> ref(static_cast<size_t>(m * sh.n)), want(ref.size()), xmax(static_cast<size_t>(m));
         std::vector<double> bound(ref.size());
         mixed24a_gemm_packed_ref(pw, x.data(), m, nullptr, ref.data());
@@ -875,7 +849,7 @@ TEST(CudaKernels, Mixed24aGroupedGemvEqualsItsParts) {
     std::vector<cuda::DevicePackedWeight> dw;
     for (int p = 0; p < 3; ++p) dw.emplace_back(pack_mixed24a(test::random_mixed24a(ns[p], k, p != 1, seed++), storage));
     for (int m : {1, 2, 3, 5, 8}) {
-      const std::vector<float> x = random_x(m, k, seed++);
+      const std::vector<float> x = test::random_x(m, k, seed++);
       cuda::DeviceBuffer<float> xd(x);
       cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(k));
       const cuda::GemvPath path = m <= 2 ? cuda::GemvPath::Dp2aStream : cuda::GemvPath::Int8MmaStream;
@@ -976,7 +950,7 @@ TEST(CudaKernels, DequantizeKernelsAreBitExact) {
   SKIP_WITHOUT_GPU();
   std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
   for (const Shape& sh : {Shape{7, 1100}, Shape{33, 2048}}) {
-    const AnyPrecQuantized q = anyprec_weight(sh.n, sh.k, true, 7);
+    const AnyPrecQuantized q = test::random_anyprec(sh.n, sh.k, true, 7);
     const cuda::DevicePackedWeight dw(pack_anyprec(q, storage));
     for (int bits = 2; bits <= 8; ++bits) {
       cuda::DeviceBuffer<__half> out(static_cast<size_t>(sh.n * sh.k));
@@ -1027,14 +1001,14 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
   LOWBIT_CUDA_CHECK(cudaStreamCreate(&s));
   {
     cuda::GemmContext ctx(s);
-    const AnyPrecQuantized qa = anyprec_weight(96, 1100, true, 21);
+    const AnyPrecQuantized qa = test::random_anyprec(96, 1100, true, 21);
     const PackedWeight pa = pack_anyprec(qa, storage);
     const Mixed24AQuantized qm = test::random_mixed24a(80, 640, true, 22);
     const PackedWeight pm = pack_mixed24a(qm, storage);
     for (int64_t m : {9, 16, 64}) {
       for (int bits : {3, 8}) {
         const cuda::DevicePackedWeight dw(pa);
-        const auto x = random_x(m, 1100, static_cast<uint32_t>(m + bits));
+        const auto x = test::random_x(m, 1100, static_cast<uint32_t>(m + bits));
         std::vector<float> want(static_cast<size_t>(m * 96)), wd(96 * 1100);
         make_packed_linear(pa, nullptr, "t")->forward_ref(x.data(), m, want.data(), bits);
         qa.dequantize(bits, wd.data());
@@ -1045,7 +1019,7 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
         expect_close(got, want, abs_scale(x, wd, m, 96, 1100), kCublasBudget, "anyprec cuBLAS m" + std::to_string(m));
       }
       const cuda::DevicePackedWeight dm(pm);
-      const auto x = random_x(m, 640, static_cast<uint32_t>(m));
+      const auto x = test::random_x(m, 640, static_cast<uint32_t>(m));
       std::vector<float> want(static_cast<size_t>(m * 80)), wd(80 * 640);
       mixed24a_gemm_packed_ref(pm, x.data(), m, nullptr, want.data());
       qm.dequantize(wd.data());
@@ -1057,7 +1031,7 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
       const UniformQuantized qu = uniform_weight(72, 1100, 4, 128, false, true, static_cast<uint32_t>(m));
       const PackedWeight pu = pack_uniform(qu, storage);
       const cuda::DevicePackedWeight du(pu);
-      const auto xu = random_x(m, 1100, static_cast<uint32_t>(m + 7));
+      const auto xu = test::random_x(m, 1100, static_cast<uint32_t>(m + 7));
       std::vector<float> want_u(static_cast<size_t>(m * 72)), wdu(72 * 1100);
       make_packed_linear(pu, nullptr, "t")->forward_ref(xu.data(), m, want_u.data(), 0);
       qu.dequantize(wdu.data());
@@ -1094,7 +1068,7 @@ TEST(CudaKernels, DenseF16GemvMatchesCpuTwin) {
     const cuda::DeviceBuffer<float> bd(bias);
     const auto* wh = reinterpret_cast<const __half*>(wd.get());
     for (int m = 1; m <= cuda::kMaxGemvBatch; ++m) {
-      std::vector<float> x = random_x(m, k, static_cast<uint32_t>(m * 7 + k));
+      std::vector<float> x = test::random_x(m, k, static_cast<uint32_t>(m * 7 + k));
       std::vector<float> xr(x.size());   // x rounded to fp16 (the fp16-x form's input)
       std::vector<uint16_t> xbits(x.size());
       for (size_t i = 0; i < x.size(); ++i) {
@@ -1174,7 +1148,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
                  {{130, 2048}, true, 150},  {{8000, 512}, false, 16},  {{8200, 512}, false, 16}};
     for (const auto& cs : cases) {
       const int64_t n = cs.sh.n, k = cs.sh.k;
-      const AnyPrecQuantized q = anyprec_weight(n, k, cs.outliers, static_cast<uint32_t>(n + k));
+      const AnyPrecQuantized q = test::random_anyprec(n, k, cs.outliers, static_cast<uint32_t>(n + k));
       const PackedWeight p = pack_anyprec(q, storage);
       const cuda::DevicePackedWeight dw(p);
       const auto lin = make_packed_linear(p, nullptr, "t");
@@ -1184,7 +1158,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
         for (int64_t m : {9, 16, 17, 29, 33, 64, 70, 150, 260, 520}) {
           if ((k > 4096 && m > 64) || m > cs.max_m) continue;   // the CPU reference's time
           if (!cuda::anyprec_gemm_serves(bits, cuda::GemmKernel::Staged) && m > 16) continue;   // two tiles only
-          const auto x = random_x(m, k, static_cast<uint32_t>(7 * m + bits));
+          const auto x = test::random_x(m, k, static_cast<uint32_t>(7 * m + bits));
           std::vector<float> xr = x;
           if (!cs.outliers)
             for (float& v : xr) v = f16_to_f32(f32_to_f16(v));
@@ -1209,13 +1183,13 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
     // k written straight into y, the last 3 split in k (8 quads: 2 splits) and summed by the tile reduction.
     if (cuda::anyprec_gemm_serves(3, cuda::GemmKernel::WgmmaWs)) {
       const int64_t n = 128 * 135, k = 1024, m = 130;
-      const AnyPrecQuantized q = anyprec_weight(n, k, false, 11);
+      const AnyPrecQuantized q = test::random_anyprec(n, k, false, 11);
       const PackedWeight p = pack_anyprec(q, storage);
       const cuda::DevicePackedWeight dw(p);
       const auto lin = make_packed_linear(p, nullptr, "t");
       std::vector<float> wd(static_cast<size_t>(n * k));
       q.dequantize(3, wd.data());
-      const auto x = random_x(m, k, 12);
+      const auto x = test::random_x(m, k, 12);
       std::vector<float> xr = x;
       for (float& v : xr) v = f16_to_f32(f32_to_f16(v));
       std::vector<float> want(static_cast<size_t>(m * n));
@@ -1234,7 +1208,7 @@ TEST(CudaKernels, AnyPrecFusedGemmMatchesCpuTwin) {
       EXPECT_TRUE(cuda::anyprec_gemm_serves(3, cuda::GemmKernel::WgmmaWs));
     }
     // Widths the fused GEMM does not serve are refused, not run.
-    const cuda::DevicePackedWeight dw(pack_anyprec(anyprec_weight(16, 256, false, 5), storage));
+    const cuda::DevicePackedWeight dw(pack_anyprec(test::random_anyprec(16, 256, false, 5), storage));
     cuda::DeviceBuffer<float> xd(static_cast<size_t>(16 * 256)), yd(static_cast<size_t>(16 * 16));
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 5, xd.get(), 16, yd.get(), ctx, cuda::GemmKernel::Staged), Error);
     EXPECT_THROW(cuda::anyprec_gemm(dw.anyprec(), 3, xd.get(), 8, yd.get(), ctx, cuda::GemmKernel::TwoTiles), Error);
@@ -1267,7 +1241,7 @@ TEST(CudaKernels, Mixed24aTwoTileGemvMatchesCpuTwin) {
       q.dequantize(wd.data());
       cuda::DeviceBuffer<uint8_t> xfrag(cuda::mixed24a_xfrag_bytes(k));
       for (int64_t m : {9, 13, 16}) {
-        const auto x = random_x(m, k, static_cast<uint32_t>(3 * m + k));
+        const auto x = test::random_x(m, k, static_cast<uint32_t>(3 * m + k));
         std::vector<float> xr = x;
         if (!cs.outliers)
           for (float& v : xr) v = f16_to_f32(f32_to_f16(v));
@@ -1480,8 +1454,8 @@ TEST(CudaKernels, ResidualRmsNormMatchesCpuTwin) {
     for (const bool residual : {false, true}) {
       const int rows = 3;
       const float eps = 1e-5f;
-      const std::vector<float> x = random_x(rows, dim, static_cast<uint32_t>(dim)), d = random_x(rows, dim, 99),
-                               w = random_x(1, dim, 7);
+      const std::vector<float> x = test::random_x(rows, dim, static_cast<uint32_t>(dim)), d = test::random_x(rows, dim, 99),
+                               w = test::random_x(1, dim, 7);
       std::vector<float> want_x = x, want_y(x.size());
       for (int r = 0; r < rows; ++r) {
         double ss = 0;

@@ -32,32 +32,6 @@ namespace {
 // reference, and in practice within fp32 rounding of each other: a row sums the same products).
 constexpr double kGemvBudget = 1e-5;
 
-std::vector<float> random_x(int64_t m, int64_t k, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(static_cast<size_t>(m * k));
-  for (float& v : x) v = nd(rng);
-  return x;
-}
-
-// A random any-precision weight (8-bit parent serving 2..8, or as given) with about 1.5% outliers when asked.
-AnyPrecQuantized anyprec_weight(int64_t n, int64_t k, bool outliers, uint32_t seed, int planes = 8, uint32_t widths = 0x1FCu) {
-  AnyPrecQuantized q = test::random_codes(n, k, planes, widths, seed);
-  if (outliers) {
-    std::mt19937 rng(seed + 1);
-    q.outlier_rowptr.push_back(0);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t c = 0; c < k; ++c)
-        if (rng() % 64 == 0) {
-          q.outlier_col.push_back(static_cast<int32_t>(c));
-          q.outlier_val.push_back(f32_to_f16(std::ldexp(static_cast<float>(rng() % 2001) - 1000.0f, -12)));
-        }
-      q.outlier_rowptr.push_back(static_cast<int32_t>(q.outlier_col.size()));
-    }
-  }
-  return q;
-}
-
 constexpr int kSources = cuda::kMaxGemvBatch;   // activation rows a mix draws from
 
 // One packed weight on the device with, for each served width b and source row s of x [kSources, k], the CPU
@@ -75,7 +49,7 @@ struct Fixture {
     pw = pack_anyprec(q, storage);
     validate_packed(pw, "t");
     dw = std::make_unique<cuda::DevicePackedWeight>(pw);
-    x = random_x(kSources, q.k, seed);
+    x = test::random_x(kSources, q.k, seed);
     const auto cpu = make_packed_linear(pw, nullptr, "t");
     std::vector<float> wd(static_cast<size_t>(q.n * q.k));
     for (int b : q.served_widths()) {
@@ -260,7 +234,7 @@ TEST_P(AnyPrecMixedSweep, RowsMatchTheirWidth) {
   const Shape sh = kShapes[GetParam()];
   const uint32_t seed = 7 + 1000 * static_cast<uint32_t>(GetParam());
   for (bool outliers : {false, true}) {
-    const Fixture f(anyprec_weight(sh.n, sh.k, outliers, seed + (outliers ? 1 : 0)), seed + 2);
+    const Fixture f(test::random_anyprec(sh.n, sh.k, outliers, seed + (outliers ? 1 : 0)), seed + 2);
     check_all_mixes(f, seed + 3, std::to_string(sh.n) + "x" + std::to_string(sh.k) + (outliers ? " outliers" : ""));
     if (HasFailure()) return;
   }
@@ -272,7 +246,7 @@ INSTANTIATE_TEST_SUITE_P(CudaMixedWidth, AnyPrecMixedSweep, ::testing::Range(0, 
 TEST(CudaMixedWidth, SixPlaneParentServingThreeFourSix) {
   SKIP_WITHOUT_GPU();
   for (bool outliers : {false, true}) {
-    const Fixture f(anyprec_weight(45, 2100, outliers, 31, 6, (1u << 3) | (1u << 4) | (1u << 6)), 32);
+    const Fixture f(test::random_anyprec(45, 2100, outliers, 31, 6, (1u << 3) | (1u << 4) | (1u << 6)), 32);
     check_all_mixes(f, 33, std::string("45x2100 6-plane") + (outliers ? " outliers" : ""));
     if (HasFailure()) return;
   }
@@ -282,7 +256,7 @@ TEST(CudaMixedWidth, SixPlaneParentServingThreeFourSix) {
 // its mix's answer (the widths are read by the kernels, not baked into the launch).
 TEST(CudaMixedWidth, GraphReplaysFollowNewWidths) {
   SKIP_WITHOUT_GPU();
-  const Fixture f(anyprec_weight(96, 2348, true, 41), 42);
+  const Fixture f(test::random_anyprec(96, 2348, true, 41), 42);
   const int64_t n = f.q.n, k = f.q.k;
   const int m = cuda::kMaxGemvBatch;
   std::vector<int> src(static_cast<size_t>(m));
@@ -325,7 +299,7 @@ TEST(CudaMixedWidth, GraphReplaysFollowNewWidths) {
 // A row at a width the weight does not serve, or above max_bits, is NaN; the other rows keep their answers.
 TEST(CudaMixedWidth, UnservedWidthGivesNaNRow) {
   SKIP_WITHOUT_GPU();
-  const Fixture f(anyprec_weight(20, 300, true, 51, 4, (1u << 3) | (1u << 4)), 52);   // serves 3 and 4
+  const Fixture f(test::random_anyprec(20, 300, true, 51, 4, (1u << 3) | (1u << 4)), 52);   // serves 3 and 4
   const std::vector<int> bits = {3, 2, 4, 5, 0, 4}, src = {0, 1, 2, 3, 4, 5};
   for (const Form& form : kForms) {
     const std::vector<float> y = run_mixed(f, 4, bits, src, form);

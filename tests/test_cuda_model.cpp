@@ -42,6 +42,14 @@ namespace {
 constexpr double kLogitBudget = 1.5e-2;
 // GPU vs GPU where only the launch shape differs (decode steps vs prefill, batch vs single): fp32 rounding order.
 constexpr double kSameDeviceBudget = 2e-3;
+
+// A small Llama shape for random-weight GPU models (head dim 64: the decode attention's folded-RoPE form).
+ModelConfig small_config(int layers, int max_seq_len) {
+  ModelConfig c;
+  c.dim = 256, c.hidden_dim = 704, c.n_layers = layers, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
+  c.max_seq_len = max_seq_len;
+  return c;
+}
 // Perplexity on the GPU vs the CPU, relative.
 constexpr double kPplBudget = 5e-3;
 
@@ -407,9 +415,7 @@ TEST(CudaModel, GraphDecodeEqualsPlainDecode) {
 // decode steps with RoPE folded into attention and keys split over several blocks per head, plain and replayed.
 TEST(CudaModel, PagedCacheDecodesAsContiguous) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c;
-  c.dim = 256, c.hidden_dim = 704, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
-  c.max_seq_len = 1024;
+  const ModelConfig c = small_config(2, 1024);
   cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 31);
   const int S = 3, cap = 1000, block = 16, per = (cap + block - 1) / block;
   ASSERT_GT(gpu.decode_splits(4, cap), 1) << "the test wants split keys";
@@ -448,9 +454,7 @@ TEST(CudaModel, PagedCacheDecodesAsContiguous) {
 // logits bit for bit; the batch generator on it runs a step of three widths as one forward.
 TEST(CudaModel, MixedWidthDecodeStepGivesEachRowItsWidth) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c;
-  c.dim = 256, c.hidden_dim = 704, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
-  c.max_seq_len = 256;
+  const ModelConfig c = small_config(2, 256);
   cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 29);
   ASSERT_TRUE(gpu.mixed_decode_serves(8));
   EXPECT_FALSE(gpu.mixed_decode_serves(9));
@@ -519,9 +523,7 @@ TEST(CudaModel, MixedWidthDecodeStepGivesEachRowItsWidth) {
 // that width, bit for bit; at most kMaxDecodeGraphs graphs are kept, the least recently used evicted first.
 TEST(CudaModel, WidthSwitchReplaysEachWidthsGraph) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c;
-  c.dim = 256, c.hidden_dim = 704, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
-  c.max_seq_len = 256;
+  const ModelConfig c = small_config(2, 256);
   cuda::GpuModel gpu(c, cuda::GpuModel::RandomKind::AnyPrec, 17);
   const std::vector<int> order = {3, 8, 4, 3, 2, 8, 8, 4, 2, 3, 4, 8};
   // The logits of every step, widths in `order` (repeated `rounds` times), on a new cache after a 9-token prompt.
@@ -613,9 +615,7 @@ void expect_same_decode_both_ways(const std::function<void(bool)>& set, const st
 // blocks (long cache) and not.
 TEST(CudaModel, PdlDecodeIsBitIdenticalToPlainLaunches) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c;
-  c.dim = 256, c.hidden_dim = 704, c.n_layers = 3, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 64, c.vocab_size = 512;
-  c.max_seq_len = 512;
+  const ModelConfig c = small_config(3, 512);
   using RK = cuda::GpuModel::RandomKind;
   if (!cuda::pdl_enabled()) GTEST_SKIP() << "GPU test skipped: programmatic dependent launch needs sm_90 (or LOWBIT_PDL=0 is set)";
   const unsigned mask = cuda::pdl_mask();

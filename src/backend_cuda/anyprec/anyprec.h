@@ -30,6 +30,10 @@ bool narrow_rows(int64_t n, int64_t k, int m, int bits);
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s,
                   OutlierMode mode = OutlierMode::Fused, GemvPath path = GemvPath::Auto, void* xfrag = nullptr);
 size_t anyprec_xfrag_bytes(int64_t k);
+// x [m, k] split into fp16 hi + lo in the shared-table tensor-core kernels' fragment order, one plane word per lane,
+// into xfrag (anyprec_xfrag_bytes(k); only the fragments, for batch columns < m): the pre-split input of those kernels
+// and of anyprec_gemv_mixed's.
+void anyprec_presplit_x(const AnyPrecDevice& w, const float* x, int m, void* xfrag, cudaStream_t s);
 // The int8 GEMV (GemvPath::TensorCoreInt8LutStream) on its own: xq, a scratch of anyprec_i8_x_bytes(k, m) bytes
 // (anyprec_xfrag_bytes(k) is always enough), receives the activations' int8 pieces first. Outliers are always fused.
 // xmax != nullptr: xmax[r] = max |x[r]| for the m rows, exact (written by the kernel that produced x: rmsnorm, SwiGLU,

@@ -212,4 +212,23 @@ __device__ __forceinline__ uint32_t i8_lookup(const I8Table<B>& t, uint32_t sel)
   else return prmt(t.v[0], t.v[0], sel);
 }
 
+// The shared-table tensor-core kernels' A fragment of slab sj (word bits 4 sj .. 4 sj + 3: k slots 2t, 2t + 1, 2t + 8,
+// 2t + 9) from the codes of rows g / g + 8 (i0 / i1: byte u of iX[i] = the code of word bit 8u + i). t0: the lane's
+// table address, entry e of rows g (low half) and g + 8 (high half) at t0 + 128 e (the [2^B][8][4] layout: a
+// warp-wide lookup reads 32 different banks whatever the codes).
+__device__ __forceinline__ void shared_table_fragment(uint32_t t0, const uint32_t (&i0)[8], const uint32_t (&i1)[8], int sj,
+                                                      uint32_t (&a)[4]) {
+  const int u = sj / 2, ib = (sj % 2) * 4;
+  uint32_t e0[4], e1[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    e0[q] = __byte_perm(i0[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
+    e1[q] = __byte_perm(i1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
+  }
+  a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g,   bits 4sj, 4sj+1
+  a[1] = __byte_perm(lds_u32(t0 + e1[0] * 128u), lds_u32(t0 + e1[1] * 128u), 0x7632u);   // row g + 8 (high halves)
+  a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
+  a[3] = __byte_perm(lds_u32(t0 + e1[2] * 128u), lds_u32(t0 + e1[3] * 128u), 0x7632u);
+}
+
 }  // namespace lowbit::cuda

@@ -46,14 +46,6 @@ float* xfrag_xt(const void* xfrag, int64_t k) {
   return xfrag == nullptr ? nullptr : reinterpret_cast<float*>(static_cast<char*>(const_cast<void*>(xfrag)) + xfrag_part_bytes(k));
 }
 
-// One fp32 / u32 from shared memory at a 32-bit shared-window byte address: the lookup address is then one
-// IMAD/LEA (code * entry stride + the row's base), not a generic-pointer computation per lookup.
-__device__ __forceinline__ float lds_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-  return v;
-}
-
 template <int B>
 struct Table {
   static constexpr int kEntries = 1 << B;
@@ -318,9 +310,7 @@ __global__ void anyprec_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ 
 }
 
 // The shared-table tensor-core kernels' A fragments of one plane word per row (p0 / p1: the word of planes 0..B-1 of
-// rows g / g + 8), slab by slab: mma(a, sj) for slab sj = 0..7, word bits 4 sj .. 4 sj + 3 (k slots 2t, 2t + 1,
-// 2t + 8, 2t + 9). t0: the lane's table address, entry e of rows g (low half) and g + 8 (high half) at t0 + 128 e
-// (the [2^B][8][4] layout: a warp-wide lookup reads 32 different banks whatever the codes).
+// rows g / g + 8), slab by slab: mma(a, sj) for slab sj = 0..7 (shared_table_fragment, anyprec_codes.cuh).
 template <int B, typename Mma>
 __device__ __forceinline__ void shared_table_slabs(uint32_t t0, const uint32_t (&p0)[B], const uint32_t (&p1)[B], Mma mma) {
   uint32_t i0[8], i1[8];   // byte u of iX[i] = code of bit 8u + i
@@ -328,18 +318,8 @@ __device__ __forceinline__ void shared_table_slabs(uint32_t t0, const uint32_t (
   transpose_codes<B>(p1, i1);
 #pragma unroll
   for (int sj = 0; sj < 8; ++sj) {
-    const int u = sj / 2, ib = (sj % 2) * 4;
-    uint32_t e0[4], e1[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      e0[q] = __byte_perm(i0[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
-      e1[q] = __byte_perm(i1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
-    }
     uint32_t a[4];
-    a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g,   bits 4sj, 4sj+1
-    a[1] = __byte_perm(lds_u32(t0 + e1[0] * 128u), lds_u32(t0 + e1[1] * 128u), 0x7632u);   // row g + 8 (high halves)
-    a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g,   bits 4sj+2, +3
-    a[3] = __byte_perm(lds_u32(t0 + e1[2] * 128u), lds_u32(t0 + e1[3] * 128u), 0x7632u);
+    shared_table_fragment(t0, i0, i1, sj, a);
     mma(a, sj);
   }
 }
@@ -1086,6 +1066,12 @@ void with_width(int bits, F&& f) {
 // The fragments (quads of the widest layout: 4 per group of 16 words, >= one per 4 words), then x transposed [k, kXtColumns]
 // (the fused outliers' gathers, xfrag_xt).
 size_t anyprec_xfrag_bytes(int64_t k) { return xfrag_part_bytes(k) + static_cast<size_t>(k) * kXtColumns * sizeof(float); }
+
+void anyprec_presplit_x(const AnyPrecDevice& w, const float* x, int m, void* xfrag, cudaStream_t s) {
+  const int64_t quads = (w.words + 3) / 4, entries = quads * 8 * 4 * m;
+  launch_pdl(kPdlXfrag, anyprec_xfrag_kernel<false, 1>, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m,
+             static_cast<uint4*>(xfrag), quads, nullptr);
+}
 
 void anyprec_gemv(const AnyPrecDevice& w, int bits, const float* x, int m, float* y, cudaStream_t s, OutlierMode mode,
                   GemvPath path, void* xfrag) {

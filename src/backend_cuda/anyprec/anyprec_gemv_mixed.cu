@@ -147,12 +147,6 @@ __host__ __device__ constexpr int scalar_rows(int B, int M) {
   return 1;
 }
 
-__device__ __forceinline__ float lds_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(addr));
-  return v;
-}
-
 // Four consecutive activations from column c (a multiple of 4), zero past k.
 __device__ __forceinline__ void load_x4(const float* __restrict__ xr, int64_t c, int64_t k, bool vec, float (&v)[4]) {
   if (vec && c + 4 <= k) {
@@ -331,35 +325,6 @@ __host__ __device__ constexpr int wide_offset(int d) {
 }
 __host__ __device__ constexpr int wide_words(int B) { return B >= 5 ? wide_offset(B + 1) : 0; }
 
-// The activations of every (quad, slab, lane) of batch columns < m in the tensor-core kernel's order, {b0 hi, b1 hi,
-// b0 lo, b1 lo}: anyprec_xfrag_kernel<false, 1>'s fragments (anyprec_gemv.cu), which that file keeps to itself.
-// One thread per entry; lane = 4 g + t, g the batch column.
-__global__ void mixed_xfrag_kernel(AnyPrecDevice w, const float* __restrict__ x, int m_total, uint4* __restrict__ out, int64_t quads) {
-  pdl_launch_dependents();
-  pdl_wait();
-  const int lanes = 4 * m_total;
-  const int64_t id = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (id >= quads * 8 * lanes) return;
-  const int lane = static_cast<int>(id % lanes), sj = static_cast<int>((id / lanes) % 8);
-  const int64_t qi = id / (8 * lanes), k = w.k;
-  const int g = lane / 4, t = lane % 4;
-  const int64_t word = 4 * qi + t, T = word / 32;
-  const int nw = static_cast<int>(min_i64(32, w.words - 32 * T)), wt = static_cast<int>(word % 32);
-  float xv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (word < w.words) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int bit = 4 * sj + q;
-      const int64_t c = 1024 * T + static_cast<int64_t>(bit / 8) * 8 * nw + 8 * wt + bit % 8;
-      xv[q] = c < k ? x[static_cast<int64_t>(g) * k + c] : 0.0f;
-    }
-  }
-  uint4 v;
-  split_pair(xv[0], xv[1], v.x, v.z);
-  split_pair(xv[2], xv[3], v.y, v.w);
-  out[(qi * 8 + sj) * 32 + lane] = v;
-}
-
 // The register tables of the widths 2..4 for the lane's rows g ([0]) and g + 8 ([1]).
 struct NarrowTables {
   RegTable<2> t2[2];
@@ -526,18 +491,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_mixed_tc_kernel(An
         const uint32_t t0 = tab_lane + 4u * wide_offset(d);   // entry e at t0 + 128 e
 #pragma unroll
         for (int sj = 0; sj < 8; ++sj) {
-          const int u = sj / 2, ib = (sj % 2) * 4;
-          uint32_t e0[4], e1[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            e0[q] = __byte_perm(j0[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
-            e1[q] = __byte_perm(j1[ib + q], 0u, 0x4440u + static_cast<uint32_t>(u));
-          }
           uint32_t a[4];
-          a[0] = __byte_perm(lds_u32(t0 + e0[0] * 128u), lds_u32(t0 + e0[1] * 128u), 0x5410u);   // row g, k 2t, 2t+1
-          a[1] = __byte_perm(lds_u32(t0 + e1[0] * 128u), lds_u32(t0 + e1[1] * 128u), 0x7632u);   // row g + 8
-          a[2] = __byte_perm(lds_u32(t0 + e0[2] * 128u), lds_u32(t0 + e0[3] * 128u), 0x5410u);   // row g, k 2t+8, 2t+9
-          a[3] = __byte_perm(lds_u32(t0 + e1[2] * 128u), lds_u32(t0 + e1[3] * 128u), 0x7632u);
+          shared_table_fragment(t0, j0, j1, sj, a);
           mma_masked(acc[sj % 2], a, xb[sj], mine);
         }
       }
@@ -584,10 +539,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) anyprec_gemv_mixed_tc_kernel(An
 template <int B>
 void launch_mixed_tc(const AnyPrecDevice& w, const int32_t* row_bits, const float* x, int m, float* y, cudaStream_t s, void* xfrag) {
   uint4* xf = static_cast<uint4*>(xfrag);
-  if (xf != nullptr) {
-    const int64_t quads = (w.words + 3) / 4, entries = quads * 8 * 4 * m;
-    launch_pdl(kPdlXfrag, mixed_xfrag_kernel, static_cast<unsigned>((entries + 255) / 256), 256, 0, s, w, x, m, xf, quads);
-  }
+  if (xf != nullptr) anyprec_presplit_x(w, x, m, xf, s);
   const size_t smem = sizeof(uint32_t) * wide_words(B);
   auto kern = xf != nullptr ? anyprec_gemv_mixed_tc_kernel<B, true> : anyprec_gemv_mixed_tc_kernel<B, false>;
   if (smem + 4096 > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kern), smem);   // 4 KB: the epilogue's static scratch

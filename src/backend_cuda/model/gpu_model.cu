@@ -469,30 +469,7 @@ uint64_t next_cache_id() {
 }
 }  // namespace
 
-GpuKVCache GpuModel::new_cache(int seqs, int capacity) const {
-  LOWBIT_CHECK(seqs >= 1 && capacity >= 1, "KV cache: ", seqs, " sequences of ", capacity, " positions");
-  LOWBIT_CHECK(capacity <= c_.max_seq_len, "KV cache: ", capacity, " positions exceed the model context of ", c_.max_seq_len);
-  GpuKVCache kv;
-  kv.id = next_cache_id();
-  kv.seqs = seqs;
-  kv.layers = c_.n_layers;
-  kv.capacity = capacity;
-  kv.kv_dim = c_.kv_dim();
-  const size_t n = static_cast<size_t>(seqs) * c_.n_layers * capacity * c_.kv_dim();
-  kv.k = DeviceBuffer<__half>(n);
-  kv.v = DeviceBuffer<__half>(n);
-  kv.len.assign(static_cast<size_t>(seqs), 0);
-  kv.block = capacity;
-  kv.blocks = seqs;
-  LOWBIT_CHECK(static_cast<int64_t>(seqs) * c_.n_layers * capacity < (int64_t{1} << 31), "KV cache: ", seqs,
-               " sequences of ", capacity, " positions exceed the attention kernels' 2^31 cache rows");
-  return kv;
-}
-
-GpuKVCache GpuModel::new_paged_cache(int seqs, int capacity, int blocks, int block) const {
-  LOWBIT_CHECK(seqs >= 1 && capacity >= 1 && blocks >= 1 && block >= 16 && (block & (block - 1)) == 0, "KV cache: ",
-               seqs, " sequences of ", capacity, " positions, ", blocks, " blocks of ", block,
-               " (a power of two, at least 16)");
+GpuKVCache GpuModel::cache_of_blocks(int seqs, int capacity, int blocks, int block) const {
   LOWBIT_CHECK(capacity <= c_.max_seq_len, "KV cache: ", capacity, " positions exceed the model context of ", c_.max_seq_len);
   LOWBIT_CHECK(static_cast<int64_t>(blocks) * c_.n_layers * block < (int64_t{1} << 31), "KV cache: ", blocks,
                " blocks of ", block, " positions exceed the attention kernels' 2^31 cache rows");
@@ -504,12 +481,25 @@ GpuKVCache GpuModel::new_paged_cache(int seqs, int capacity, int blocks, int blo
   kv.kv_dim = c_.kv_dim();
   kv.block = block;
   kv.blocks = blocks;
-  kv.shift = std::countr_zero(static_cast<unsigned>(block));
-  kv.max_blocks = (capacity + block - 1) / block;
   const size_t n = static_cast<size_t>(blocks) * c_.n_layers * block * c_.kv_dim();
   kv.k = DeviceBuffer<__half>(n);
   kv.v = DeviceBuffer<__half>(n);
   kv.len.assign(static_cast<size_t>(seqs), 0);
+  return kv;
+}
+
+GpuKVCache GpuModel::new_cache(int seqs, int capacity) const {
+  LOWBIT_CHECK(seqs >= 1 && capacity >= 1, "KV cache: ", seqs, " sequences of ", capacity, " positions");
+  return cache_of_blocks(seqs, capacity, seqs, capacity);   // one block of the whole capacity per sequence
+}
+
+GpuKVCache GpuModel::new_paged_cache(int seqs, int capacity, int blocks, int block) const {
+  LOWBIT_CHECK(seqs >= 1 && capacity >= 1 && blocks >= 1 && block >= 16 && (block & (block - 1)) == 0, "KV cache: ",
+               seqs, " sequences of ", capacity, " positions, ", blocks, " blocks of ", block,
+               " (a power of two, at least 16)");
+  GpuKVCache kv = cache_of_blocks(seqs, capacity, blocks, block);
+  kv.shift = std::countr_zero(static_cast<unsigned>(block));
+  kv.max_blocks = (capacity + block - 1) / block;
   kv.table.assign(static_cast<size_t>(seqs) * kv.max_blocks, 0);
   kv.table_dev = DeviceBuffer<int32_t>(kv.table.size());
   kv.table_dirty = true;

@@ -147,6 +147,8 @@ class GpuModel {
   void ensure_workspace(int rows, int seqs, bool all_logits);
   void ensure_attn_scratch(int rows, int splits);
   void invalidate_graph();
+  // The fields and buffers both cache forms share: `blocks` blocks of `block` positions (new_cache: one per sequence).
+  GpuKVCache cache_of_blocks(int seqs, int capacity, int blocks, int block) const;
   void upload_table(GpuKVCache& cache);   // a paged cache's table, when it changed since the last upload
   void note_dense_layers();
   bool runs_int8_gemv(int bits, int rows) const;   // some linear takes the int8 GEMV at this width and batch
