@@ -15,6 +15,8 @@
 #include "backend_cuda/dispatch/kernel_choice.h"
 #include "backend_cuda/dispatch/packed.h"
 #include "backend_cuda/mixed24a/cusparse_outliers.h"
+#include "backend_cuda/quik/quik_fused.h"
+#include "core/knobs.h"
 
 namespace lowbit::cuda {
 namespace {
@@ -445,6 +447,38 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             const double f8 = fp8_gemm_us(n, k, m, o.iters, s, [&](int it, const std::function<void(int)>& f) { return median_us(it, f); });
             if (f8 > 0) row("FP8 cuBLASLt GEMM (e4m3 x e4m3, fp32 accumulation, fp16 out)", m, f8, base[bi], static_cast<uint64_t>(n * k));
           }
+#ifdef LOWBIT_WITH_CUTLASS
+          if (!qfm.fp8 && m > kMaxGemvBatch && quik_fused_available() && quik_fused_fits(n, w[0].quik().kbp)) {
+            // The parts of the fused form alone: the CUTLASS GEMM (unit scales: the same work) and the outliers' fp16
+            // GEMM accumulating into y.
+            const QuikDevice& q0 = w[0].quik();
+            DeviceBuffer<int8_t> xq(static_cast<size_t>(m * q0.kbp));
+            DeviceBuffer<__half> xo(static_cast<size_t>(m * q0.no));
+            fill_random_bytes(reinterpret_cast<uint8_t*>(xq.get()), m * q0.kbp, 34);
+            LOWBIT_CUDA_CHECK(cudaMemset(xo.get(), 0, xo.bytes()));
+            QuikFusedArgs fa;
+            fa.kind = wb == 8 ? QuikFusedKind::W8A8 : QuikFusedKind::W4A8;
+            fa.x = xq.get(), fa.m = m, fa.n = n, fa.k = q0.kbp, fa.y = yf.get();
+            const size_t ws_bytes = quik_fused_workspace_bytes(fa);
+            DeviceBuffer<uint8_t> ws(std::max<size_t>(ws_bytes, 16));
+            const double g = median_us(o.iters, [&](int i) {
+              const QuikDevice& q = w[static_cast<size_t>(i % rot)].quik();
+              fa.w = wb == 8 ? static_cast<const void*>(q.wq8) : static_cast<const void*>(q.wq4);
+              quik_fused_gemm(fa, ws.get(), ws_bytes, s);
+            });
+            row(qf + ": the fused CUTLASS GEMM alone", m, g, base[bi], static_cast<uint64_t>(n * q0.kbp));
+            const float one = 1.0f;
+            const double og = median_us(o.iters, [&](int i) {
+              cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                        static_cast<int>(q0.no), &one, w[static_cast<size_t>(i % rot)].quik().outlier_w,
+                                        CUDA_R_16F, static_cast<int>(q0.no), xo.get(), CUDA_R_16F, static_cast<int>(q0.no),
+                                        &one, yf.get(), CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT),
+                           "bench outlier GEMM");
+            });
+            row(qf + ": the outliers' fp16 GEMM alone (y += it)", m, og, base[bi], static_cast<uint64_t>(n * q0.no) * 2);
+          }
+#endif
           if (wb == 8 && !qfm.fp8 && m > kMaxGemvBatch) {   // the int8 GEMM alone: what QUIK's GEMM form adds to it
             const int64_t kb = k - k / 16, ldc = (n + 3) / 4 * 4;
             DeviceBuffer<int8_t> xq(static_cast<size_t>(m * kb));
@@ -464,14 +498,26 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
           const double us = median_us(o.iters, [&](int i) {
             quik_matmul(w[static_cast<size_t>(i % rot)].quik(), xf.get(), m, yf.get(), ctx);
           });
-          const std::string gemm = std::string(" (") + gemm_name + ", outlier GEMM, epilogue)";
-          path_row(qf, qf + (m <= kMaxGemvBatch ? std::string(qfm.fp8 ? " (FP8 GEMV)" : " (dp4a GEMV)") : gemm),
+          const std::string lib_name = std::string(" (") + gemm_name + ", outlier GEMM, epilogue)";
+          const std::string fused_name = " (fused CUTLASS GEMM, then the outliers' GEMM into y)";
+          const bool fused = quik_gemm_fused(w[0].quik(), m);
+          path_row(qf, qf + (m <= kMaxGemvBatch ? std::string(qfm.fp8 ? " (FP8 GEMV)" : " (dp4a GEMV)")
+                             : fused ? fused_name : lib_name),
                    choice == Kernel::QuikGemv || choice == Kernel::QuikGemm, m, us, base[bi], w[0].bytes());
-          if (m > kMaxGemvBatch) {
-            const double fused = median_us(o.iters, [&](int i) {
+          if (m > kMaxGemvBatch) {   // the other GEMM form (where both serve), timed beside it
+            set_knob(Knob::QuikFused, fused ? 0 : 1);
+            const bool other_fused = quik_gemm_fused(w[0].quik(), m);
+            const double other = median_us(o.iters, [&](int i) {
+              quik_matmul(w[static_cast<size_t>(i % rot)].quik(), xf.get(), m, yf.get(), ctx);
+            });
+            reset_knob(Knob::QuikFused);
+            if (other_fused != fused) path_row(qf, qf + (other_fused ? fused_name : lib_name), false, m, other, base[bi], w[0].bytes());
+          }
+          if (m > kMaxGemvBatch && m <= 512) {   // ~100x slower above 512 tokens: not worth the run's time
+            const double in_epi = median_us(o.iters, [&](int i) {
               quik_gemm(w[static_cast<size_t>(i % rot)].quik(), xf.get(), m, yf.get(), ctx, nullptr, OutlierPass::Epilogue);
             });
-            path_row(qf, qf + " (" + gemm_name + ", outliers in the epilogue)", false, m, fused, base[bi], w[0].bytes());
+            path_row(qf, qf + " (" + gemm_name + ", outliers in the epilogue)", false, m, in_epi, base[bi], w[0].bytes());
           }
         }
       }

@@ -75,7 +75,30 @@ install_client() {
   }
 }
 
+# CUTLASS's headers (QUIK's fused Hopper GEMM), from the PyPI package nvidia-cutlass: only its C++ include tree is kept.
+CUTLASS_PKG="nvidia-cutlass==4.2.0.0"
+CUTLASS_DIR="$CACHE/cutlass-4.2.0"
+install_cutlass() {
+  if [ -f "$CUTLASS_DIR/include/cutlass/cutlass.h" ]; then
+    log "CUTLASS headers: $CUTLASS_DIR (present)"
+    return 0
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  log "fetching $CUTLASS_PKG from PyPI (headers only kept, about 27 MB)"
+  if python3 -m pip download --quiet --no-deps --dest "$tmp" "$CUTLASS_PKG" &&
+     unzip -q -o "$tmp"/nvidia_cutlass-*.whl 'cutlass_library/source/include/*' -d "$tmp/x"; then
+    rm -rf "$CUTLASS_DIR.part" && mkdir -p "$CUTLASS_DIR.part" &&
+      mv "$tmp/x/cutlass_library/source/include" "$CUTLASS_DIR.part/include" &&
+      rm -rf "$CUTLASS_DIR" && mv "$CUTLASS_DIR.part" "$CUTLASS_DIR" && log "CUTLASS headers: $CUTLASS_DIR"
+  else
+    log "WARNING: could not fetch $CUTLASS_PKG; QUIK's GEMM builds without its fused kernel"
+  fi
+  rm -rf "$tmp"
+}
+
 install_deps
+install_cutlass
 if [ "${1:-}" != "--deps" ]; then
   fetch_model || true
   install_client || true

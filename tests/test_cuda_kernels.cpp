@@ -16,6 +16,7 @@
 #include <random>
 
 #include "core/half.h"
+#include "core/knobs.h"
 #include "backend_cuda/mixed24a/cusparse_outliers.h"
 #include "backend_cuda/ops/gpu_ops.h"
 #include "backend_cuda/anyprec/int8_tables.h"
@@ -615,10 +616,18 @@ TEST(CudaKernels, UniformGemvMatchesCpuTwin) {
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
+#ifdef LOWBIT_WITH_CUTLASS
+constexpr bool kCutlassBuilt = true;
+#else
+constexpr bool kCutlassBuilt = false;
+#endif
+
 // QUIK on the GPU against its CPU twin quik_gemm_packed_ref, every activation form, the GEMV (m <= 8) and the GEMM,
 // odd shapes, 0 to all columns as outliers: the integer sums bit for bit where they are exact (integer activations at
-// every m; FP8 in the GEMV), y within the named budgets; packed_matmul runs the same kernels; the outliers summed in
-// the epilogue (OutlierPass::Epilogue) give the same y within budget.
+// every m; FP8 in the GEMV), y within the named budgets; packed_matmul runs the same kernels. Above batch 8 the
+// integer and FP8 forms run the fused CUTLASS GEMM wherever n is a multiple of 4 on an sm_90 GPU (asserted), and the
+// library GEMM + separate epilogue (LOWBIT_QUIK_FUSED=0, and the outliers summed in that epilogue) give the same sums
+// bit for bit and y within budget.
 TEST(CudaKernels, QuikMatchesIntegerReference) {
   SKIP_WITHOUT_GPU();
   // Hopper's FP8 tensor cores accumulate with fewer mantissa bits than fp32 between cuBLASLt's fp32 promotions (the
@@ -627,7 +636,8 @@ TEST(CudaKernels, QuikMatchesIntegerReference) {
   struct Case {
     int64_t n, k, outliers;
   };
-  const Case cases[] = {{1, 32, 0}, {7, 100, 3}, {64, 576, 36}, {40, 64, 64}, {300, 1536, 126}, {16, 4096, 0}, {9, 200, 199}};
+  const Case cases[] = {{1, 32, 0},      {7, 100, 3},   {64, 576, 36}, {40, 64, 64},
+                        {300, 1536, 126}, {16, 4096, 0}, {9, 200, 199}, {520, 2080, 32}};
   struct Form {
     int wbits, abits;
     bool fp8;
@@ -650,7 +660,13 @@ TEST(CudaKernels, QuikMatchesIntegerReference) {
         const std::string what = "quik W" + std::to_string(f.wbits) + (f.fp8 ? "-FP8" : "A" + std::to_string(f.abits)) +
                                  " " + std::to_string(c.n) + "x" + std::to_string(c.k) + " outliers " +
                                  std::to_string(c.outliers);
-        for (int64_t m : {1, 2, 5, 8, 9, 40}) {
+        // The fused GEMM serves integer and FP8 forms with n a multiple of 4 and a base column, from 256 tokens (by
+        // default; forced on at every GEMM batch below).
+        const bool fusable = kCutlassBuilt && cuda::sm90a_available() && f.abits != 16 && c.n % 4 == 0 && c.outliers < c.k;
+        EXPECT_EQ(cuda::quik_gemm_fused(dw.quik(), 300), fusable) << what << ": the fused GEMM at 300 tokens";
+        EXPECT_FALSE(cuda::quik_gemm_fused(dw.quik(), 40)) << what << ": the library GEMM below 256 tokens";
+        for (int64_t m : {1, 2, 5, 8, 9, 40, 300}) {
+          if (m == 300 && c.n < 500) continue;   // the multi-tile batch, on the one large shape
           const bool gemm = m > 8;
           const bool exact = f.abits != 16 && (!f.fp8 || !gemm);
           const double budget = f.abits == 16 ? (gemm ? kFp16XBudget : kGemvBudget) : f.fp8 && gemm ? kFp8GemmBudget : kGemvBudget;
@@ -684,6 +700,22 @@ TEST(CudaKernels, QuikMatchesIntegerReference) {
               LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
             });
             expect_close(fused, want, scale, budget, at + " (outliers in the epilogue)");
+            if (fusable)   // both GEMM forms forced: the same sums, y within budget
+              for (int force : {0, 1}) {
+                set_knob(Knob::QuikFused, force);
+                EXPECT_EQ(cuda::quik_gemm_fused(dw.quik(), m), force == 1) << at;
+                LOWBIT_CUDA_CHECK(cudaMemset(acc.get(), 0xFF, acc.bytes()));
+                const auto forced = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
+                  cuda::quik_gemm(dw.quik(), xd, m, yd, ctx, acc.get());
+                  LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+                });
+                reset_knob(Knob::QuikFused);
+                const std::string form = force == 1 ? " (fused GEMM)" : " (library GEMM + epilogue)";
+                expect_close(forced, want, scale, budget, at + form);
+                if (exact) {
+                  EXPECT_EQ(acc.download(), want_acc) << at << form << ": integer sums";
+                }
+              }
           }
         }
       }

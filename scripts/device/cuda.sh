@@ -7,7 +7,7 @@
 #   scripts/device/cuda.sh all          test, bench (defaults), e2e (Llama-2-7B and Llama-3-8B shapes), sanitize
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
 #   scripts/device/cuda.sh uniform      the packed uniform (RTN / GPTQ) kernels: tests, sanitizer, kernel and 7B timings
-#   scripts/device/cuda.sh quik         the QUIK kernels (every activation form): the same
+#   scripts/device/cuda.sh quik [tests|kernels|e2e|e2e70b|sanitize]  the QUIK kernels (every activation form): the same
 #   scripts/device/cuda.sh serve [tests|fp16|anyprec|paged-tests|paged-load|mixed-tests]  continuous batching: GPU
 #                                       tests, sanitizer, bench --serve load (paged-*: the paged KV cache's tests, the
 #                                       load at concurrency 8 and 64, and a KV pool of half the reserved contexts;
@@ -65,19 +65,37 @@ case "${1:-}" in
       --gtest_filter='CudaKernels.Uniform*'
     grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|uniform w[34] g128 .*\*|^llama2-7b \| (uniform|anyprec)" "$OUT"/uniform-*.txt | head -80
     ;;
-  quik)      # QUIK on the GPU, every activation form: its tests, kernel and end-to-end timings (prefill 512 and 2048),
-             # sanitizer
-    step quik-tests 400 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Quik*:CudaKernels.RefusesWhatItCannotRun'
-    step quik-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.QuikModelRunsOnTheGpu'
-    step quik-bench 300 "$LB/pkg/lowbit" bench --kernels --formats quik --batch 1,8,16,512,2048 \
-      --shapes 4096x4096,11008x4096,4096x11008,8192x8192,28672x8192,8192x28672
-    step quik-e2e 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,quik-w8a8,quik-w4a8,quik-w4fp8 \
-      --decode-batches 1,8
-    step quik-e2e-2048 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,quik-w8a8,quik-w4a8,quik-w4fp8 \
-      --prefill 2048 --decode-batches 1
-    step quik-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
-      --gtest_filter='CudaKernels.Quik*'
-    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48].* \*|^llama2-7b \| (fp16|quik)" "$OUT"/quik-*.txt | head -80
+  quik)      # [tests | kernels | e2e | e2e70b | sanitize]: QUIK on the GPU, every activation form. The fused CUTLASS
+             # GEMM and the library GEMM + epilogue (LOWBIT_QUIK_FUSED=0) are timed in the same run
+    phase="${2:-all}"
+    SHAPES=4096x4096,11008x4096,4096x11008,8192x8192,28672x8192,8192x28672
+    QW=quik-w8a8,quik-w4a8,quik-w4fp8
+    if [ "$phase" = tests ] || [ "$phase" = all ]; then
+      step quik-tests 400 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Quik*:CudaKernels.RefusesWhatItCannotRun'
+      step quik-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.QuikModelRunsOnTheGpu'
+    fi
+    if [ "$phase" = kernels ] || [ "$phase" = all ]; then
+      step quik-bench 400 "$LB/pkg/lowbit" bench --kernels --formats quik --batch 1,8,16,128,512,2048,4096 --shapes "$SHAPES"
+    fi
+    if [ "$phase" = e2e ] || [ "$phase" = all ]; then
+      step quik-e2e 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW,uniform-w4g128,uniform-w3g128 \
+        --kernel-bits 4 --decode-batches 1,8
+      step quik-e2e-2048 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW,uniform-w4g128,uniform-w3g128 \
+        --kernel-bits 4 --prefill 2048 --decode-batches 1
+      step quik-e2e-2048-library 300 env LOWBIT_QUIK_FUSED=0 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights $QW \
+        --prefill 2048 --decode-batches 1
+    fi
+    if [ "$phase" = e2e70b ]; then   # fp16 70B does not fit one H200: the quantized forms only
+      step quik-e2e70b 500 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights $QW,uniform-w4g128 \
+        --kernel-bits 4 --decode-batches 1,8
+      step quik-e2e70b-2048 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights $QW,uniform-w4g128 \
+        --kernel-bits 4 --prefill 2048 --decode-batches 1
+    fi
+    if [ "$phase" = sanitize ] || [ "$phase" = all ]; then
+      step quik-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+        --gtest_filter='CudaKernels.Quik*'
+    fi
+    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48].* \*|^llama2-(7|70)b \| (fp16|quik|uniform)" "$OUT"/quik-*.txt | head -80
     ;;
   quik-smollm2)   # [quantize | cpu | cuda | all]: the phases can run on different GPUs / the CPU side by side
     M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"

@@ -30,6 +30,9 @@ constexpr KnobInfo kKnobs[] = {
      "above batch 8, the fused packed GEMMs where they measured faster (0: dequantize + cuBLAS always)"},
     {Knob::DenseGemv, "LOWBIT_DENSE_GEMV", KnobType::Bool, "1", "0 | 1",
      "lowbit's fp16 GEMV for dense linears at batch 1..2 (0: cuBLAS everywhere)"},
+    {Knob::QuikFused, "LOWBIT_QUIK_FUSED", KnobType::Int, "-1", "-1 | 0 | 1",
+     "QUIK above batch 8 on compute capability 9.0: -1 the fused CUTLASS GEMM from 256 tokens, 0 never (cuBLAS + a "
+     "separate epilogue), 1 always"},
     {Knob::GroupGemv, "LOWBIT_GROUP_GEMV", KnobType::Bool, "1", "0 | 1",
      "2/4/16 q/k/v and gate/up each in one GEMV launch where the int8 GEMVs run"},
     {Knob::FoldSwiglu, "LOWBIT_FOLD_SWIGLU", KnobType::Bool, "1", "0 | 1",
@@ -167,7 +170,9 @@ std::string knobs_markdown() {
   for (const KnobInfo& k : kKnobs) {
     const char* type = k.type == KnobType::Bool ? "switch" : k.type == KnobType::Int ? "integer" : "path";
     const std::string dflt = *k.default_value != '\0' ? std::string("`") + k.default_value + "`" : "(unset)";
-    out += std::string("| `") + k.name + "` | " + type + " | " + dflt + " | " + k.values + " | " + k.purpose + " |\n";
+    std::string values;   // "0 | 1" inside a table cell: the bars escaped
+    for (const char* c = k.values; *c != '\0'; ++c) values += *c == '|' ? std::string("\\|") : std::string(1, *c);
+    out += std::string("| `") + k.name + "` | " + type + " | " + dflt + " | " + values + " | " + k.purpose + " |\n";
   }
   return out;
 }

@@ -22,6 +22,7 @@ enum class Knob : uint8_t {
   MixedMma,             // bool
   FusedGemm,            // bool
   DenseGemv,            // bool
+  QuikFused,            // int: -1 rule, 0, 1
   // GPU kernel forms and fusions.
   GroupGemv,            // bool
   FoldSwiglu,           // bool

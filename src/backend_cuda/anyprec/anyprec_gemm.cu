@@ -249,7 +249,7 @@ int64_t split_quads_for(int64_t blocks, int per_sm, int64_t quads) {
 
 bool anyprec_gemm_serves(int bits, GemmKernel kind) {
   if (kind == GemmKernel::TwoTiles) return bits >= 2 && bits <= 8;
-  if (kind == GemmKernel::WgmmaWs && !anyprec_wgmma_available()) return false;
+  if (kind == GemmKernel::WgmmaWs && !sm90a_available()) return false;
   return bits >= 2 && bits <= 4;
 }
 

@@ -41,9 +41,8 @@ void sum_splits(const float* part, int splits, int64_t count, float* y, cudaStre
 // never below kMinSplitQuads quads per split. Returns the quads per split.
 int64_t split_quads_for(int64_t blocks, int per_sm, int64_t quads);
 
-// The warp-specialized wgmma GEMM (anyprec_wgmma_ws.cu, built for sm_90a only): whether this build and the current GPU
-// run it, and the launch over x already permuted (anyprec_permute_x), 2..4 bits, any m >= 1.
-bool anyprec_wgmma_available();
+// The warp-specialized wgmma GEMM (anyprec_wgmma_ws.cu, built for sm_90a only; sm90a_available() says whether the
+// current GPU runs it): the launch over x already permuted (anyprec_permute_x), 2..4 bits, any m >= 1.
 void anyprec_wgmma_ws_gemm(const AnyPrecDevice& w, int bits, const __half* xp, int64_t m, int64_t quads, float* y,
                            GemmContext& ctx);
 

@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1) anyprec_wgmma_ws_kernel(const __g
   }
 #else
   (void)xmap, (void)w, (void)m, (void)quads, (void)split_quads, (void)tile0, (void)tb, (void)partial, (void)out;
-  __trap();   // built for sm_90a only; anyprec_wgmma_available() keeps other GPUs away
+  __trap();   // built for sm_90a only; sm90a_available() keeps other GPUs away
 #endif
 }
 
@@ -278,7 +278,7 @@ void launch_ws(const AnyPrecDevice& w, const __half* xp, int64_t m, int64_t quad
 
 void anyprec_wgmma_ws_gemm(const AnyPrecDevice& w, int bits, const __half* xp, int64_t m, int64_t quads, float* y,
                            GemmContext& ctx) {
-  LOWBIT_CHECK(anyprec_wgmma_available(), "anyprec wgmma GEMM: needs a compute capability 9.0 GPU (H100 / H200)");
+  LOWBIT_CHECK(sm90a_available(), "anyprec wgmma GEMM: needs a compute capability 9.0 GPU (H100 / H200)");
   // Ring depth: 4 stages of 256 tokens (48 KB each), 6 of 128 (32 KB), under the 227 KB of one CTA per SM with the
   // plane ring (24 KB at 3 bits, 32 at 4).
   if (!dispatch_int<2, 3, 4>(bits, [&](auto b) {
@@ -287,17 +287,6 @@ void anyprec_wgmma_ws_gemm(const AnyPrecDevice& w, int bits, const __half* xp, i
         else launch_ws<kB, 256, 4>(w, xp, m, quads, y, ctx);
       }))
     fail("anyprec wgmma GEMM: widths 2..4 (asked: ", bits, ")");
-}
-
-bool anyprec_wgmma_available() {
-  static const bool ok = [] {
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess) return false;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    return major == 9 && minor == 0;   // sm_90a code runs on compute capability 9.0 only
-  }();
-  return ok;
 }
 
 }  // namespace lowbit::cuda

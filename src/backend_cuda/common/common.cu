@@ -48,6 +48,17 @@ int device_sm_count() {
   return sms;
 }
 
+bool sm90a_available() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    return major == 9 && minor == 0;   // sm_90a code runs on compute capability 9.0 only
+  }();
+  return ok;
+}
+
 bool sm90_or_newer() {
   static const bool ok = [] {
     int dev = 0, major = 0;

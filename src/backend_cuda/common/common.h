@@ -30,6 +30,8 @@ std::string device_name();
 // Multiprocessors of the current device.
 int device_sm_count();
 bool sm90_or_newer();   // the current device is Hopper or newer (PDL, thread-block clusters)
+// The current device runs sm_90a code (compute capability 9.0 exactly): the wgmma kernels, built for sm_90a alone.
+bool sm90a_available();
 // Whether kernels of the decode chain are launched with programmatic dependent launch (cuda/launch.cuh): the device
 // is sm_90+ and LOWBIT_PDL is not "0". set_pdl() overrides it (on only where supported): benchmarks time the decode
 // step both ways in one run, tests compare the two. A captured CUDA graph keeps the mode it was captured in.

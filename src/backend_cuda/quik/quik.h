@@ -5,12 +5,15 @@
 //      integers, value x 512, for the GEMV; A16 as fp32 for the GEMV, fp16 for the GEMM), rows padded to kbp with
 //      zeros; the outlier columns' activations as fp16 beside them; each row's (sa, mn)
 //   2. the base product: a GEMV at batch 1..8 (integer sums exact: int32 for int8, int64 for FP8; fp32 for A16); above
-//      it one library GEMM on the tensor cores (cuBLAS int8 -> exact int32; cuBLASLt FP8 e4m3 -> fp32; cuBLAS fp16 ->
-//      fp32 for A16), 4-bit codes widened into scratch per call (no second copy of a weight is kept)
-//   3. the outlier columns: inside the GEMV; above it a fp16 cuBLAS GEMM [m, no] x [no, n] straight into y (or, for
-//      comparison, a per-output loop in the epilogue: OutlierPass)
-//   4. the epilogue, one pass over y: y = sa sw acc + (H sa + mn) wReduced + outliers (integer), sa sw acc + outliers
-//      (FP8), sw acc + outliers (A16), in fp64 from the fp32 / int values
+//      it, on compute capability 9.0, the fused CUTLASS GEMM (quik_fused.h: int8 -> exact int32, e4m3 -> fp32) with
+//      steps 3 and 4 in its epilogue; elsewhere (and for A16) one library GEMM on the tensor cores (cuBLAS int8 ->
+//      exact int32; cuBLASLt FP8 e4m3 -> fp32; cuBLAS fp16 -> fp32 for A16). 4-bit codes are widened into scratch per
+//      call (no second copy of a weight is kept)
+//   3. the outlier columns: inside the GEMV; above it a fp16 cuBLAS GEMM [m, no] x [no, n] straight into y, which the
+//      fused GEMM reads as its C operand (or, for comparison, a per-output loop in the separate epilogue: OutlierPass)
+//   4. the epilogue: y = sa sw acc + (H sa + mn) wReduced + outliers (integer), sa sw acc + outliers (FP8), sw acc +
+//      outliers (A16); in fp32 on the accumulators in registers (fused), or as one pass over y in fp64 from the stored
+//      sums (the library GEMMs)
 // The CPU twin is quik_gemm_packed_ref (int64 sums, fp64 epilogue): tests/test_cuda_kernels.cpp checks the integer
 // sums bit for bit where they are exact and y within named budgets.
 #pragma once
@@ -41,5 +44,9 @@ void quik_matmul(const QuikDevice& w, const float* x, int64_t m, float* y, GemmC
 void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int64_t* acc_out = nullptr);
 void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out = nullptr,
                OutlierPass outliers = OutlierPass::Gemm);
+// Whether quik_matmul / quik_gemm run the fused CUTLASS GEMM for this weight at m tokens with OutlierPass::Gemm and a
+// 16-byte aligned y: built with CUTLASS, a compute capability 9.0 GPU, an integer or FP8 form, n a multiple of 4, at
+// least one base column, and m from 256 (LOWBIT_QUIK_FUSED: -1 that rule, 0 never, 1 from batch 9).
+bool quik_gemm_fused(const QuikDevice& w, int64_t m);
 
 }  // namespace lowbit::cuda

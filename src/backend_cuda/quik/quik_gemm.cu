@@ -1,8 +1,9 @@
 // QUIK on the GPU (quik.h): activation quantization, the GEMV, the library GEMMs, the outlier product and the epilogue.
 //
 // Design
-//   Activations: one CTA per token row; a block reduction of min / max over the base columns (gathered through
-//   base_idx), then the row's values in the form the next kernel reads (ActForm), by quik_quantize_activations' own fp32
+//   Activations: one CTA per token row, reading the row contiguously (a shared-memory bit mask of the outlier columns
+//   maps original column j to base column j - outliers before j); a block reduction of min / max over the base
+//   columns, then the row's values in the form the next kernel reads (ActForm), by quik_quantize_activations' own fp32
 //   operations (IEEE division, round half to even, clamp; e4m3 by the hardware's round-to-nearest-even saturating
 //   conversion, which is the reference's e4m3_round), rows padded to kbp with zeros; the outlier columns' activations
 //   rounded to fp16 beside them. The quantization runs once per linear call (fusing it into the kernels that produce x,
@@ -24,11 +25,15 @@
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 
+#include <cub/block/block_scan.cuh>
+
 #include <cfloat>
 #include <type_traits>
 
 #include "backend_cuda/common/common.h"
+#include "backend_cuda/quik/quik_fused.h"
 #include "core/error.h"
+#include "core/knobs.h"
 
 namespace lowbit::cuda {
 namespace {
@@ -55,15 +60,18 @@ struct RowAct {
 
 size_t align16(size_t b) { return (b + 15) / 16 * 16; }
 
-// The activation scratch: values [m, kbp] of the form's element, then (sa, mn) [m], then fp16 outlier activations [m, no].
+// The activation scratch: values [m, kbp] of the form's element, then (sa, mn) [m], then the fused GEMM's per-token
+// vectors sa [m] and a2 = H sa + mn [m], then fp16 outlier activations [m, no].
 struct ActScratch {
   void* xq;
   RowAct* act;
+  float* tsa;
+  float* ta2;
   __half* xo;
 };
 size_t act_bytes(const QuikDevice& w, int64_t m, ActForm f) {
   return align16(static_cast<size_t>(m * w.kbp) * act_elem_bytes(f)) + align16(static_cast<size_t>(m) * sizeof(RowAct)) +
-         static_cast<size_t>(m * w.no) * sizeof(__half);
+         2 * align16(static_cast<size_t>(m) * sizeof(float)) + static_cast<size_t>(m * w.no) * sizeof(__half);
 }
 ActScratch act_layout(const QuikDevice& w, int64_t m, ActForm f, void* base) {
   uint8_t* p = static_cast<uint8_t*>(base);
@@ -72,6 +80,10 @@ ActScratch act_layout(const QuikDevice& w, int64_t m, ActForm f, void* base) {
   p += align16(static_cast<size_t>(m * w.kbp) * act_elem_bytes(f));
   s.act = reinterpret_cast<RowAct*>(p);
   p += align16(static_cast<size_t>(m) * sizeof(RowAct));
+  s.tsa = reinterpret_cast<float*>(p);
+  p += align16(static_cast<size_t>(m) * sizeof(float));
+  s.ta2 = reinterpret_cast<float*>(p);
+  p += align16(static_cast<size_t>(m) * sizeof(float));
   s.xo = reinterpret_cast<__half*>(p);
   return s;
 }
@@ -90,19 +102,77 @@ __device__ __forceinline__ float from_e4m3(uint8_t b) {
   return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3)));
 }
 
+// The row's outlier columns as a bit mask over its k columns, and for each 32-column word the number of outliers
+// before it, in shared memory: base column c of original column j is j - (outliers before j), so the row is read
+// contiguously instead of gathered through base_idx (a dependent load per element, which measured latency-bound:
+// ~355 us for 2048 tokens of 28672 columns on an H200).
+struct OutlierMap {
+  uint32_t* mask;
+  int* before;
+  __device__ bool outlier(int64_t j) const { return (mask[j >> 5] >> (j & 31)) & 1u; }
+  __device__ int64_t base_col(int64_t j) const {
+    return j - before[j >> 5] - __popc(mask[j >> 5] & ((1u << (j & 31)) - 1u));
+  }
+};
+size_t outlier_map_bytes(const QuikDevice& w) { return static_cast<size_t>((w.k + 31) / 32) * 8; }
+
+__device__ OutlierMap build_outlier_map(const QuikDevice& w, uint32_t* smem) {
+  using Scan = cub::BlockScan<int, kActThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const int words = static_cast<int>((w.k + 31) / 32);
+  OutlierMap om{smem, reinterpret_cast<int*>(smem + words)};
+  for (int i = threadIdx.x; i < words; i += kActThreads) om.mask[i] = 0;
+  __syncthreads();
+  for (int64_t o = threadIdx.x; o < w.no; o += kActThreads) {
+    const int32_t j = w.outlier_idx[o];
+    atomicOr(&om.mask[j >> 5], 1u << (j & 31));
+  }
+  __syncthreads();
+  const int per = (words + kActThreads - 1) / kActThreads, w0 = threadIdx.x * per, w1 = min(words, w0 + per);
+  int sum = 0;
+  for (int i = w0; i < w1; ++i) sum += __popc(om.mask[i]);
+  int run = 0;
+  Scan(scan).ExclusiveSum(sum, run);
+  for (int i = w0; i < w1; ++i) {
+    om.before[i] = run;
+    run += __popc(om.mask[i]);
+  }
+  __syncthreads();
+  return om;
+}
+
+// The row's columns j = 4i .. 4i + 3 (float4 loads where k allows) or j = i alone, each passed to f(j, v).
+template <typename F>
+__device__ __forceinline__ void for_each_column(const float* __restrict__ xr, int64_t k, F&& f) {
+  if (k % 4 == 0 && reinterpret_cast<uintptr_t>(xr) % 16 == 0) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr);
+#pragma unroll 2
+    for (int64_t i = threadIdx.x; i < k / 4; i += kActThreads) {
+      const float4 v = x4[i];
+      f(4 * i, v.x);
+      f(4 * i + 1, v.y);
+      f(4 * i + 2, v.z);
+      f(4 * i + 3, v.w);
+    }
+  } else {
+#pragma unroll 4
+    for (int64_t j = threadIdx.x; j < k; j += kActThreads) f(j, xr[j]);
+  }
+}
+
 template <ActForm F>
 __global__ void __launch_bounds__(kActThreads) quik_act_kernel(QuikDevice w, const float* __restrict__ x, ActScratch s) {
   constexpr bool kInt = F == ActForm::Int8, kFp8 = F == ActForm::Fp8Int || F == ActForm::Fp8Byte;
+  extern __shared__ uint32_t act_smem[];
+  const OutlierMap om = build_outlier_map(w, act_smem);
   const int64_t t = blockIdx.x;
   const float* xr = x + t * w.k;
   float sa = 1.0f, lo = 0.0f;   // no base column: the reference's defaults
   if constexpr (kInt || kFp8) {
     float mn = FLT_MAX, mx = -FLT_MAX;
-    for (int64_t c = threadIdx.x; c < w.kb; c += kActThreads) {
-      const float v = xr[w.base_idx[c]];
-      mn = fminf(mn, v);
-      mx = fmaxf(mx, v);
-    }
+    for_each_column(xr, w.k, [&](int64_t j, float v) {
+      if (!om.outlier(j)) mn = fminf(mn, v), mx = fmaxf(mx, v);
+    });
     __shared__ float smn[kActThreads / 32], smx[kActThreads / 32];
     for (int off = 16; off > 0; off >>= 1) {
       mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
@@ -122,15 +192,15 @@ __global__ void __launch_bounds__(kActThreads) quik_act_kernel(QuikDevice w, con
       if (!(sa > 0.0f)) sa = 1.0f;   // a constant (or zero) row: the reference's choice
     }
   }
-  for (int64_t c = threadIdx.x; c < w.kbp; c += kActThreads) {
-    const float v = c < w.kb ? xr[w.base_idx[c]] : 0.0f;
+  // Base column c of the row in the form the next kernel reads (padding c >= kb: zero codes / values).
+  const auto put = [&](int64_t c, float v, bool pad) {
     if constexpr (kInt) {
       const int L = (1 << w.abits) - 1, H = 1 << (w.abits - 1);
       int code = 0;
-      if (c < w.kb) code = static_cast<int>(fminf(fmaxf(rintf(__fdiv_rn(v - lo, sa)), 0.0f), static_cast<float>(L))) - H;
+      if (!pad) code = static_cast<int>(fminf(fmaxf(rintf(__fdiv_rn(v - lo, sa)), 0.0f), static_cast<float>(L))) - H;
       static_cast<int8_t*>(s.xq)[t * w.kbp + c] = static_cast<int8_t>(code);
     } else if constexpr (kFp8) {
-      const uint8_t b = to_e4m3(__fdiv_rn(v, sa));   // padding: e4m3 zero
+      const uint8_t b = to_e4m3(__fdiv_rn(v, sa));   // padding: v = 0, e4m3 zero
       if constexpr (F == ActForm::Fp8Byte) static_cast<uint8_t*>(s.xq)[t * w.kbp + c] = b;
       else static_cast<int32_t*>(s.xq)[t * w.kbp + c] = static_cast<int32_t>(from_e4m3(b) * 512.0f);
     } else if constexpr (F == ActForm::F32) {
@@ -138,9 +208,17 @@ __global__ void __launch_bounds__(kActThreads) quik_act_kernel(QuikDevice w, con
     } else {
       static_cast<__half*>(s.xq)[t * w.kbp + c] = __float2half_rn(v);
     }
-  }
+  };
+  for_each_column(xr, w.k, [&](int64_t j, float v) {
+    if (!om.outlier(j)) put(om.base_col(j), v, false);
+  });
+  for (int64_t c = w.kb + threadIdx.x; c < w.kbp; c += kActThreads) put(c, 0.0f, true);
   for (int64_t o = threadIdx.x; o < w.no; o += kActThreads) s.xo[t * w.no + o] = __float2half_rn(xr[w.outlier_idx[o]]);
-  if (threadIdx.x == 0) s.act[t] = {sa, lo};
+  if (threadIdx.x == 0) {
+    s.act[t] = {sa, lo};
+    s.tsa[t] = sa;
+    s.ta2[t] = kInt ? fmaf(static_cast<float>(1 << (w.abits - 1)), sa, lo) : 0.0f;
+  }
 }
 
 // The scaled base product of one output, in fp64 (as quik_gemm_packed_ref), from its sum: integer activations' exact
@@ -334,12 +412,15 @@ ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, 
     LOWBIT_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(s.xq) + m * w.kbp * act_elem_bytes(f), 0,
                                       static_cast<size_t>((rows - m) * w.kbp) * act_elem_bytes(f), ctx.stream()));
   const unsigned grid = static_cast<unsigned>(m);
+  const size_t smem = outlier_map_bytes(w);
+  LOWBIT_CHECK(smem <= 48 * 1024, "quik GPU: ", w.k, " input columns (at most 196608)");
+  cudaStream_t st = ctx.stream();
   switch (f) {
-    case ActForm::Int8: quik_act_kernel<ActForm::Int8><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
-    case ActForm::Fp8Int: quik_act_kernel<ActForm::Fp8Int><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
-    case ActForm::Fp8Byte: quik_act_kernel<ActForm::Fp8Byte><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
-    case ActForm::F32: quik_act_kernel<ActForm::F32><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
-    case ActForm::F16: quik_act_kernel<ActForm::F16><<<grid, kActThreads, 0, ctx.stream()>>>(w, x, s); break;
+    case ActForm::Int8: quik_act_kernel<ActForm::Int8><<<grid, kActThreads, smem, st>>>(w, x, s); break;
+    case ActForm::Fp8Int: quik_act_kernel<ActForm::Fp8Int><<<grid, kActThreads, smem, st>>>(w, x, s); break;
+    case ActForm::Fp8Byte: quik_act_kernel<ActForm::Fp8Byte><<<grid, kActThreads, smem, st>>>(w, x, s); break;
+    case ActForm::F32: quik_act_kernel<ActForm::F32><<<grid, kActThreads, smem, st>>>(w, x, s); break;
+    case ActForm::F16: quik_act_kernel<ActForm::F16><<<grid, kActThreads, smem, st>>>(w, x, s); break;
   }
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   return s;
@@ -414,12 +495,63 @@ const T* widen(const QuikDevice& w, void* out, cudaStream_t st) {
   return static_cast<const T*>(out);
 }
 
+// y [m, n] = the outlier columns' product (beta 0), or y += it (beta 1): "TN", fp16 in, fp32 accumulation and out
+// (y [m, n] is the column-major [n, m]; outlier_w [n, no], xo [m, no]).
+void outlier_gemm(const QuikDevice& w, const ActScratch& s, int64_t m, float* y, float beta, GemmContext& ctx) {
+  const float one = 1.0f;
+  cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.n), static_cast<int>(m),
+                            static_cast<int>(w.no), &one, w.outlier_w, CUDA_R_16F, static_cast<int>(w.no), s.xo,
+                            CUDA_R_16F, static_cast<int>(w.no), &beta, y, CUDA_R_32F, static_cast<int>(w.n),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "quik outlier GEMM");
+}
+
 // cuBLAS's int8 GEMM wants the sums' leading dimension a multiple of 4; cuBLASLt's FP8 GEMM finds algorithms only for
 // dimensions that are multiples of 16, so its operands are padded with zero rows (weights) and zero tokens.
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 int64_t acc_ld(const QuikDevice& w) { return gemm_form(w) == ActForm::Fp8Byte ? round_up(w.n, 16) : round_up(w.n, 4); }
 int64_t gemm_rows(const QuikDevice& w, int64_t m) { return gemm_form(w) == ActForm::Fp8Byte ? round_up(m, 16) : m; }
 
+
+// The fused Hopper GEMM (quik_fused.h) serves the integer and FP8 forms where it was built and fits, from
+// kFusedMinTokens tokens: below, its 256-token tiles are mostly empty and the library GEMM + epilogue measured as fast
+// or faster at W8A8 (H200, bench --kernels: 128 tokens on 28672x8192 144.0 against 120.6 us).
+// LOWBIT_QUIK_FUSED=0 / 1 forces either; OutlierPass::Epilogue takes the library form.
+constexpr int64_t kFusedMinTokens = 256;
+bool fused_form(const QuikDevice& w, int64_t m) {
+#if LOWBIT_WITH_CUTLASS
+  const ActForm f = gemm_form(w);
+  const int64_t knob = knob_int(Knob::QuikFused);
+  return (f == ActForm::Int8 || f == ActForm::Fp8Byte) && knob != 0 && (knob == 1 || m >= kFusedMinTokens) &&
+         quik_fused_available() && quik_fused_fits(w.n, w.kbp);
+#else
+  (void)w, (void)m;
+  return false;
+#endif
+}
+
+__global__ void sums_to_int64_kernel(const float* __restrict__ sums, int64_t count, int64_t* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) out[i] = static_cast<int64_t>(sums[i]);
+}
+
+#if LOWBIT_WITH_CUTLASS
+QuikFusedArgs fused_args(const QuikDevice& w, int64_t m) {
+  QuikFusedArgs a;
+  a.kind = gemm_form(w) == ActForm::Fp8Byte ? QuikFusedKind::W4Fp8 : w.wbits == 8 ? QuikFusedKind::W8A8 : QuikFusedKind::W4A8;
+  a.m = m, a.n = w.n, a.k = w.kbp;
+  return a;
+}
+#endif
+
+size_t fused_workspace_bytes(const QuikDevice& w, int64_t m) {
+#if LOWBIT_WITH_CUTLASS
+  return align16(quik_fused_workspace_bytes(fused_args(w, m)));
+#else
+  (void)w, (void)m;
+  return 0;
+#endif
+}
 
 size_t widened_bytes(const QuikDevice& w) {
   const ActForm f = gemm_form(w);
@@ -428,6 +560,51 @@ size_t widened_bytes(const QuikDevice& w) {
   return w.wbits == 4 ? static_cast<size_t>(w.n * w.kbp) : 0;
 }
 
+size_t library_scratch_bytes(const QuikDevice& w, int64_t m) {
+  return align16(static_cast<size_t>(gemm_rows(w, m) * acc_ld(w)) * 4) + widened_bytes(w);
+}
+
+size_t fused_scratch_bytes(const QuikDevice& w, int64_t m) {
+  return (gemm_form(w) == ActForm::Fp8Byte ? align16(widened_bytes(w)) : 0) + fused_workspace_bytes(w, m);
+}
+
+#if LOWBIT_WITH_CUTLASS
+// The fused form: the fused GEMM writes y (scales and zero-point term applied), then the outliers' fp16 GEMM adds into
+// it. Integer activations read the 4- or 8-bit codes as stored; FP8 widens the 4-bit codes to e4m3 first.
+// acc_out (tests, integer forms): the same kernel run again with unit scales and no zero-point term writes the sums as
+// fp32, exact below 2^24.
+void fused_gemm(const QuikDevice& w, const ActScratch& s, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out) {
+  cudaStream_t st = ctx.stream();
+  const ActForm f = gemm_form(w);
+  const size_t base_bytes = fused_scratch_bytes(w, m), ws_bytes = fused_workspace_bytes(w, m);
+  const size_t sums_bytes = acc_out != nullptr && f == ActForm::Int8 ? static_cast<size_t>(m * w.n) * sizeof(float) : 0;
+  uint8_t* scratch = reinterpret_cast<uint8_t*>(ctx.weight_scratch((base_bytes + sums_bytes + 1) / 2));
+  void* ws = scratch + (base_bytes - ws_bytes);
+  QuikFusedArgs a = fused_args(w, m);
+  if (f == ActForm::Fp8Byte) a.w = widen<uint8_t>(w, scratch, st);   // e4m3
+  else a.w = w.wbits == 8 ? static_cast<const void*>(w.wq8) : static_cast<const void*>(w.wq4);
+  a.x = s.xq;
+  a.sa = s.tsa;
+  a.a2 = f == ActForm::Int8 ? s.ta2 : nullptr;
+  a.sw = w.scale;
+  a.wred = f == ActForm::Int8 ? w.wreduced : nullptr;
+  a.y = y;
+  quik_fused_gemm(a, ws, ws_bytes, st);
+  if (w.no > 0) outlier_gemm(w, s, m, y, 1.0f, ctx);
+  if (sums_bytes > 0) {
+    float* sums = reinterpret_cast<float*>(scratch + base_bytes);
+    a.sa = a.a2 = nullptr;
+    a.sw = nullptr;
+    a.wred = nullptr;
+    a.y = sums;
+    quik_fused_gemm(a, ws, ws_bytes, st);
+    const int64_t count = m * w.n;
+    sums_to_int64_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, st>>>(sums, count, acc_out);
+    LOWBIT_CUDA_CHECK(cudaGetLastError());
+  }
+}
+#endif
+
 }  // namespace
 
 size_t quik_act_scratch_bytes(const QuikDevice& w, int64_t m) {
@@ -435,8 +612,10 @@ size_t quik_act_scratch_bytes(const QuikDevice& w, int64_t m) {
 }
 
 size_t quik_gemm_scratch_bytes(const QuikDevice& w, int64_t m) {
-  return align16(static_cast<size_t>(gemm_rows(w, m) * acc_ld(w)) * 4) + widened_bytes(w);
+  return fused_form(w, m) ? fused_scratch_bytes(w, m) : library_scratch_bytes(w, m);
 }
+
+bool quik_gemm_fused(const QuikDevice& w, int64_t m) { return m > 8 && fused_form(w, m); }
 
 void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int64_t* acc_out) {
   LOWBIT_CHECK(m >= 1 && m <= 8, "quik_gemv: batch ", m, " (1..8 served; above, quik_gemm)");
@@ -462,19 +641,16 @@ void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmCon
   const int64_t rows = gemm_rows(w, m);
   const ActScratch s = quantize_activations(w, x, m, rows, f, ctx);
   cudaStream_t st = ctx.stream();
-  uint8_t* ws = reinterpret_cast<uint8_t*>(ctx.weight_scratch((quik_gemm_scratch_bytes(w, m) + 1) / 2));
+#if LOWBIT_WITH_CUTLASS
+  if (pass == OutlierPass::Gemm && fused_form(w, m) && reinterpret_cast<uintptr_t>(y) % 16 == 0)
+    return fused_gemm(w, s, m, y, ctx, acc_out);
+#endif
+  uint8_t* ws = reinterpret_cast<uint8_t*>(ctx.weight_scratch((library_scratch_bytes(w, m) + 1) / 2));
   const int64_t ldc = acc_ld(w);
   void* acc = ws;   // the sums [rows, ldc]: int32 or fp32
   void* wide = ws + align16(static_cast<size_t>(rows * ldc) * 4);
   const int N = static_cast<int>(w.n), Mi = static_cast<int>(m), K = static_cast<int>(w.kbp);
-  if (w.no > 0 && pass == OutlierPass::Gemm) {
-    // y [m, n] (column-major [n, m]) = outlier_w [n, no] · xo [m, no]ᵀ: "TN", fp16 in, fp32 accumulation and out.
-    const float one = 1.0f, zero = 0.0f;
-    cublas_check(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, N, Mi, static_cast<int>(w.no), &one, w.outlier_w,
-                              CUDA_R_16F, static_cast<int>(w.no), s.xo, CUDA_R_16F, static_cast<int>(w.no), &zero, y,
-                              CUDA_R_32F, N, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                 "quik outlier GEMM");
-  }
+  if (w.no > 0 && pass == OutlierPass::Gemm) outlier_gemm(w, s, m, y, 0.0f, ctx);
   if (w.kbp == 0) LOWBIT_CUDA_CHECK(cudaMemsetAsync(acc, 0, static_cast<size_t>(rows * ldc) * 4, st));
   if (f == ActForm::Int8) {
     if (w.kbp > 0) {
