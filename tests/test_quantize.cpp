@@ -296,7 +296,7 @@ TEST(Quantize, SmolLM2GptqBeatsRtnAtEveryBitWidth) {
     QuantizeOptions o;
     o.gptq.spec.bits = bits;
     o.gptq.spec.group_size = bits == 8 ? 0 : 128;
-    o.calib.samples = bits == 3 ? 32 : 4;
+    o.calib.samples = bits == 3 ? 16 : 2;
     o.calib.seqlen = bits == 3 ? 512 : 256;
     auto g = Model::load(gguf);
     const QuantizeReport rg = quantize_to_file(*g, o, dir + "/g.lowbit");
