@@ -80,13 +80,36 @@ TEST(QuikActivations, ConstantZeroAndNonFiniteRows) {
   EXPECT_EQ(codes[0], -448 * 512);
 }
 
+// The CPU linear quantizes its tokens on OpenMP threads: a non-finite activation in one of many rows still surfaces
+// as the one-line error, not a crash.
+TEST(QuikGemm, NonFiniteRowInAThreadedForwardIsAnError) {
+  const QuikQuantized q = test::random_quik(32, 1024, 8, 8, false, 16, 77);
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  const PackedWeight w = pack_quik(q, storage);
+  const auto op = make_packed_linear(w, nullptr, "t");
+  const int64_t m = 256;
+  std::vector<float> x = activations(m, 1024, 9), y(static_cast<size_t>(m * 32));
+  x[static_cast<size_t>(200 * 1024 + 5)] = std::numeric_limits<float>::quiet_NaN();   // a base column (outliers: 16)
+  bool base = true;
+  for (int32_t c : q.outlier_idx) base = base && c != 5;
+  ASSERT_TRUE(base);
+  try {
+    op->forward(x.data(), m, y.data());
+    ADD_FAILURE() << "non-finite activation accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("non-finite"), std::string::npos) << e.what();
+  }
+}
+
 TEST(QuikGemm, IntegerPathEqualsFloatSimulationAndFastPath) {
   struct Case {
     int wbits, abits;
     bool fp8;
   };
   for (const Case cs : {Case{4, 4, false}, Case{4, 8, false}, Case{8, 8, false}, Case{4, 16, false}, Case{8, 16, false}, Case{4, 8, true}})
-    for (const auto& [n, k, no] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 33, 5}, {16, 64, 0}, {3, 9, 9}, {24, 300, 40}}) {
+    // 5 x 2100: a row whose integer sums can pass 2^24 at W8A8 (the fast path splits it into exact sgemm chunks).
+    for (const auto& [n, k, no] :
+         std::vector<std::tuple<int64_t, int64_t, int64_t>>{{7, 33, 5}, {16, 64, 0}, {3, 9, 9}, {24, 300, 40}, {5, 2100, 20}}) {
       SCOPED_TRACE("W" + std::to_string(cs.wbits) + "A" + std::to_string(cs.abits) + (cs.fp8 ? " fp8 " : " ") +
                    std::to_string(n) + "x" + std::to_string(k) + " outliers " + std::to_string(no));
       const QuikQuantized q = test::random_quik(n, k, cs.wbits, cs.abits, cs.fp8, no, static_cast<uint32_t>(n * k + no));
