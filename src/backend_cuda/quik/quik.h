@@ -5,12 +5,13 @@
 //      integers, value x 512, for the GEMV; A16 as fp32 for the GEMV, fp16 for the GEMM), rows padded to kbp with
 //      zeros; the outlier columns' activations as fp16 beside them; each row's (sa, mn)
 //   2. the base product: a GEMV at batch 1..8 (integer sums exact: int32 for int8, int64 for FP8; fp32 for A16); above
-//      it, on compute capability 9.0, the fused CUTLASS GEMM (quik_fused.h: int8 -> exact int32, e4m3 -> fp32) with
-//      steps 3 and 4 in its epilogue; elsewhere (and for A16) one library GEMM on the tensor cores (cuBLAS int8 ->
-//      exact int32; cuBLASLt FP8 e4m3 -> fp32; cuBLAS fp16 -> fp32 for A16). 4-bit codes are widened into scratch per
-//      call (no second copy of a weight is kept)
-//   3. the outlier columns: inside the GEMV; above it a fp16 cuBLAS GEMM [m, no] x [no, n] straight into y, which the
-//      fused GEMM reads as its C operand (or, for comparison, a per-output loop in the separate epilogue: OutlierPass)
+//      it, on compute capability 9.0 from 256 tokens, the fused CUTLASS GEMM (quik_fused.h: int8 -> exact int32,
+//      e4m3 -> fp32) with step 4 in its epilogue; elsewhere (and for A16) one library GEMM on the tensor cores (cuBLAS
+//      int8 -> exact int32; cuBLASLt FP8 e4m3 -> fp32; cuBLAS fp16 -> fp32 for A16). 4-bit codes are widened per call
+//      (in registers by the fused GEMM at A8, into scratch otherwise): no second copy of a weight is kept
+//   3. the outlier columns: inside the GEMV; above it a fp16 cuBLAS GEMM [m, no] x [no, n]: into y before the library
+//      GEMMs' epilogue, added into y after the fused GEMM (or, for comparison, a per-output loop in the library form's
+//      epilogue: OutlierPass)
 //   4. the epilogue: y = sa sw acc + (H sa + mn) wReduced + outliers (integer), sa sw acc + outliers (FP8), sw acc +
 //      outliers (A16); in fp32 on the accumulators in registers (fused), or as one pass over y in fp64 from the stored
 //      sums (the library GEMMs)

@@ -77,7 +77,6 @@ struct FusedGemm {
                                   {M, N, K, 1},
                                   {static_cast<const ElementW*>(a.w), sa, static_cast<const ElementIn*>(a.x), sb},
                                   {{}, nullptr, {}, a.y, sd}};
-    // Each node's arguments: its children's, then its own op's.
     // Each node's arguments: its children's in order, then its own op's (a2, wred, (acc sa) sw, fma).
     args.epilogue.thread = {{a.a2, 0.0f, {}},
                             {a.wred, 0.0f, {}},

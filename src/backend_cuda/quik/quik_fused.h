@@ -35,7 +35,7 @@ struct QuikFusedArgs {
 
 // Whether the fused GEMM was built (CUTLASS found at configure time) and this device runs it (compute capability 9.0).
 bool quik_fused_available();
-// Whether a problem fits the kernel: n a multiple of 4 (16-byte rows of y and C), k a positive multiple of 32.
+// Whether a problem fits the kernel: n a multiple of 4 (16-byte rows of y), k a positive multiple of 32.
 bool quik_fused_fits(int64_t n, int64_t k);
 // Device workspace the kernel needs for these sizes (its tile scheduler's), bytes.
 size_t quik_fused_workspace_bytes(const QuikFusedArgs& a);
