@@ -172,7 +172,12 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
          "(LOWBIT_DENSE_GEMV=0); 'ungrouped 2/4/16 GEMVs': 2/4/16 at batch 1..4, the same decode timed in the same run with\n"
          "q / k / v and gate / up as separate GEMV launches instead of one each (LOWBIT_GROUP_GEMV=0)\n";
   const bool pdl = pdl_enabled();
-  out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | decode batch | decode tok/s"
+  out << "'prefill tok/s, per-row attention': the same prefill timed in the same run with attention in the per-row\n"
+         "CUDA-core kernel instead of the tensor-core kernel (LOWBIT_TC_ATTENTION=0); 'QUIK act. by each linear': QUIK\n"
+         "weights, the same prefill with each linear quantizing its input itself instead of the RMSNorm / SwiGLU before it\n"
+         "(LOWBIT_QUIK_PRODUCER_ACT=0)\n";
+  out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | prefill tok/s, per-row attention"
+         " | prefill tok/s, QUIK act. by each linear | decode batch | decode tok/s"
          " | decode tok/s, no PDL | decode tok/s, int8 tables toggled | decode tok/s, x max by own kernel | decode tok/s, RoPE kernel kept | decode tok/s, SwiGLU kernel kept | decode tok/s, combine kernel kept | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV | decode tok/s, ungrouped 2/4/16 GEMVs\n";
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
@@ -180,6 +185,8 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
       const GpuModel::RandomKind rk = random_kind(kind);
       const bool fp16 = rk == GpuModel::RandomKind::Fp16, anyprec = rk == GpuModel::RandomKind::AnyPrec,
                  mixed = rk == GpuModel::RandomKind::Mixed24a;
+      const bool quik = rk == GpuModel::RandomKind::QuikW4A8 || rk == GpuModel::RandomKind::QuikW8A8 ||
+                        rk == GpuModel::RandomKind::QuikW4Fp8;
       size_t free_b = 0, total_b = 0;
       LOWBIT_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       const double need = static_cast<double>(c.n_layers) * (4.0 * c.dim * c.dim + 3.0 * c.dim * c.hidden_dim) *
@@ -194,6 +201,19 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
       const std::vector<int> widths = anyprec ? o.bits : std::vector<int>{0};
       for (int b : widths) {
         const double prefill_tok_s = time_prefill(m, b, o.prefill);
+        // The same prefill with one run-time switch set to `value` (restored after), where `when` holds; "-" elsewhere.
+        auto prefill_flipped = [&](bool when, bool (*get)(), void (*set)(bool)) -> std::string {
+          if (!when) return "-";
+          const bool was = get();
+          set(!was);
+          std::snprintf(line, sizeof line, "%.0f", time_prefill(m, b, o.prefill));
+          set(was);
+          return line;
+        };
+        const std::string per_row_attention =
+            prefill_flipped(attention_on_tensor_cores(o.prefill, c.head_dim), tc_attention_enabled, set_tc_attention);
+        const std::string act_by_linear = prefill_flipped(quik && quik_producer_act_enabled(),
+                                                          quik_producer_act_enabled, set_quik_producer_act);
         for (int batch : o.batches) {
           double kv_bytes = 0;
           const double decode_tok_s = time_decode(m, b, o.prompt, o.decode, batch, &kv_bytes);
@@ -235,9 +255,10 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
           std::string dequant = flipped(!fp16 && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
           if (fp16)
             dequant = flipped(pick_kernel({std::nullopt, c.dim, c.dim, batch, 0, true}, runtime_gpu()) == Kernel::DenseGemv, dense_gemv_enabled, set_dense_gemv, false);
-          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %d | %.1f | %.1f | %s | %s | %s | %s | %s | %.2f | %s | %s\n", shape.c_str(),
+          std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %s | %s | %d | %.1f | %.1f | %s | %s | %s | %s | %s | %.2f | %s | %s\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
-                        static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, batch, decode_tok_s,
+                        static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, per_row_attention.c_str(),
+                        act_by_linear.c_str(), batch, decode_tok_s,
                         plain_tok_s, int8_toggled.c_str(), own_max.c_str(), rope_kernel.c_str(), swiglu_kernel.c_str(), combine_kernel.c_str(), kv_bytes / 1e9, dequant.c_str(), ungrouped.c_str());
           out << line << std::flush;
         }

@@ -67,9 +67,9 @@ TEST(Architecture, EnvironmentReadOnlyThroughKnobs) {
 TEST(Architecture, EveryKnobIsRead) {
   const std::vector<SourceFile> files = sources();
   const std::string names[] = {
-      "SharedDir", "Cache", "Int8Tables", "LutStream", "MixedMma", "FusedGemm", "DenseGemv", "QuikFused", "GroupGemv",
+      "SharedDir", "Cache", "Int8Tables", "LutStream", "MixedMma", "FusedGemm", "DenseGemv", "QuikFused", "QuikProducerAct", "GroupGemv",
       "FoldSwiglu", "ProducerXmax", "GemvBalance", "I8Pack", "I8Stages", "LutStreamRingX", "FoldRope", "MixedStep",
-      "ClusterCombine", "AttnSplits",
+      "ClusterCombine", "AttnSplits", "TcAttention",
       "Pdl", "PdlMask", "SourceDir", "TokenizerJsonOut", "RssModel", "DemoCalib", "BuildDir"};
   ASSERT_EQ(std::size(names), knob_table().size()) << "list every Knob enumerator here";
   for (size_t i = 0; i < std::size(names); ++i) {

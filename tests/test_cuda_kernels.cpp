@@ -351,6 +351,127 @@ TEST(CudaKernels, ProducerRowMaximaAreExactAndChangeNothing) {
   }
 }
 
+// Prefill attention on tensor cores and the per-row kernel against a double-precision reference on the same fp32
+// queries and fp16 cache: head dims 64 and 128, plain and grouped (GQA 4:1) heads, one and two sequences, prompts of
+// 16, 70 and 300 tokens starting at position 0 or 37 (a prompt continued in chunks), full causal and a 50-key sliding
+// window, contiguous and paged (16-position blocks, shuffled) caches, layer 1 of 2. Outputs start as NaN, so a row
+// the kernel skips fails. Budget: 1e-4 absolute on unit-normal values (q and the weights keep ~22 bits as fp16 hi + lo;
+// the per-row kernel is fp32 throughout), with scores spread over +-12 so the softmax is peaked.
+TEST(CudaKernels, PrefillAttentionMatchesReference) {
+  SKIP_WITHOUT_GPU();
+  uint32_t seed = 4100;
+  constexpr int kLayers = 2, kLayer = 1;
+  int cases = 0;
+  double worst_of[2] = {0, 0};   // tensor cores, per-row kernel
+  for (const int hd : {64, 128})
+    for (const auto [heads, kv_heads] : {std::pair{4, 4}, std::pair{8, 2}})
+      for (const int seqs : {1, 2})
+        for (const int n : {16, 70, 300})
+          for (const int start : {0, 37})
+            for (const int window : {0, 50})
+              for (const bool paged : {false, true}) {
+                if ((seqs == 2 || heads == 8) && n == 16 && start == 37) continue;   // keep the grid's size in check
+                const std::string what = "hd " + std::to_string(hd) + " heads " + std::to_string(heads) + "/" +
+                                         std::to_string(kv_heads) + " seqs " + std::to_string(seqs) + " n " + std::to_string(n) +
+                                         " start " + std::to_string(start) + " window " + std::to_string(window) +
+                                         (paged ? " paged" : " contiguous");
+                const int kvd = kv_heads * hd, span = start + n, rows = seqs * n;
+                std::mt19937 rng(seed++);
+                std::normal_distribution<float> nd(0.0f, 1.0f);
+                // Cache positions of every sequence: contiguous, block = capacity per sequence; paged, blocks of 16
+                // handed out in a shuffled order.
+                cuda::KvMap map;
+                map.layers = kLayers;
+                std::vector<int32_t> table;
+                int blocks = seqs;
+                if (paged) {
+                  map.block = 16;
+                  map.shift = 4;
+                  map.max_blocks = (span + 15) / 16;
+                  blocks = seqs * map.max_blocks;
+                  table.resize(static_cast<size_t>(blocks));
+                  std::iota(table.begin(), table.end(), 0);
+                  std::shuffle(table.begin(), table.end(), rng);
+                } else {
+                  map.block = span;
+                }
+                auto row_of = [&](int b, int p) {
+                  const int blk = paged ? table[static_cast<size_t>(b * map.max_blocks + p / 16)] : b;
+                  return (static_cast<int64_t>(blk) * kLayers + kLayer) * map.block + (paged ? p % 16 : p);
+                };
+                const size_t cache_elems = static_cast<size_t>(blocks) * kLayers * map.block * kvd;
+                std::vector<uint16_t> kc(cache_elems), vc(cache_elems);
+                std::vector<double> kf(cache_elems), vf(cache_elems);
+                for (size_t i = 0; i < cache_elems; ++i) {
+                  kc[i] = f32_to_f16(nd(rng));
+                  vc[i] = f32_to_f16(nd(rng));
+                  kf[i] = f16_to_f32(kc[i]);
+                  vf[i] = f16_to_f32(vc[i]);
+                }
+                std::vector<float> q(static_cast<size_t>(rows) * heads * hd);
+                for (float& v : q) v = 1.5f * nd(rng);
+                std::vector<int32_t> seq(static_cast<size_t>(rows)), pos(static_cast<size_t>(rows));
+                for (int r = 0; r < rows; ++r) {
+                  seq[static_cast<size_t>(r)] = r / n;
+                  pos[static_cast<size_t>(r)] = start + r % n;
+                }
+                // Reference in double.
+                std::vector<double> want(q.size());
+                for (int r = 0; r < rows; ++r)
+                  for (int h = 0; h < heads; ++h) {
+                    const int b = r / n, p = pos[static_cast<size_t>(r)], kvh = h / (heads / kv_heads);
+                    const int first = window > 0 ? std::max(0, p - window + 1) : 0;
+                    const float* qr = q.data() + (static_cast<size_t>(r) * heads + h) * hd;
+                    std::vector<double> sc;
+                    double mx = -1e300;
+                    for (int key = first; key <= p; ++key) {
+                      const double* kr = kf.data() + row_of(b, key) * kvd + static_cast<int64_t>(kvh) * hd;
+                      double dot = 0;
+                      for (int d = 0; d < hd; ++d) dot += static_cast<double>(qr[d]) * kr[d];
+                      sc.push_back(dot / std::sqrt(static_cast<double>(hd)));
+                      mx = std::max(mx, sc.back());
+                    }
+                    double l = 0;
+                    for (double& v : sc) l += (v = std::exp(v - mx));
+                    double* o = want.data() + (static_cast<size_t>(r) * heads + h) * hd;
+                    for (int key = first; key <= p; ++key) {
+                      const double* vr = vf.data() + row_of(b, key) * kvd + static_cast<int64_t>(kvh) * hd;
+                      for (int d = 0; d < hd; ++d) o[d] += sc[static_cast<size_t>(key - first)] / l * vr[d];
+                    }
+                  }
+                cuda::DeviceBuffer<uint16_t> kd(kc), vd(vc);
+                cuda::DeviceBuffer<float> qd(q), od(q.size()), scratch(static_cast<size_t>(rows) * heads * (hd + 2));
+                cuda::DeviceBuffer<int32_t> sd(seq), pd(pos), td(paged ? table : std::vector<int32_t>{0});
+                if (paged) map.table = td.get();
+                const auto* kh = reinterpret_cast<const __half*>(kd.get());
+                const auto* vh = reinterpret_cast<const __half*>(vd.get());
+                for (const bool tc : {true, false}) {
+                  LOWBIT_CUDA_CHECK(cudaMemset(od.get(), 0xFF, od.bytes()));
+                  if (tc)
+                    cuda::prefill_attention(qd.get(), sd.get(), pd.get(), seqs, n, heads, kv_heads, hd, kLayer, map, window, kh,
+                                            vh, od.get(), nullptr);
+                  else
+                    cuda::attention(qd.get(), sd.get(), pd.get(), rows, heads, kv_heads, hd, kLayer, map, window, kh, vh,
+                                    od.get(), 1, scratch.get(), false, nullptr);
+                  LOWBIT_CUDA_CHECK(cudaDeviceSynchronize());
+                  const std::vector<float> got = od.download();
+                  double worst = 0;
+                  size_t at = 0;
+                  for (size_t i = 0; i < got.size(); ++i) {
+                    const double e = std::isfinite(got[i]) ? std::abs(got[i] - want[i]) : 1e30;
+                    if (e > worst) worst = e, at = i;
+                  }
+                  worst_of[tc ? 0 : 1] = std::max(worst_of[tc ? 0 : 1], worst);
+                  EXPECT_LE(worst, 1e-4) << what << (tc ? " tensor cores" : " per-row kernel") << ": element " << at
+                                         << " " << got[at] << " vs " << want[at];
+                }
+                ++cases;
+              }
+  EXPECT_GT(cases, 150);
+  std::printf("[ prefill attention ] max |out - reference| over %d cases: tensor cores %.2e, per-row kernel %.2e (budget 1e-4)\n",
+              cases, worst_of[0], worst_of[1]);
+}
+
 // SwiGLU in the int8 GEMV's epilogue (a stacked [gate; up] weight): h and each row's max |h| bit-identical to the GEMV's
 // 2 H outputs followed by swiglu_rows, poisoned outputs caught. Every width 2..4 with outliers, batch 1, 2, 5, 8, both CTA
 // forms (n = 128: eight warps; n = 22016, H = 11008 as Llama-2-7B: four; n = 8192 at batch 8: eight on 2..3 bits).
@@ -717,6 +838,98 @@ TEST(CudaKernels, QuikMatchesIntegerReference) {
                 }
               }
           }
+        }
+      }
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// QUIK activations quantized by their producers (quik_rmsnorm_quantize, quik_swiglu_quantize) against the plain
+// kernels followed by the linear's own activation step, bit for bit: y / out as rmsnorm() / swiglu_rows() write them
+// (and the residual), the quantization's bytes as quik_matmul leaves them in the context's activation scratch, and the
+// linear's output from them (quik_matmul_quantized) as quik_matmul's from y. Every activation form (int8 at 4 and 8
+// bits, FP8 for the GEMV and, padded to 16 rows, the GEMM, A16), batch 1, 5 (GEMV), 9 and 40 (GEMM); widths of
+// SmolLM2 (576, 1536), Llama-2-7B (4096, 11008) and the 70B MLP (28672: eight float4s a thread; an RMSNorm that wide is
+// refused); 0, some and every column as outliers.
+TEST(CudaKernels, QuikProducersQuantizeAsTheLinear) {
+  SKIP_WITHOUT_GPU();
+  struct Form {
+    int wbits, abits;
+    bool fp8;
+  };
+  const Form forms[] = {{4, 4, false}, {8, 8, false}, {4, 8, true}, {4, 16, false}};
+  struct Case {
+    int64_t width, outliers;
+  };
+  const Case cases[] = {{576, 36}, {1536, 0}, {4096, 41}, {11008, 110}, {28672, 287}, {64, 64}};
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  cudaStream_t st;
+  LOWBIT_CUDA_CHECK(cudaStreamCreate(&st));
+  {
+    cuda::GemmContext ctx(st);
+    uint32_t seed = 5100;
+    for (const Case& c : cases)
+      for (const Form& f : forms) {
+        const int64_t n = 24, k = c.width;
+        const QuikQuantized q = test::random_quik(n, k, f.wbits, f.abits, f.fp8, c.outliers, seed++);
+        const cuda::DevicePackedWeight dw(pack_quik(q, storage));
+        const cuda::QuikDevice w = dw.quik();
+        ASSERT_TRUE(cuda::quik_producer_quantizes(w, k));
+        EXPECT_FALSE(cuda::quik_producer_quantizes(w, k + 4)) << "another width";
+        for (const int m : {1, 5, 9, 40}) {
+          const std::string what = "W" + std::to_string(f.wbits) + (f.fp8 ? "-FP8" : "A" + std::to_string(f.abits)) + " k " +
+                                   std::to_string(k) + " outliers " + std::to_string(c.outliers) + " m " + std::to_string(m);
+          const size_t bytes = cuda::quik_act_scratch_bytes(w, m);
+          cuda::DeviceBuffer<uint8_t> acts(bytes);
+          // The linear's own quantization of `in`, as it leaves the context's scratch, and its output.
+          auto own = [&](const float* in, std::vector<uint8_t>& scratch) {
+            uint8_t* sp = reinterpret_cast<uint8_t*>(ctx.act_scratch((bytes + 1) / 2));
+            LOWBIT_CUDA_CHECK(cudaMemsetAsync(sp, 0, bytes, st));
+            cuda::DeviceBuffer<float> y(static_cast<size_t>(m * n));
+            cuda::quik_matmul(w, in, m, y.get(), ctx);
+            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+            scratch.resize(bytes);
+            LOWBIT_CUDA_CHECK(cudaMemcpy(scratch.data(), sp, bytes, cudaMemcpyDeviceToHost));
+            return y.download();
+          };
+          auto from_acts = [&]() {
+            cuda::DeviceBuffer<float> y(static_cast<size_t>(m * n));
+            cuda::quik_matmul_quantized(w, acts.get(), m, y.get(), ctx);
+            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+            return y.download();
+          };
+          // RMSNorm with the residual added (widths rmsnorm() serves with its float4 kernel; wider rows are refused).
+          const std::vector<float> x = test::random_x(m, k, seed++), d = test::random_x(m, k, seed++),
+                                   g = test::random_x(1, k, seed++);
+          cuda::DeviceBuffer<float> x1(x), x2(x), dd(d), gd(g), y1(x.size()), y2(x.size());
+          EXPECT_EQ(cuda::quik_rmsnorm_quantizes(w, static_cast<int>(k)), k <= 16384) << what;
+          std::vector<uint8_t> want_bytes;
+          if (k > 16384) {
+            test::expect_refused([&] { cuda::quik_rmsnorm_quantize(w, x1.get(), dd.get(), gd.get(), y1.get(), m, static_cast<int>(k),
+                                                                   1e-5f, acts.get(), st); },
+                                 "do not quantize");
+          } else {
+          LOWBIT_CUDA_CHECK(cudaMemset(acts.get(), 0, bytes));
+          cuda::quik_rmsnorm_quantize(w, x1.get(), dd.get(), gd.get(), y1.get(), m, static_cast<int>(k), 1e-5f, acts.get(), st);
+          cuda::rmsnorm(x2.get(), dd.get(), gd.get(), y2.get(), nullptr, m, static_cast<int>(k), 1e-5f, st);
+          LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+          EXPECT_EQ(y1.download(), y2.download()) << what << ": RMSNorm output";
+          EXPECT_EQ(x1.download(), x2.download()) << what << ": residual";
+          const std::vector<float> want = own(y2.get(), want_bytes);
+          EXPECT_EQ(acts.download(), want_bytes) << what << ": RMSNorm's quantization";
+          EXPECT_EQ(from_acts(), want) << what << ": the linear from RMSNorm's quantization";
+          }
+          // SwiGLU from a fused [gate | up] row.
+          const std::vector<float> gu = test::random_x(m, 2 * k, seed++);
+          cuda::DeviceBuffer<float> gud(gu), h1(x.size()), h2(x.size());
+          LOWBIT_CUDA_CHECK(cudaMemset(acts.get(), 0, bytes));
+          cuda::quik_swiglu_quantize(w, gud.get(), gud.get() + k, 2 * k, h1.get(), m, k, acts.get(), st);
+          cuda::swiglu_rows(gud.get(), gud.get() + k, 2 * k, h2.get(), m, k, st);
+          LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+          EXPECT_EQ(h1.download(), h2.download()) << what << ": SwiGLU output";
+          const std::vector<float> want2 = own(h2.get(), want_bytes);
+          EXPECT_EQ(acts.download(), want_bytes) << what << ": SwiGLU's quantization";
+          EXPECT_EQ(from_acts(), want2) << what << ": the linear from SwiGLU's quantization";
         }
       }
   }
@@ -1525,73 +1738,65 @@ TEST(CudaKernels, RefusesWhatItCannotRun) {
   AnyPrecQuantized q = test::random_codes(4, 64, 4, 0x18u, 3);   // serves 3 and 4 only
   const cuda::DevicePackedWeight dw(pack_anyprec(q, storage));
   cuda::DeviceBuffer<float> x(64 * 9), y(4 * 9);
-  auto says = [](auto f, const std::string& phrase) {
-    try {
-      f();
-      ADD_FAILURE() << "no error (expected '" << phrase << "')";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(phrase), std::string::npos) << e.what();
-    }
-  };
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 5, x.get(), 1, y.get(), nullptr); }, "width 5 is not served");
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 9, y.get(), nullptr); }, "batch 9 outside 1..8");
+  test::expect_refused([&] { cuda::anyprec_gemv(dw.anyprec(), 5, x.get(), 1, y.get(), nullptr); }, "width 5 is not served");
+  test::expect_refused([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 9, y.get(), nullptr); }, "batch 9 outside 1..8");
   cuda::DeviceBuffer<uint8_t> xfrag(cuda::anyprec_xfrag_bytes(64));
   AnyPrecQuantized q5 = test::random_codes(4, 64, 5, 0x20u, 4);   // serves 5 only
   const cuda::DevicePackedWeight dw5(pack_anyprec(q5, storage));
-  says([&] { cuda::anyprec_gemv(dw5.anyprec(), 5, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::anyprec_gemv(dw5.anyprec(), 5, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreRegisterLut, xfrag.get()); },
        "register tables serve 2..4 bits");
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreRegisterLut); },
        "no xfrag scratch");
   const PackedWeight mp = pack_mixed24a(test::random_mixed24a(16, 64, false, 5), storage);
   const cuda::DevicePackedWeight dm(mp);
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::TensorCoreRegisterLut); },
        "register tables are an any-precision path");
   // The streamed kernels refuse shapes and formats they do not serve rather than running another path.
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreRegisterLutStream, xfrag.get()); },
        "streamed register-table kernel needs k a multiple of 128 and >= 2048");
-  says([&] { cuda::anyprec_gemv(dw5.anyprec(), 5, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::anyprec_gemv(dw5.anyprec(), 5, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreSharedLutStream, xfrag.get()); },
        "streamed shared-table kernel serves 5..8 bits with pre-split activations, k a multiple of 64 and >= 2048");
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreStream, xfrag.get()); },
        "the streamed tensor-core kernel is a 2/4/16 path");
   cuda::DeviceBuffer<uint8_t> mfrag(cuda::mixed24a_xfrag_bytes(64));
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::TensorCoreStream, mfrag.get()); },
        "streamed tensor-core kernel needs pre-split activations and k a multiple of 256");
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::TensorCoreRegisterLutStream, mfrag.get()); },
        "register tables are an any-precision path");
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                 cuda::GemvPath::TensorCoreInt8LutStream, xfrag.get()); },
        "int8 GEMV: needs k a multiple of 128 and >= 2048");
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::TensorCoreInt8LutStream, mfrag.get()); },
        "register tables are an any-precision path");
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::Dp2aStream, mfrag.get()); },
        "the integer-dot kernel needs an xfrag scratch, batch 1..2 and k a multiple of 256");
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Dp2aStream); },
+  test::expect_refused([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Dp2aStream); },
        "no xfrag");
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Dp2aStream,
+  test::expect_refused([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Dp2aStream,
                                 mfrag.get()); },
        "the integer-dot and int8 tensor-core 2/4/16 kernels are 2/4/16 paths");
-  says([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Int8MmaStream,
+  test::expect_refused([&] { cuda::anyprec_gemv(dw.anyprec(), 3, x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Int8MmaStream,
                                 mfrag.get()); },
        "the integer-dot and int8 tensor-core 2/4/16 kernels are 2/4/16 paths");
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
+  test::expect_refused([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused,
                                  cuda::GemvPath::Int8MmaStream, mfrag.get()); },
        "the int8 tensor-core kernel needs an xfrag scratch and k a multiple of 256");
-  says([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Int8MmaStream); },
+  test::expect_refused([&] { cuda::mixed24a_gemv(dm.mixed24a(), x.get(), 1, y.get(), nullptr, cuda::OutlierMode::Fused, cuda::GemvPath::Int8MmaStream); },
        "no xfrag");
-  says([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
+  test::expect_refused([&] { (void)dw.mixed24a(); }, "a mixed24a view of a anyprec weight");
   PackedWeight no_act = pack_quik(test::random_quik(4, 64, 4, 8, false, 2, 1), storage);
   no_act.params.erase("abits");
-  says([&] { cuda::DevicePackedWeight bad(no_act); }, "stays on the CPU: its activation parameters are missing");
+  test::expect_refused([&] { cuda::DevicePackedWeight bad(no_act); }, "stays on the CPU: its activation parameters are missing");
 }
 
 }  // namespace

@@ -52,6 +52,19 @@ void expect_error(Open open, const std::string& path, const std::string& phrase)
   }
 }
 
+// Expects f() to throw one single-line lowbit::Error containing phrase (a refusal that names no file).
+template <typename F>
+void expect_refused(F f, const std::string& phrase) {
+  try {
+    f();
+    ADD_FAILURE() << "no error (expected '" << phrase << "')";
+  } catch (const lowbit::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(phrase), std::string::npos) << "expected '" << phrase << "' in: " << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
 // Fuzzing: runs read(path) (open a file, touch all it maps, return a checksum); true when that succeeded, false when it threw a
 // single-line lowbit::Error that starts with "<path>: ". Any other exception fails the test.
 template <typename Read>

@@ -71,19 +71,20 @@ case "${1:-}" in
     SHAPES=4096x4096,11008x4096,4096x11008,8192x8192,28672x8192,8192x28672
     QW=quik-w8a8,quik-w4a8,quik-w4fp8
     if [ "$phase" = tests ] || [ "$phase" = all ]; then
-      step quik-tests 400 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Quik*:CudaKernels.RefusesWhatItCannotRun'
-      step quik-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.QuikModelRunsOnTheGpu'
+      step quik-tests 400 "$LB/pkg/test_cuda_kernels" \
+        --gtest_filter='CudaKernels.Quik*:CudaKernels.PrefillAttention*:CudaKernels.Attention*:CudaKernels.RefusesWhatItCannotRun'
+      step quik-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.QuikModelRunsOnTheGpu:CudaModel.DecodeAndBatch*:CudaModel.PagedCache*:CudaModel.TinyArch*:CudaModel.ContinuousBatch*:CudaModel.Stories260K*'
     fi
     if [ "$phase" = kernels ] || [ "$phase" = all ]; then
       step quik-bench 400 "$LB/pkg/lowbit" bench --kernels --formats quik --batch 1,8,16,128,512,2048,4096 --shapes "$SHAPES"
     fi
     if [ "$phase" = e2e ] || [ "$phase" = all ]; then
-      step quik-e2e 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW,uniform-w4g128,uniform-w3g128 \
-        --kernel-bits 4 --decode-batches 1,8
-      step quik-e2e-2048 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW,uniform-w4g128,uniform-w3g128 \
-        --kernel-bits 4 --prefill 2048 --decode-batches 1
-      step quik-e2e-2048-library 300 env LOWBIT_QUIK_FUSED=0 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights $QW \
-        --prefill 2048 --decode-batches 1
+      # prefill 2048 with decode batch 1 and 8 (the per-row attention and each-linear quantization timed in the same
+      # run), then prefill 512 with a short decode
+      step quik-e2e-2048 420 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW,uniform-w4g128,uniform-w3g128 \
+        --kernel-bits 4 --prefill 2048 --decode-batches 1,8
+      step quik-e2e-512 200 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW,uniform-w4g128,uniform-w3g128 \
+        --kernel-bits 4 --prefill 512 --decode-batches 1 --decode 8
     fi
     if [ "$phase" = e2e70b ]; then   # fp16 70B does not fit one H200: the quantized forms only
       step quik-e2e70b 500 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights $QW,uniform-w4g128 \

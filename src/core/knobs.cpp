@@ -33,6 +33,9 @@ constexpr KnobInfo kKnobs[] = {
     {Knob::QuikFused, "LOWBIT_QUIK_FUSED", KnobType::Int, "-1", "-1 | 0 | 1",
      "QUIK above batch 8 on compute capability 9.0: -1 the fused CUTLASS GEMM from 256 tokens, 0 never (cuBLAS + a "
      "separate epilogue), 1 always"},
+    {Knob::QuikProducerAct, "LOWBIT_QUIK_PRODUCER_ACT", KnobType::Bool, "1", "0 | 1",
+     "QUIK activations quantized by the RMSNorm / SwiGLU that produce them (one quantization per shared input) instead "
+     "of by each linear"},
     {Knob::GroupGemv, "LOWBIT_GROUP_GEMV", KnobType::Bool, "1", "0 | 1",
      "2/4/16 q/k/v and gate/up each in one GEMV launch where the int8 GEMVs run"},
     {Knob::FoldSwiglu, "LOWBIT_FOLD_SWIGLU", KnobType::Bool, "1", "0 | 1",
@@ -56,6 +59,8 @@ constexpr KnobInfo kKnobs[] = {
      "split-key decode attention combines its partial results within a thread-block cluster"},
     {Knob::AttnSplits, "LOWBIT_ATTN_SPLITS", KnobType::Int, "0", "0 | n >= 1",
      "decode attention's key splits: 0 by the rule, n forced (at most one per 256 keys)"},
+    {Knob::TcAttention, "LOWBIT_TC_ATTENTION", KnobType::Bool, "1", "0 | 1",
+     "prefill attention (16+ tokens per sequence, head dim 64 or 128) on tensor cores instead of the per-row kernel"},
     {Knob::Pdl, "LOWBIT_PDL", KnobType::Bool, "1", "0 | 1",
      "programmatic dependent launch (compute capability 9.0+) for the kernel classes in LOWBIT_PDL_MASK"},
     {Knob::PdlMask, "LOWBIT_PDL_MASK", KnobType::Int, kPdlDefaultMask, "a bit mask",

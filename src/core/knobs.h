@@ -23,6 +23,7 @@ enum class Knob : uint8_t {
   FusedGemm,            // bool
   DenseGemv,            // bool
   QuikFused,            // int: -1 rule, 0, 1
+  QuikProducerAct,      // bool
   // GPU kernel forms and fusions.
   GroupGemv,            // bool
   FoldSwiglu,           // bool
@@ -35,6 +36,7 @@ enum class Knob : uint8_t {
   MixedStep,            // bool
   ClusterCombine,       // bool
   AttnSplits,           // int: 0 rule, else forced
+  TcAttention,          // bool
   Pdl,                  // bool
   PdlMask,              // int
   // Tests.

@@ -139,6 +139,7 @@ void DevicePackedWeight::upload_quik(const PackedWeight& w) {
   std::vector<int32_t> base;
   base.reserve(static_cast<size_t>(kb));
   const int32_t* out = reinterpret_cast<const int32_t*>(w.parts.at("outlier_idx").data);
+  quik_outliers_.assign(out, out + no);
   for (int64_t c = 0, o = 0; c < k_; ++c) {
     if (o < no && out[o] == c) { ++o; continue; }
     base.push_back(static_cast<int32_t>(c));
@@ -377,6 +378,7 @@ DevicePackedWeight DevicePackedWeight::random_quik(int64_t n, int64_t k, int wbi
   std::iota(out.begin(), out.end(), 0);
   std::iota(base.begin(), base.end(), static_cast<int32_t>(outliers));
   w.parts_.emplace("outlier_idx", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(out.data()), out.size() * 4));
+  w.quik_outliers_ = out;
   w.parts_.emplace("derived_base_idx", DeviceBuffer<uint8_t>(reinterpret_cast<const uint8_t*>(base.data()), base.size() * 4));
   auto& ow = w.parts_.emplace("outlier_w", DeviceBuffer<uint8_t>(static_cast<size_t>(2 * n * outliers))).first->second;
   fill_random_half(reinterpret_cast<__half*>(ow.get()), n * outliers, ++sd, -0.05f, 0.05f);

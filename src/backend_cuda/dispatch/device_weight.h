@@ -111,6 +111,8 @@ class DevicePackedWeight {
   Mixed24ADevice mixed24a() const;          // throws unless format() == FormatId::Mixed24A
   UniformDevice uniform() const;            // throws unless format() == FormatId::Uniform
   QuikDevice quik() const;                  // throws unless format() == FormatId::Quik
+  // quik: the outlier columns, as uploaded (a host copy: which weights can share one activation quantization).
+  const std::vector<int32_t>& quik_outlier_columns() const { return quik_outliers_; }
 
  private:
   DevicePackedWeight() = default;
@@ -127,6 +129,7 @@ class DevicePackedWeight {
   int64_t n_ = 0, k_ = 0;
   std::map<std::string, int64_t> params_;
   std::map<std::string, DeviceBuffer<uint8_t>> parts_;
+  std::vector<int32_t> quik_outliers_;
 };
 
 // Device-side random fills (splitmix64 of seed and index): bytes, and fp16 / fp32 values uniform in [lo, hi).

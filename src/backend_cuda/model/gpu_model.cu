@@ -41,14 +41,15 @@ int splits_for(int span, int rows, int heads, int sms) {
 // What a captured decode graph baked in besides its shapes and buffers: the PDL launch classes and which paths run the
 // linears (packed.h: fused_gemm_enabled,
 // dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
-// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled, group_gemv_enabled, gemv_balance_enabled, i8_pack_mode).
+// fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled, group_gemv_enabled, gemv_balance_enabled, i8_pack_mode;
+// quik.h: quik_producer_act_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
          (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u) |
          (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u) |
          (group_gemv_enabled() ? 0u : 0x1000000u) | (gemv_balance_enabled() ? 0u : 0x2000000u) |
-         (static_cast<unsigned>(i8_pack_mode() + 1) << 26);
+         (static_cast<unsigned>(i8_pack_mode() + 1) << 26) | (quik_producer_act_enabled() ? 0u : 0x10000000u);
 }
 
 // Drops the pages holding [p, p + n) from the process's resident set when they lie in one of ws's file mappings:
@@ -539,6 +540,12 @@ void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
   const bool fused_gu = std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.gate_up.n > 0; });
   qkv_ = DeviceBuffer<float>(fused_qkv ? R * (c_.q_dim() + 2 * c_.kv_dim()) : 0);
   gu_ = DeviceBuffer<float>(fused_gu ? R * 2 * c_.hidden_dim : 0);
+  size_t acts = 0;   // the largest quantization a producer writes, over every layer's targets
+  for (const Layer& L : layers_)
+    for (const DevicePackedWeight* w : {quik_act_target({&L.q, &L.k, &L.v}, c_.dim), quik_act_target({&L.gate, &L.up}, c_.dim),
+                                        quik_act_target({&L.down}, c_.hidden_dim)})
+      if (w != nullptr) acts = std::max(acts, quik_act_scratch_bytes(w->quik(), static_cast<int64_t>(R)));
+  quik_acts_ = DeviceBuffer<uint8_t>(acts);
   logits_ = DeviceBuffer<float>(static_cast<size_t>(ws_logit_rows_) * c_.vocab_size);
   nll_ = DeviceBuffer<float>(R);
   argmax_keys_ = DeviceBuffer<uint64_t>(static_cast<size_t>(ws_logit_rows_) * kArgmaxSlices);
@@ -587,7 +594,22 @@ bool GpuModel::run_group(const std::vector<const GpuLinear*>& ls, const float* x
   return true;
 }
 
-void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max) {
+const DevicePackedWeight* GpuModel::quik_act_target(const std::vector<const GpuLinear*>& ls, int64_t width) const {
+  if (mixed_ || !quik_producer_act_enabled()) return nullptr;
+  for (const GpuLinear* l : ls)
+    if (l->n == 0 || !l->packed || l->packed->format() != FormatId::Quik || !quik_same_activations(*l->packed, *ls.front()->packed))
+      return nullptr;
+  const DevicePackedWeight* w = ls.front()->packed.get();
+  return quik_producer_quantizes(w->quik(), width) ? w : nullptr;
+}
+
+void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max,
+                          const void* acts) {
+  if (acts != nullptr) {
+    quik_matmul_quantized(l.packed->quik(), acts, m, y, *gemm_);
+    if (l.bias.size() > 0) add_bias_rows(y, l.bias.get(), static_cast<int>(m), static_cast<int>(l.n), stream_);
+    return;
+  }
   if (!l.packed && pick_kernel({std::nullopt, l.n, l.k, m, 0, true}, runtime_gpu()) == Kernel::DenseGemv &&
       dense_gemv_fits(l.dense, l.n, l.k, m, x)) {
     // Batch 1..2 on fp16 weights: our GEMV reads the fp32 activations and adds the bias itself.
@@ -622,15 +644,31 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   float* slot_n = xm ? xmax_.get() : nullptr;
   float* slot_a = xm ? xmax_.get() + kMaxGemvBatch : nullptr;
   float* slot_s = xm ? xmax_.get() + 2 * kMaxGemvBatch : nullptr;
+  // QUIK: the RMSNorm (SwiGLU) quantizes the activations of the linears after it once for all of them (quik.h),
+  // unless a dense linear wants the fp16 copy or an int8 GEMV the row maxima; acts then points at that quantization.
+  auto norm = [&](const float* delta, const float* nw, __half* yh, float* xmax, float* zero,
+                  const DevicePackedWeight* target) -> const void* {
+    if (target != nullptr && yh == nullptr && xmax == nullptr && zero == nullptr && quik_rmsnorm_quantizes(target->quik(), dim)) {
+      quik_rmsnorm_quantize(target->quik(), x_.get(), delta, nw, xn_.get(), rows, dim, c_.rms_eps, quik_acts_.get(), s);
+      return quik_acts_.get();
+    }
+    rmsnorm(x_.get(), delta, nw, xn_.get(), yh, rows, dim, c_.rms_eps, s, xmax, zero);
+    return nullptr;
+  };
+  auto qkv_target = [&](const Layer& L) { return quik_act_target({&L.q, &L.k, &L.v}, dim); };
   mark("norms + residuals");
-  rmsnorm(x_.get(), nullptr, layers_[0].attn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s, slot_n, slot_a);
+  const void* acts = norm(nullptr, layers_[0].attn_norm.get(), xh, slot_n, slot_a, qkv_target(layers_[0]));
   for (int l = 0; l < c_.n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     mark("q/k/v linears");
     const int64_t qd = static_cast<int64_t>(H) * hd, kvd = static_cast<int64_t>(KVH) * hd;
     const float *qin = q_.get(), *kin = kk_.get(), *vin = vv_.get();
     int64_t q_ld = qd, kv_ld = kvd;
-    if (L.qkv.n > 0) {   // one GEMV; q, k, v are column ranges of its rows
+    if (acts != nullptr) {
+      run_linear(L.q, xn_.get(), xh, rows, q_.get(), bits, nullptr, acts);
+      run_linear(L.k, xn_.get(), xh, rows, kk_.get(), bits, nullptr, acts);
+      run_linear(L.v, xn_.get(), xh, rows, vv_.get(), bits, nullptr, acts);
+    } else if (L.qkv.n > 0) {   // one GEMV; q, k, v are column ranges of its rows
       run_linear(L.qkv, xn_.get(), xh, rows, qkv_.get(), bits, slot_n);
       qin = qkv_.get();
       kin = qin + qd;
@@ -651,14 +689,21 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
                     rope_sin_.get(), l, cache.map(), cache.k.get(), cache.v.get(), s);
     }
     mark("attention");
-    attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, cache.map(), c_.sliding_window, cache.k.get(), cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s,
-              reinterpret_cast<unsigned*>(slot_a), fold ? &rope : nullptr);
+    if (slot_a == nullptr && attention_on_tensor_cores(n, hd))
+      prefill_attention(q_.get(), seq_dev_.get(), pos_dev_.get(), seqs, n, H, KVH, hd, l, cache.map(), c_.sliding_window,
+                        cache.k.get(), cache.v.get(), att_.get(), s);
+    else
+      attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, cache.map(), c_.sliding_window, cache.k.get(),
+                cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s, reinterpret_cast<unsigned*>(slot_a),
+                fold ? &rope : nullptr);
     mark("o linear");
     run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits, slot_a);
     mark("norms + residuals");
-    rmsnorm(x_.get(), tmp_.get(), L.ffn_norm.get(), xn_.get(), xh, rows, dim, c_.rms_eps, s, slot_n, slot_s);   // x += attention out
+    acts = norm(tmp_.get(), L.ffn_norm.get(), xh, slot_n, slot_s, quik_act_target({&L.gate, &L.up}, dim));   // x += attention out
     mark("gate/up linears");
     const int64_t hid = c_.hidden_dim;
+    const DevicePackedWeight* down_target = slot_s == nullptr ? quik_act_target({&L.down}, hid) : nullptr;
+    const void* down_acts = nullptr;
     if (!mixed_ && L.gate_up.n > 0 && slot_s != nullptr && L.gate_up.packed && L.gate_up.bias.size() == 0 &&
         packed_swiglu_fuses(*L.gate_up.packed, bits, rows)) {
       // SwiGLU in the GEMV's epilogue, its row maxima into slot S (one kernel fewer per layer: faster on the H200 with
@@ -668,22 +713,30 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
       run_linear(L.gate_up, xn_.get(), xh, rows, gu_.get(), bits, slot_n);
       mark("SwiGLU");
       swiglu_rows(gu_.get(), gu_.get() + hid, 2 * hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));
-    } else {
-      if (!run_group({&L.gate, &L.up}, xn_.get(), rows, {g_.get(), u_.get()}, slot_n)) {
+    } else {   // separate gate and up (acts: QUIK weights, L.gate_up is empty)
+      if (acts != nullptr) {
+        run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits, nullptr, acts);
+        run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits, nullptr, acts);
+      } else if (!run_group({&L.gate, &L.up}, xn_.get(), rows, {g_.get(), u_.get()}, slot_n)) {
         run_linear(L.gate, xn_.get(), xh, rows, g_.get(), bits, slot_n);
         run_linear(L.up, xn_.get(), xh, rows, u_.get(), bits, slot_n);
       }
       mark("SwiGLU");
-      swiglu_rows(g_.get(), u_.get(), hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));
+      if (down_target != nullptr) {
+        quik_swiglu_quantize(down_target->quik(), g_.get(), u_.get(), hid, g_.get(), rows, hid, quik_acts_.get(), s);
+        down_acts = quik_acts_.get();
+      } else {
+        swiglu_rows(g_.get(), u_.get(), hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));
+      }
     }
     mark("down linear");
-    run_linear(L.down, g_.get(), nullptr, rows, tmp_.get(), bits, slot_s);
+    run_linear(L.down, g_.get(), nullptr, rows, tmp_.get(), bits, slot_s, down_acts);
     mark(l + 1 < c_.n_layers ? "norms + residuals" : "final norm + head");
     // x += MLP out, then the next layer's attention norm (or, after the last layer, the final norm).
     // The fp16 copy: for the next layer's dense linears, or after the last layer for the (fp16, cuBLAS) head.
     const bool last = l + 1 == c_.n_layers;
     const float* next_norm = last ? final_norm_.get() : layers_[static_cast<size_t>(l) + 1].attn_norm.get();
-    rmsnorm(x_.get(), tmp_.get(), next_norm, xn_.get(), last ? xnh_.get() : xh, rows, dim, c_.rms_eps, s, slot_n, slot_a);
+    acts = norm(tmp_.get(), next_norm, last ? xnh_.get() : xh, slot_n, slot_a, last ? nullptr : qkv_target(layers_[static_cast<size_t>(l) + 1]));
   }
   if (all_logits || n == 1) {   // every row's logits, or one row per sequence (decode)
     run_linear(head_, xn_.get(), xnh_.get(), rows, logits_.get(), 0);

@@ -153,7 +153,13 @@ class GpuModel {
   void note_dense_layers();
   bool runs_int8_gemv(int bits, int rows) const;   // some linear takes the int8 GEMV at this width and batch
   // x_max: the rows' exact max |x| (packed_matmul), or null.
-  void run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max = nullptr);
+  // acts != nullptr: l is a QUIK weight whose activations were quantized into acts by their producer (quik.h).
+  void run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max = nullptr,
+                  const void* acts = nullptr);
+  // The QUIK weight whose activation quantization the RMSNorm before ls (q / k / v or gate / up), or SwiGLU before
+  // down, produces for all of them: every one a QUIK weight quantizing alike (quik_same_activations) from rows of
+  // `width`; null where that does not hold or the producers' quantization is off.
+  const DevicePackedWeight* quik_act_target(const std::vector<const GpuLinear*>& ls, int64_t width) const;
   // ls (q / k / v, or gate / up) in one launch where packed_group_runs serves them (biases added after); false: not run.
   bool run_group(const std::vector<const GpuLinear*>& ls, const float* x, int64_t m, const std::vector<float*>& ys, const float* x_max);
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.
@@ -191,6 +197,7 @@ class GpuModel {
   DeviceBuffer<__half> xnh_;   // xn_ in fp16 (dense linears' input)
   DeviceBuffer<float> xmax_;   // [3][kMaxGemvBatch]: the rows' max |x| slots of forward_device
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
+  DeviceBuffer<uint8_t> quik_acts_;   // the producers' QUIK activation quantization (quik_act_target)
   DeviceBuffer<float> qkv_, gu_;   // outputs of the stacked linears [rows, qd + 2 kvd] / [rows, 2 hidden]
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
   DeviceBuffer<int32_t> row_bits_dev_;   // a mixed-width decode step's width per row

@@ -8,6 +8,8 @@
 #include "backend_cuda/common/common.h"
 #include "backend_cuda/anyprec/int8_tables.h"
 #include "backend_cuda/common/launch.cuh"
+#include "backend_cuda/ops/kv_row.cuh"
+#include "backend_cuda/ops/rms.cuh"
 #include "backend_cuda/ops/swiglu.cuh"
 #include "core/knobs.h"
 
@@ -16,11 +18,6 @@ namespace {
 
 unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
 // max |v| as ordered bits (non-negative floats order as unsigned; a NaN, 0x7fc00000 after fabsf, tops +inf, so it
 // propagates as i8_absmax_step does): for atomicMax into an exact row max (the int8 GEMV's column scale).
 __device__ __forceinline__ unsigned abs_bits(float v) { return __float_as_uint(fabsf(v)); }
@@ -48,22 +45,6 @@ __global__ void embed_kernel(const __half* emb, const int32_t* tokens, int dim, 
 // fp16 (the dense linears' cuBLAS input, converted once for every linear that reads it). The row is read once
 // into registers as float4 (up to kNormVec per thread, as many threads as the row needs, <= 1024), so a decode
 // step's single row costs one round of loads instead of a loop of dependent ones.
-// 1 / rms of a row from each thread's partial sum of squares: summed over the block (<= 32 warps), then
-// rsqrt(sum / dim + eps), the same value returned to every thread.
-__device__ __forceinline__ float block_rms_inv(float ss, int dim, float eps) {
-  __shared__ float part[32];
-  ss = warp_sum(ss);
-  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = ss;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    float t = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
-    t = warp_sum(t);
-    if (threadIdx.x == 0) part[0] = rsqrtf(t / static_cast<float>(dim) + eps);
-  }
-  __syncthreads();
-  return part[0];
-}
-
 constexpr int kNormVec = 4;
 // xmax != nullptr: max |y| of the row into xmax[row] (exact, the int8 GEMV's column scale: its x kernel then skips
 // the row-wide reduction); zero != nullptr: zero[row] = 0 (a slot other kernels atomicMax into later in the step).
@@ -163,12 +144,6 @@ __global__ void rmsnorm_any_kernel(float* x, const float* delta, const float* w,
 __device__ __forceinline__ void rope_rotate(float a, float b, float c, float s, float& lo, float& hi) {
   lo = __fmaf_rn(a, c, -__fmul_rn(b, s));
   hi = __fmaf_rn(b, c, __fmul_rn(a, s));
-}
-
-// The cache row (in units of kv_dim elements) of position pos of sequence seq in `layer` (KvMap).
-__device__ __forceinline__ int64_t kv_row(const KvMap& m, int seq, int layer, int pos) {
-  const int blk = m.table != nullptr ? __ldg(m.table + static_cast<int64_t>(seq) * m.max_blocks + (pos >> m.shift)) : seq;
-  return (static_cast<int64_t>(blk) * m.layers + layer) * m.block + (pos & static_cast<int>((1u << m.shift) - 1u));
 }
 
 // grid (rows, slices): q rotated into q_out (row stride heads * hd; may be q itself); k rotated and, with v, stored

@@ -80,6 +80,18 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
                int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
                int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits = nullptr,
                const RopeIn* rope = nullptr);
+// Prefill attention on tensor cores (prefill_attention.cu): the rows of `seqs` sequences of n new tokens each, row
+// b * n + i at position pos[b * n] + i of sequence seq[b * n] (the forward's layout), keys and mask as attention()'s;
+// head dimension 64 or 128. q and the softmax weights are each split into fp16 hi + lo for the tensor cores (fp32
+// accumulation). attention_on_tensor_cores(n, hd): whether the forward takes it for a step of n tokens per sequence
+// (n >= 16, head dim 64 or 128, LOWBIT_TC_ATTENTION not 0; set_tc_attention() overrides it: tests and bench compare
+// both kernels).
+void prefill_attention(const float* q, const int32_t* seq, const int32_t* pos, int seqs, int n, int heads, int kv_heads,
+                       int hd, int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
+                       cudaStream_t s);
+bool attention_on_tensor_cores(int n, int hd);
+bool tc_attention_enabled();
+void set_tc_attention(bool on);
 // out [rows, width] = silu(g) * u, g and u rows ld floats apart (the two halves of a fused gate/up output: ld =
 // 2 width; out may be g when ld == width).
 // xmax_bits: as attention's (width a multiple of 32).

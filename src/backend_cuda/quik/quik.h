@@ -45,6 +45,30 @@ void quik_matmul(const QuikDevice& w, const float* x, int64_t m, float* y, GemmC
 void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int64_t* acc_out = nullptr);
 void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out = nullptr,
                OutlierPass outliers = OutlierPass::Gemm);
+// Activations quantized by the kernel that produces them (quik_producers.cu), for every QUIK weight that quantizes its
+// input alike (quik_same_activations: one quantization serves q / k / v, another gate / up): the RMSNorm writes y as
+// rmsnorm() does (the same bits) and SwiGLU out as swiglu_rows() (out may be g when ld == width), and both write the row quantized for w into acts
+// (quik_act_scratch_bytes(w, m) bytes) exactly as quik_matmul's activation step would from that output;
+// quik_matmul_quantized then runs w's product from acts. quik_producer_quantizes: rows of `width` columns (a multiple of
+// 4, at most 32768) for a weight of that input width (SwiGLU). Activations of the attention output are not produced this way:
+// a row is written by one block per head, so its min / max would need a second pass anyway.
+bool quik_producer_quantizes(const QuikDevice& w, int64_t width);
+// The RMSNorm's form also needs the row in rmsnorm()'s float4 kernel (rmsnorm_writes_xmax: up to 16384 columns), whose
+// arithmetic it repeats.
+bool quik_rmsnorm_quantizes(const QuikDevice& w, int dim);
+void quik_rmsnorm_quantize(const QuikDevice& w, float* x, const float* delta, const float* norm_w, float* y, int m, int dim,
+                           float eps, void* acts, cudaStream_t s);
+void quik_swiglu_quantize(const QuikDevice& w, const float* g, const float* u, int64_t ld, float* out, int m, int64_t width,
+                          void* acts, cudaStream_t s);
+void quik_matmul_quantized(const QuikDevice& w, const void* acts, int64_t m, float* y, GemmContext& ctx,
+                           int64_t* acc_out = nullptr);
+// Same input width, activation bits and form, and outlier columns.
+bool quik_same_activations(const DevicePackedWeight& a, const DevicePackedWeight& b);
+// Whether the GPU forward quantizes QUIK activations in their producers: LOWBIT_QUIK_PRODUCER_ACT (default on, read
+// once); set_quik_producer_act() overrides it (bench --e2e and the tests compare both).
+bool quik_producer_act_enabled();
+void set_quik_producer_act(bool on);
+
 // Whether quik_matmul / quik_gemm run the fused CUTLASS GEMM for this weight at m tokens with OutlierPass::Gemm and a
 // 16-byte aligned y: built with CUTLASS, a compute capability 9.0 GPU, an integer or FP8 form, n a multiple of 4, at
 // least one base column, and m from 256 (LOWBIT_QUIK_FUSED: -1 that rule, 0 never, 1 from batch 9).

@@ -12,6 +12,9 @@
 // This file is built for sm_90a only, and only when CMake found the CUTLASS headers (LOWBIT_WITH_CUTLASS).
 #include "backend_cuda/quik/quik_fused.h"
 
+#include <map>
+#include <mutex>
+
 #include "backend_cuda/common/common.h"
 #include "core/error.h"
 
@@ -65,6 +68,18 @@ struct FusedGemm {
                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
+  // The device's SM count for the persistent scheduler: queried once per device, not per call.
+  static cutlass::KernelHardwareInfo hardware_info() {
+    int dev = 0;
+    LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
+    static std::mutex mu;
+    static std::map<int, cutlass::KernelHardwareInfo> known;
+    const std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find(dev);
+    if (it == known.end()) it = known.emplace(dev, cutlass::KernelHardwareInfo::make_kernel_hardware_info<Kernel>(dev)).first;
+    return it->second;
+  }
+
   static typename Gemm::Arguments arguments(const QuikFusedArgs& a) {
     const int M = static_cast<int>(a.n), N = static_cast<int>(a.m), K = static_cast<int>(a.k);
     using StrideA = typename Kernel::StrideA;
@@ -82,9 +97,7 @@ struct FusedGemm {
                             {a.wred, 0.0f, {}},
                             {{{}, {a.sa, 1.0f, {}}, {}}, {reinterpret_cast<const cutlass::half_t*>(a.sw), cutlass::half_t(1.0f), {}}, {}},
                             {}};
-    int dev = 0;
-    LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-    args.hw_info = cutlass::KernelHardwareInfo::make_kernel_hardware_info<Kernel>(dev);
+    args.hw_info = hardware_info();
     return args;
   }
 

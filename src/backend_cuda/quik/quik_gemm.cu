@@ -25,12 +25,11 @@
 #include <cublasLt.h>
 #include <cuda_fp8.h>
 
-#include <cub/block/block_scan.cuh>
-
 #include <cfloat>
 #include <type_traits>
 
 #include "backend_cuda/common/common.h"
+#include "backend_cuda/quik/quik_act.cuh"
 #include "backend_cuda/quik/quik_fused.h"
 #include "core/error.h"
 #include "core/knobs.h"
@@ -38,108 +37,10 @@
 namespace lowbit::cuda {
 namespace {
 
+using namespace quik_act;
+
 constexpr int kActThreads = 256;
 constexpr int kWarps = 8;   // rows per CTA of the GEMV and of the epilogue
-
-// What the activation kernel writes for the base columns.
-enum class ActForm {
-  Int8,      // abits 4 / 8: signed codes (GEMV and GEMM)
-  Fp8Int,    // FP8, for the GEMV: int32 e4m3 value x 512 (the reference's integers)
-  Fp8Byte,   // FP8, for the GEMM: e4m3 bytes
-  F32,       // A16, for the GEMV
-  F16,       // A16, for the GEMM
-};
-
-constexpr size_t act_elem_bytes(ActForm f) {
-  return f == ActForm::Fp8Int || f == ActForm::F32 ? 4 : f == ActForm::F16 ? 2 : 1;
-}
-
-struct RowAct {
-  float sa, mn;
-};
-
-size_t align16(size_t b) { return (b + 15) / 16 * 16; }
-
-// The activation scratch: values [m, kbp] of the form's element, then (sa, mn) [m], then the fused GEMM's per-token
-// vectors sa [m] and a2 = H sa + mn [m], then fp16 outlier activations [m, no].
-struct ActScratch {
-  void* xq;
-  RowAct* act;
-  float* tsa;
-  float* ta2;
-  __half* xo;
-};
-size_t act_bytes(const QuikDevice& w, int64_t m, ActForm f) {
-  return align16(static_cast<size_t>(m * w.kbp) * act_elem_bytes(f)) + align16(static_cast<size_t>(m) * sizeof(RowAct)) +
-         2 * align16(static_cast<size_t>(m) * sizeof(float)) + static_cast<size_t>(m * w.no) * sizeof(__half);
-}
-ActScratch act_layout(const QuikDevice& w, int64_t m, ActForm f, void* base) {
-  uint8_t* p = static_cast<uint8_t*>(base);
-  ActScratch s;
-  s.xq = p;
-  p += align16(static_cast<size_t>(m * w.kbp) * act_elem_bytes(f));
-  s.act = reinterpret_cast<RowAct*>(p);
-  p += align16(static_cast<size_t>(m) * sizeof(RowAct));
-  s.tsa = reinterpret_cast<float*>(p);
-  p += align16(static_cast<size_t>(m) * sizeof(float));
-  s.ta2 = reinterpret_cast<float*>(p);
-  p += align16(static_cast<size_t>(m) * sizeof(float));
-  s.xo = reinterpret_cast<__half*>(p);
-  return s;
-}
-
-ActForm gemv_form(const QuikDevice& w) {
-  return w.abits == 16 ? ActForm::F32 : w.act_fp8 ? ActForm::Fp8Int : ActForm::Int8;
-}
-ActForm gemm_form(const QuikDevice& w) {
-  return w.abits == 16 ? ActForm::F16 : w.act_fp8 ? ActForm::Fp8Byte : ActForm::Int8;
-}
-
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
-}
-__device__ __forceinline__ float from_e4m3(uint8_t b) {
-  return __half2float(__half(__nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3)));
-}
-
-// The row's outlier columns as a bit mask over its k columns, and for each 32-column word the number of outliers
-// before it, in shared memory: base column c of original column j is j - (outliers before j), so the row is read
-// contiguously instead of gathered through base_idx (a dependent load per element, which measured latency-bound:
-// ~355 us for 2048 tokens of 28672 columns on an H200).
-struct OutlierMap {
-  uint32_t* mask;
-  int* before;
-  __device__ bool outlier(int64_t j) const { return (mask[j >> 5] >> (j & 31)) & 1u; }
-  __device__ int64_t base_col(int64_t j) const {
-    return j - before[j >> 5] - __popc(mask[j >> 5] & ((1u << (j & 31)) - 1u));
-  }
-};
-size_t outlier_map_bytes(const QuikDevice& w) { return static_cast<size_t>((w.k + 31) / 32) * 8; }
-
-__device__ OutlierMap build_outlier_map(const QuikDevice& w, uint32_t* smem) {
-  using Scan = cub::BlockScan<int, kActThreads>;
-  __shared__ typename Scan::TempStorage scan;
-  const int words = static_cast<int>((w.k + 31) / 32);
-  OutlierMap om{smem, reinterpret_cast<int*>(smem + words)};
-  for (int i = threadIdx.x; i < words; i += kActThreads) om.mask[i] = 0;
-  __syncthreads();
-  for (int64_t o = threadIdx.x; o < w.no; o += kActThreads) {
-    const int32_t j = w.outlier_idx[o];
-    atomicOr(&om.mask[j >> 5], 1u << (j & 31));
-  }
-  __syncthreads();
-  const int per = (words + kActThreads - 1) / kActThreads, w0 = threadIdx.x * per, w1 = min(words, w0 + per);
-  int sum = 0;
-  for (int i = w0; i < w1; ++i) sum += __popc(om.mask[i]);
-  int run = 0;
-  Scan(scan).ExclusiveSum(sum, run);
-  for (int i = w0; i < w1; ++i) {
-    om.before[i] = run;
-    run += __popc(om.mask[i]);
-  }
-  __syncthreads();
-  return om;
-}
 
 // The row's columns j = 4i .. 4i + 3 (float4 loads where k allows) or j = i alone, each passed to f(j, v).
 template <typename F>
@@ -162,63 +63,21 @@ __device__ __forceinline__ void for_each_column(const float* __restrict__ xr, in
 
 template <ActForm F>
 __global__ void __launch_bounds__(kActThreads) quik_act_kernel(QuikDevice w, const float* __restrict__ x, ActScratch s) {
-  constexpr bool kInt = F == ActForm::Int8, kFp8 = F == ActForm::Fp8Int || F == ActForm::Fp8Byte;
   extern __shared__ uint32_t act_smem[];
   const OutlierMap om = build_outlier_map(w, act_smem);
   const int64_t t = blockIdx.x;
   const float* xr = x + t * w.k;
-  float sa = 1.0f, lo = 0.0f;   // no base column: the reference's defaults
-  if constexpr (kInt || kFp8) {
-    float mn = FLT_MAX, mx = -FLT_MAX;
+  float mn = FLT_MAX, mx = -FLT_MAX;
+  if constexpr (kQuantized<F>) {
     for_each_column(xr, w.k, [&](int64_t j, float v) {
       if (!om.outlier(j)) mn = fminf(mn, v), mx = fmaxf(mx, v);
     });
-    __shared__ float smn[kActThreads / 32], smx[kActThreads / 32];
-    for (int off = 16; off > 0; off >>= 1) {
-      mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    }
-    if ((threadIdx.x & 31) == 0) smn[threadIdx.x >> 5] = mn, smx[threadIdx.x >> 5] = mx;
-    __syncthreads();
-    mn = smn[0], mx = smx[0];
-    for (int i = 1; i < kActThreads / 32; ++i) mn = fminf(mn, smn[i]), mx = fmaxf(mx, smx[i]);
-    if (w.kb > 0) {
-      if constexpr (kFp8) {
-        sa = fmaxf(fabsf(mn), fabsf(mx)) / 448.0f;
-      } else {
-        lo = mn;
-        sa = (mx - mn) / static_cast<float>((1 << w.abits) - 1);
-      }
-      if (!(sa > 0.0f)) sa = 1.0f;   // a constant (or zero) row: the reference's choice
-    }
+    block_min_max(mn, mx);
   }
-  // Base column c of the row in the form the next kernel reads (padding c >= kb: zero codes / values).
-  const auto put = [&](int64_t c, float v, bool pad) {
-    if constexpr (kInt) {
-      const int L = (1 << w.abits) - 1, H = 1 << (w.abits - 1);
-      int code = 0;
-      if (!pad) code = static_cast<int>(fminf(fmaxf(rintf(__fdiv_rn(v - lo, sa)), 0.0f), static_cast<float>(L))) - H;
-      static_cast<int8_t*>(s.xq)[t * w.kbp + c] = static_cast<int8_t>(code);
-    } else if constexpr (kFp8) {
-      const uint8_t b = to_e4m3(__fdiv_rn(v, sa));   // padding: v = 0, e4m3 zero
-      if constexpr (F == ActForm::Fp8Byte) static_cast<uint8_t*>(s.xq)[t * w.kbp + c] = b;
-      else static_cast<int32_t*>(s.xq)[t * w.kbp + c] = static_cast<int32_t>(from_e4m3(b) * 512.0f);
-    } else if constexpr (F == ActForm::F32) {
-      static_cast<float*>(s.xq)[t * w.kbp + c] = v;
-    } else {
-      static_cast<__half*>(s.xq)[t * w.kbp + c] = __float2half_rn(v);
-    }
-  };
-  for_each_column(xr, w.k, [&](int64_t j, float v) {
-    if (!om.outlier(j)) put(om.base_col(j), v, false);
-  });
-  for (int64_t c = w.kb + threadIdx.x; c < w.kbp; c += kActThreads) put(c, 0.0f, true);
-  for (int64_t o = threadIdx.x; o < w.no; o += kActThreads) s.xo[t * w.no + o] = __float2half_rn(xr[w.outlier_idx[o]]);
-  if (threadIdx.x == 0) {
-    s.act[t] = {sa, lo};
-    s.tsa[t] = sa;
-    s.ta2[t] = kInt ? fmaf(static_cast<float>(1 << (w.abits - 1)), sa, lo) : 0.0f;
-  }
+  float sa, lo;
+  row_params<F>(w, mn, mx, sa, lo);
+  for_each_column(xr, w.k, [&](int64_t j, float v) { put_column<F>(w, om, s, t, j, v, sa, lo); });
+  finish_row<F>(w, s, t, sa, lo);
 }
 
 // The scaled base product of one output, in fp64 (as quik_gemm_packed_ref), from its sum: integer activations' exact
@@ -510,6 +369,7 @@ void outlier_gemm(const QuikDevice& w, const ActScratch& s, int64_t m, float* y,
 // dimensions that are multiples of 16, so its operands are padded with zero rows (weights) and zero tokens.
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 int64_t acc_ld(const QuikDevice& w) { return gemm_form(w) == ActForm::Fp8Byte ? round_up(w.n, 16) : round_up(w.n, 4); }
+// Rows the GEMM form reads for m tokens (any m: tests run it below batch 9 too).
 int64_t gemm_rows(const QuikDevice& w, int64_t m) { return gemm_form(w) == ActForm::Fp8Byte ? round_up(m, 16) : m; }
 
 
@@ -564,8 +424,9 @@ size_t library_scratch_bytes(const QuikDevice& w, int64_t m) {
   return align16(static_cast<size_t>(gemm_rows(w, m) * acc_ld(w)) * 4) + widened_bytes(w);
 }
 
-size_t fused_scratch_bytes(const QuikDevice& w, int64_t m) {
-  return (gemm_form(w) == ActForm::Fp8Byte ? align16(widened_bytes(w)) : 0) + fused_workspace_bytes(w, m);
+// The e4m3 codes (FP8) and then the kernel's workspace (ws_bytes, fused_workspace_bytes).
+size_t fused_scratch_bytes(const QuikDevice& w, size_t ws_bytes) {
+  return (gemm_form(w) == ActForm::Fp8Byte ? align16(widened_bytes(w)) : 0) + ws_bytes;
 }
 
 #if LOWBIT_WITH_CUTLASS
@@ -576,7 +437,7 @@ size_t fused_scratch_bytes(const QuikDevice& w, int64_t m) {
 void fused_gemm(const QuikDevice& w, const ActScratch& s, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out) {
   cudaStream_t st = ctx.stream();
   const ActForm f = gemm_form(w);
-  const size_t base_bytes = fused_scratch_bytes(w, m), ws_bytes = fused_workspace_bytes(w, m);
+  const size_t ws_bytes = fused_workspace_bytes(w, m), base_bytes = fused_scratch_bytes(w, ws_bytes);
   const size_t sums_bytes = acc_out != nullptr && f == ActForm::Int8 ? static_cast<size_t>(m * w.n) * sizeof(float) : 0;
   uint8_t* scratch = reinterpret_cast<uint8_t*>(ctx.weight_scratch((base_bytes + sums_bytes + 1) / 2));
   void* ws = scratch + (base_bytes - ws_bytes);
@@ -612,15 +473,15 @@ size_t quik_act_scratch_bytes(const QuikDevice& w, int64_t m) {
 }
 
 size_t quik_gemm_scratch_bytes(const QuikDevice& w, int64_t m) {
-  return fused_form(w, m) ? fused_scratch_bytes(w, m) : library_scratch_bytes(w, m);
+  return fused_form(w, m) ? fused_scratch_bytes(w, fused_workspace_bytes(w, m)) : library_scratch_bytes(w, m);
 }
 
 bool quik_gemm_fused(const QuikDevice& w, int64_t m) { return m > 8 && fused_form(w, m); }
 
-void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int64_t* acc_out) {
-  LOWBIT_CHECK(m >= 1 && m <= 8, "quik_gemv: batch ", m, " (1..8 served; above, quik_gemm)");
+namespace {
+// The GEMV over activations already quantized into s.
+void gemv_from(const QuikDevice& w, const ActScratch& s, int m, float* y, GemmContext& ctx, int64_t* acc_out) {
   const ActForm f = gemv_form(w);
-  const ActScratch s = quantize_activations(w, x, m, m, f, ctx);
   switch (m) {
     case 1: launch_gemv<1>(w, f, s, y, acc_out, ctx.stream()); break;
     case 2: launch_gemv<2>(w, f, s, y, acc_out, ctx.stream()); break;
@@ -634,12 +495,11 @@ void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext
   LOWBIT_CUDA_CHECK(cudaGetLastError());
 }
 
-void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out,
+// The GEMM over activations already quantized into s ([gemm_rows(w, m), kbp], the padding rows zero).
+void gemm_from(const QuikDevice& w, const ActScratch& s, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out,
                OutlierPass pass) {
-  LOWBIT_CHECK(m >= 1 && m <= INT32_MAX && w.n <= INT32_MAX, "quik_gemm: ", m, " x ", w.n, " outputs");
   const ActForm f = gemm_form(w);
   const int64_t rows = gemm_rows(w, m);
-  const ActScratch s = quantize_activations(w, x, m, rows, f, ctx);
   cudaStream_t st = ctx.stream();
 #if LOWBIT_WITH_CUTLASS
   if (pass == OutlierPass::Gemm && fused_form(w, m) && reinterpret_cast<uintptr_t>(y) % 16 == 0)
@@ -682,9 +542,30 @@ void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmCon
   }
 }
 
+}  // namespace
+
+void quik_gemv(const QuikDevice& w, const float* x, int m, float* y, GemmContext& ctx, int64_t* acc_out) {
+  LOWBIT_CHECK(m >= 1 && m <= 8, "quik_gemv: batch ", m, " (1..8 served; above, quik_gemm)");
+  gemv_from(w, quantize_activations(w, x, m, m, gemv_form(w), ctx), m, y, ctx, acc_out);
+}
+
+void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out,
+               OutlierPass pass) {
+  LOWBIT_CHECK(m >= 1 && m <= INT32_MAX && w.n <= INT32_MAX, "quik_gemm: ", m, " x ", w.n, " outputs");
+  gemm_from(w, quantize_activations(w, x, m, gemm_rows(w, m), gemm_form(w), ctx), m, y, ctx, acc_out, pass);
+}
+
 void quik_matmul(const QuikDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out) {
   if (m <= 8) return quik_gemv(w, x, static_cast<int>(m), y, ctx, acc_out);
   quik_gemm(w, x, m, y, ctx, acc_out);
+}
+
+void quik_matmul_quantized(const QuikDevice& w, const void* acts, int64_t m, float* y, GemmContext& ctx, int64_t* acc_out) {
+  LOWBIT_CHECK(acts != nullptr && m >= 1 && m <= INT32_MAX && w.n <= INT32_MAX, "quik_matmul_quantized: ", m, " x ", w.n,
+               " outputs");
+  const ActScratch s = act_layout(w, act_rows(w, m), form_at(w, m), const_cast<void*>(acts));
+  if (m <= 8) return gemv_from(w, s, static_cast<int>(m), y, ctx, acc_out);
+  gemm_from(w, s, m, y, ctx, acc_out, OutlierPass::Gemm);
 }
 
 }  // namespace lowbit::cuda
