@@ -80,17 +80,19 @@ case "${1:-}" in
     fi
     if [ "$phase" = e2e ] || [ "$phase" = all ]; then
       # prefill 2048 with decode batch 1 and 8 (the per-row attention and each-linear quantization timed in the same
-      # run), then prefill 512 with a short decode
+      # run), then prefill 512 with decode batch 1
       step quik-e2e-2048 420 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW,uniform-w4g128,uniform-w3g128 \
         --kernel-bits 4 --prefill 2048 --decode-batches 1,8
       step quik-e2e-512 200 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW,uniform-w4g128,uniform-w3g128 \
-        --kernel-bits 4 --prefill 512 --decode-batches 1 --decode 8
+        --kernel-bits 4 --prefill 512 --decode-batches 1
+      step e2e-512-anyprec 150 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights anyprec,mixed24a \
+        --kernel-bits 2,3,4,8 --prefill 512 --decode-batches 1
     fi
     if [ "$phase" = e2e70b ]; then   # fp16 70B does not fit one H200: the quantized forms only
-      step quik-e2e70b 500 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights $QW,uniform-w4g128 \
-        --kernel-bits 4 --decode-batches 1,8
-      step quik-e2e70b-2048 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights $QW,uniform-w4g128 \
+      step quik-e2e70b-2048 330 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights quik-w8a8,quik-w4a8,uniform-w4g128 \
         --kernel-bits 4 --prefill 2048 --decode-batches 1
+      step quik-e2e70b-512 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights $QW,uniform-w4g128,uniform-w3g128 \
+        --kernel-bits 4 --prefill 512 --decode-batches 8
     fi
     if [ "$phase" = sanitize ] || [ "$phase" = all ]; then
       step quik-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
