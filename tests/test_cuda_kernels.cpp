@@ -906,11 +906,14 @@ TEST(CudaKernels, QuikProducersQuantizeAsTheLinear) {
           std::vector<uint8_t> want_bytes;
           if (k > 16384) {
             test::expect_refused([&] { cuda::quik_rmsnorm_quantize(w, x1.get(), dd.get(), gd.get(), y1.get(), m, static_cast<int>(k),
-                                                                   1e-5f, acts.get(), st); },
+                                                                   1e-5f, acts.get(), bytes, st); },
                                  "do not quantize");
           } else {
           LOWBIT_CUDA_CHECK(cudaMemset(acts.get(), 0, bytes));
-          cuda::quik_rmsnorm_quantize(w, x1.get(), dd.get(), gd.get(), y1.get(), m, static_cast<int>(k), 1e-5f, acts.get(), st);
+          cuda::quik_rmsnorm_quantize(w, x1.get(), dd.get(), gd.get(), y1.get(), m, static_cast<int>(k), 1e-5f, acts.get(), bytes, st);
+            test::expect_refused([&] { cuda::quik_rmsnorm_quantize(w, x1.get(), dd.get(), gd.get(), y1.get(), m, static_cast<int>(k),
+                                                                   1e-5f, acts.get(), bytes - 1, st); },
+                                 "needed");
           cuda::rmsnorm(x2.get(), dd.get(), gd.get(), y2.get(), nullptr, m, static_cast<int>(k), 1e-5f, st);
           LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
           EXPECT_EQ(y1.download(), y2.download()) << what << ": RMSNorm output";
@@ -923,7 +926,7 @@ TEST(CudaKernels, QuikProducersQuantizeAsTheLinear) {
           const std::vector<float> gu = test::random_x(m, 2 * k, seed++);
           cuda::DeviceBuffer<float> gud(gu), h1(x.size()), h2(x.size());
           LOWBIT_CUDA_CHECK(cudaMemset(acts.get(), 0, bytes));
-          cuda::quik_swiglu_quantize(w, gud.get(), gud.get() + k, 2 * k, h1.get(), m, k, acts.get(), st);
+          cuda::quik_swiglu_quantize(w, gud.get(), gud.get() + k, 2 * k, h1.get(), m, k, acts.get(), bytes, st);
           cuda::swiglu_rows(gud.get(), gud.get() + k, 2 * k, h2.get(), m, k, st);
           LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
           EXPECT_EQ(h1.download(), h2.download()) << what << ": SwiGLU output";

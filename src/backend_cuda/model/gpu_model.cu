@@ -540,11 +540,16 @@ void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
   const bool fused_gu = std::any_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.gate_up.n > 0; });
   qkv_ = DeviceBuffer<float>(fused_qkv ? R * (c_.q_dim() + 2 * c_.kv_dim()) : 0);
   gu_ = DeviceBuffer<float>(fused_gu ? R * 2 * c_.hidden_dim : 0);
-  size_t acts = 0;   // the largest quantization a producer writes, over every layer's targets
+  // The largest quantization a producer writes, over every layer's shared weights (whether the producers are on now
+  // or not: the switch may change later), at any row count up to R: the GEMV's forms (m <= 8) take more bytes per
+  // element than the GEMM's (FP8 as int32, A16 as fp32), so both ends of the range are sized.
+  size_t acts = 0;
   for (const Layer& L : layers_)
-    for (const DevicePackedWeight* w : {quik_act_target({&L.q, &L.k, &L.v}, c_.dim), quik_act_target({&L.gate, &L.up}, c_.dim),
-                                        quik_act_target({&L.down}, c_.hidden_dim)})
-      if (w != nullptr) acts = std::max(acts, quik_act_scratch_bytes(w->quik(), static_cast<int64_t>(R)));
+    for (const DevicePackedWeight* w : {quik_act_shared({&L.q, &L.k, &L.v}, c_.dim), quik_act_shared({&L.gate, &L.up}, c_.dim),
+                                        quik_act_shared({&L.down}, c_.hidden_dim)})
+      if (w != nullptr)
+        for (const int64_t m : {std::min<int64_t>(static_cast<int64_t>(R), 8), static_cast<int64_t>(R)})
+          acts = std::max(acts, quik_act_scratch_bytes(w->quik(), m));
   quik_acts_ = DeviceBuffer<uint8_t>(acts);
   logits_ = DeviceBuffer<float>(static_cast<size_t>(ws_logit_rows_) * c_.vocab_size);
   nll_ = DeviceBuffer<float>(R);
@@ -594,13 +599,17 @@ bool GpuModel::run_group(const std::vector<const GpuLinear*>& ls, const float* x
   return true;
 }
 
-const DevicePackedWeight* GpuModel::quik_act_target(const std::vector<const GpuLinear*>& ls, int64_t width) const {
-  if (mixed_ || !quik_producer_act_enabled()) return nullptr;
+const DevicePackedWeight* GpuModel::quik_act_shared(const std::vector<const GpuLinear*>& ls, int64_t width) const {
+  if (mixed_) return nullptr;
   for (const GpuLinear* l : ls)
     if (l->n == 0 || !l->packed || l->packed->format() != FormatId::Quik || !quik_same_activations(*l->packed, *ls.front()->packed))
       return nullptr;
   const DevicePackedWeight* w = ls.front()->packed.get();
   return quik_producer_quantizes(w->quik(), width) ? w : nullptr;
+}
+
+const DevicePackedWeight* GpuModel::quik_act_target(const std::vector<const GpuLinear*>& ls, int64_t width) const {
+  return quik_producer_act_enabled() ? quik_act_shared(ls, width) : nullptr;
 }
 
 void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max,
@@ -649,7 +658,8 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
   auto norm = [&](const float* delta, const float* nw, __half* yh, float* xmax, float* zero,
                   const DevicePackedWeight* target) -> const void* {
     if (target != nullptr && yh == nullptr && xmax == nullptr && zero == nullptr && quik_rmsnorm_quantizes(target->quik(), dim)) {
-      quik_rmsnorm_quantize(target->quik(), x_.get(), delta, nw, xn_.get(), rows, dim, c_.rms_eps, quik_acts_.get(), s);
+      quik_rmsnorm_quantize(target->quik(), x_.get(), delta, nw, xn_.get(), rows, dim, c_.rms_eps, quik_acts_.get(),
+                            quik_acts_.bytes(), s);
       return quik_acts_.get();
     }
     rmsnorm(x_.get(), delta, nw, xn_.get(), yh, rows, dim, c_.rms_eps, s, xmax, zero);
@@ -723,7 +733,8 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
       }
       mark("SwiGLU");
       if (down_target != nullptr) {
-        quik_swiglu_quantize(down_target->quik(), g_.get(), u_.get(), hid, g_.get(), rows, hid, quik_acts_.get(), s);
+        quik_swiglu_quantize(down_target->quik(), g_.get(), u_.get(), hid, g_.get(), rows, hid, quik_acts_.get(),
+                             quik_acts_.bytes(), s);
         down_acts = quik_acts_.get();
       } else {
         swiglu_rows(g_.get(), u_.get(), hid, g_.get(), rows, hid, s, reinterpret_cast<unsigned*>(slot_s));

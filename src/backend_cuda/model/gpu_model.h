@@ -160,6 +160,8 @@ class GpuModel {
   // down, produces for all of them: every one a QUIK weight quantizing alike (quik_same_activations) from rows of
   // `width`; null where that does not hold or the producers' quantization is off.
   const DevicePackedWeight* quik_act_target(const std::vector<const GpuLinear*>& ls, int64_t width) const;
+  // The same whether or not the producers' quantization is on (sizing quik_acts_).
+  const DevicePackedWeight* quik_act_shared(const std::vector<const GpuLinear*>& ls, int64_t width) const;
   // ls (q / k / v, or gate / up) in one launch where packed_group_runs serves them (biases added after); false: not run.
   bool run_group(const std::vector<const GpuLinear*>& ls, const float* x, int64_t m, const std::vector<float*>& ys, const float* x_max);
   // The body shared by forward() and the captured decode step: positions/sequence ids already on the device.

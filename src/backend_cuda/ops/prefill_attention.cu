@@ -260,11 +260,8 @@ template <int HD>
 void launch_prefill(const float* q, const int32_t* seq, const int32_t* pos, int seqs, int n, int heads, int kv_heads,
                     int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out, cudaStream_t s) {
   auto kern = prefill_attention_kernel<HD>;
-  static const bool configured = [&] {
-    LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes<HD>)));
-    return true;
-  }();
-  (void)configured;
+  // On every call, not once per process: the attribute is per device (a host call of a few microseconds).
+  LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes<HD>)));
   const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(heads),
                   static_cast<unsigned>(seqs));
   launch_pdl(kPdlOps, kern, grid, kThreads, kSmemBytes<HD>, s, q, seq, pos, n, heads, kv_heads, layer, map, window, kc, vc, out);
@@ -288,8 +285,8 @@ void prefill_attention(const float* q, const int32_t* seq, const int32_t* pos, i
                        int hd, int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
                        cudaStream_t s) {
   LOWBIT_CHECK(hd == 64 || hd == 128, "CUDA prefill attention: head_dim ", hd, " unsupported (64 or 128)");
-  LOWBIT_CHECK(n >= 1 && seqs >= 1 && heads % kv_heads == 0, "CUDA prefill attention: ", seqs, " x ", n, " rows, ",
-               heads, " heads over ", kv_heads, " KV heads");
+  LOWBIT_CHECK(n >= 1 && seqs >= 1 && seqs <= 65535 && heads >= 1 && heads <= 65535 && kv_heads >= 1 && heads % kv_heads == 0,
+               "CUDA prefill attention: ", seqs, " x ", n, " rows, ", heads, " heads over ", kv_heads, " KV heads");
   (hd == 64 ? launch_prefill<64> : launch_prefill<128>)(q, seq, pos, seqs, n, heads, kv_heads, layer, map, window, kc, vc,
                                                        out, s);
 }

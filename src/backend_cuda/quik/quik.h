@@ -56,10 +56,11 @@ bool quik_producer_quantizes(const QuikDevice& w, int64_t width);
 // The RMSNorm's form also needs the row in rmsnorm()'s float4 kernel (rmsnorm_writes_xmax: up to 16384 columns), whose
 // arithmetic it repeats.
 bool quik_rmsnorm_quantizes(const QuikDevice& w, int dim);
+// acts_bytes: the buffer's size (refused below quik_act_scratch_bytes(w, m)).
 void quik_rmsnorm_quantize(const QuikDevice& w, float* x, const float* delta, const float* norm_w, float* y, int m, int dim,
-                           float eps, void* acts, cudaStream_t s);
+                           float eps, void* acts, size_t acts_bytes, cudaStream_t s);
 void quik_swiglu_quantize(const QuikDevice& w, const float* g, const float* u, int64_t ld, float* out, int m, int64_t width,
-                          void* acts, cudaStream_t s);
+                          void* acts, size_t acts_bytes, cudaStream_t s);
 void quik_matmul_quantized(const QuikDevice& w, const void* acts, int64_t m, float* y, GemmContext& ctx,
                            int64_t* acc_out = nullptr);
 // Same input width, activation bits and form, and outlier columns.

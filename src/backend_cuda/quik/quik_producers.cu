@@ -205,9 +205,11 @@ bool quik_rmsnorm_quantizes(const QuikDevice& w, int dim) {
 }
 
 void quik_rmsnorm_quantize(const QuikDevice& w, float* x, const float* delta, const float* norm_w, float* y, int m, int dim,
-                           float eps, void* acts, cudaStream_t s) {
+                           float eps, void* acts, size_t acts_bytes, cudaStream_t s) {
   LOWBIT_CHECK(quik_rmsnorm_quantizes(w, dim) && m >= 1, "quik RMSNorm: ", m, " rows of ", dim,
                " columns do not quantize for a weight of ", w.k, " inputs");
+  LOWBIT_CHECK(acts != nullptr && acts_bytes >= quik_act_scratch_bytes(w, m), "quik RMSNorm: ", acts_bytes,
+               " bytes for the quantized rows (", quik_act_scratch_bytes(w, m), " needed)");
   const ActScratch as = prepare(w, m, acts, s);
   const RowShape rs = row_shape(dim);
   dispatch<NormLaunch>(form_at(w, m), rs.vec, w, m, rs, outlier_map_bytes(w), s, x, delta, norm_w, y, dim, eps, as);
@@ -215,7 +217,9 @@ void quik_rmsnorm_quantize(const QuikDevice& w, float* x, const float* delta, co
 }
 
 void quik_swiglu_quantize(const QuikDevice& w, const float* g, const float* u, int64_t ld, float* out, int m, int64_t width,
-                          void* acts, cudaStream_t s) {
+                          void* acts, size_t acts_bytes, cudaStream_t s) {
+  LOWBIT_CHECK(acts != nullptr && acts_bytes >= quik_act_scratch_bytes(w, m), "quik SwiGLU: ", acts_bytes,
+               " bytes for the quantized rows (", quik_act_scratch_bytes(w, m), " needed)");
   LOWBIT_CHECK(quik_producer_quantizes(w, width) && m >= 1 && ld % 4 == 0 &&
                    reinterpret_cast<uintptr_t>(g) % 16 == 0 && reinterpret_cast<uintptr_t>(u) % 16 == 0,
                "quik SwiGLU: ", m, " rows of ", width, " columns (", ld, " apart) do not quantize for a weight of ", w.k,
