@@ -67,29 +67,14 @@ __global__ void __launch_bounds__(1024) rmsnorm_kernel(float* x, const float* de
   float4* xr = reinterpret_cast<float4*>(x + static_cast<int64_t>(blockIdx.x) * dim);
   const float4* dr = delta != nullptr ? reinterpret_cast<const float4*>(delta + static_cast<int64_t>(blockIdx.x) * dim) : nullptr;
   float4 v[kNormVec];
-  float ss = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kNormVec; ++j) {
-    const int i = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
-    if (i < n4) {
-      v[j] = xr[i];
-      if (dr != nullptr) {
-        const float4 d = dr[i];
-        v[j].x += d.x, v[j].y += d.y, v[j].z += d.z, v[j].w += d.w;
-        xr[i] = v[j];
-      }
-      ss = fmaf(v[j].x, v[j].x, fmaf(v[j].y, v[j].y, fmaf(v[j].z, v[j].z, fmaf(v[j].w, v[j].w, ss))));
-    }
-  }
-  const float inv = block_rms_inv(ss, dim, eps);
+  const float inv = block_rms_inv(load_residual_row(xr, dr, n4, v), dim, eps);
   float4* yr = reinterpret_cast<float4*>(y + static_cast<int64_t>(blockIdx.x) * dim);
   float mx = 0.0f;
 #pragma unroll
   for (int j = 0; j < kNormVec; ++j) {
     const int i = static_cast<int>(threadIdx.x) + j * static_cast<int>(blockDim.x);
     if (i < n4) {
-      const float4 g = wv[j];
-      const float4 o = make_float4(g.x * (v[j].x * inv), g.y * (v[j].y * inv), g.z * (v[j].z * inv), g.w * (v[j].w * inv));
+      const float4 o = rms_scale(v[j], wv[j], inv);
       mx = i8_absmax_step(i8_absmax_step(i8_absmax_step(i8_absmax_step(mx, o.x), o.y), o.z), o.w);
       yr[i] = o;
       if (yh != nullptr) {

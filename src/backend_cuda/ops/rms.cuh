@@ -27,4 +27,30 @@ __device__ __forceinline__ float block_rms_inv(float ss, int dim, float eps) {
   return part[0];
 }
 
+// The row's float4s q = threadIdx.x + i blockDim.x (q < n4) into v, with the residual dr added and written back to xr
+// when dr != nullptr; returns this thread's sum of squares (the fmaf chain every RMSNorm kernel uses).
+template <int kVec>
+__device__ __forceinline__ float load_residual_row(float4* xr, const float4* dr, int n4, float4 (&v)[kVec]) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
+    if (q < n4) {
+      v[i] = xr[q];
+      if (dr != nullptr) {
+        const float4 d = dr[q];
+        v[i].x += d.x, v[i].y += d.y, v[i].z += d.z, v[i].w += d.w;
+        xr[q] = v[i];
+      }
+      ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
+    }
+  }
+  return ss;
+}
+
+// Four normalised values: g (v inv), in that order.
+__device__ __forceinline__ float4 rms_scale(float4 v, float4 g, float inv) {
+  return make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv));
+}
+
 }  // namespace lowbit::cuda

@@ -11,6 +11,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "backend_cuda/common/common.h"
 #include "backend_cuda/dispatch/device_weight.h"
 
 namespace lowbit::cuda::quik_act {
@@ -70,9 +71,16 @@ inline ActForm gemm_form(const QuikDevice& w) {
 }
 // The form the linear reads at m tokens: the GEMV's at 1..8, the GEMM's above.
 inline ActForm form_at(const QuikDevice& w, int64_t m) { return m <= 8 ? gemv_form(w) : gemm_form(w); }
-// Rows of activations quik_matmul's form reads for m tokens: cuBLASLt's FP8 GEMM wants them in multiples of 16.
-inline int64_t act_rows(const QuikDevice& w, int64_t m) {
-  return m > 8 && gemm_form(w) == ActForm::Fp8Byte ? (m + 15) / 16 * 16 : m;
+// Rows of activations the GEMM form reads for m tokens (any m: tests run it below batch 9 too): cuBLASLt's FP8 GEMM
+// wants them in multiples of 16.
+inline int64_t gemm_rows(const QuikDevice& w, int64_t m) { return gemm_form(w) == ActForm::Fp8Byte ? (m + 15) / 16 * 16 : m; }
+// Rows quik_matmul's form reads for m tokens.
+inline int64_t act_rows(const QuikDevice& w, int64_t m) { return m <= 8 ? m : gemm_rows(w, m); }
+// The rows past m of a layout for `rows` tokens zeroed (the GEMM's padding: zero codes / values add nothing).
+inline void zero_padding_rows(const QuikDevice& w, const ActScratch& s, int64_t m, int64_t rows, ActForm f, cudaStream_t st) {
+  if (rows > m)
+    LOWBIT_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(s.xq) + m * w.kbp * act_elem_bytes(f), 0,
+                                      static_cast<size_t>((rows - m) * w.kbp) * act_elem_bytes(f), st));
 }
 
 __device__ __forceinline__ uint8_t to_e4m3(float v) {

@@ -267,9 +267,7 @@ ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, 
   LOWBIT_CHECK(w.abits == 4 || w.abits == 8 || w.abits == 16, "quik GPU: abits ", w.abits);
   LOWBIT_CHECK(!w.act_fp8 || (w.wbits == 4 && w.abits == 8), "quik GPU: FP8 activations need W4A8");
   const ActScratch s = act_layout(w, rows, f, ctx.act_scratch((act_bytes(w, rows, f) + 1) / 2));
-  if (rows > m)
-    LOWBIT_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(s.xq) + m * w.kbp * act_elem_bytes(f), 0,
-                                      static_cast<size_t>((rows - m) * w.kbp) * act_elem_bytes(f), ctx.stream()));
+  zero_padding_rows(w, s, m, rows, f, ctx.stream());
   const unsigned grid = static_cast<unsigned>(m);
   const size_t smem = outlier_map_bytes(w);
   LOWBIT_CHECK(smem <= 48 * 1024, "quik GPU: ", w.k, " input columns (at most 196608)");
@@ -369,8 +367,6 @@ void outlier_gemm(const QuikDevice& w, const ActScratch& s, int64_t m, float* y,
 // dimensions that are multiples of 16, so its operands are padded with zero rows (weights) and zero tokens.
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 int64_t acc_ld(const QuikDevice& w) { return gemm_form(w) == ActForm::Fp8Byte ? round_up(w.n, 16) : round_up(w.n, 4); }
-// Rows the GEMM form reads for m tokens (any m: tests run it below batch 9 too).
-int64_t gemm_rows(const QuikDevice& w, int64_t m) { return gemm_form(w) == ActForm::Fp8Byte ? round_up(m, 16) : m; }
 
 
 // The fused Hopper GEMM (quik_fused.h) serves the integer and FP8 forms where it was built and fits, from
@@ -469,7 +465,7 @@ void fused_gemm(const QuikDevice& w, const ActScratch& s, int64_t m, float* y, G
 }  // namespace
 
 size_t quik_act_scratch_bytes(const QuikDevice& w, int64_t m) {
-  return m <= 8 ? act_bytes(w, m, gemv_form(w)) : act_bytes(w, gemm_rows(w, m), gemm_form(w));
+  return act_bytes(w, act_rows(w, m), form_at(w, m));
 }
 
 size_t quik_gemm_scratch_bytes(const QuikDevice& w, int64_t m) {

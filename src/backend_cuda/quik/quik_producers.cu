@@ -28,37 +28,41 @@ constexpr int kMaxVec = 8;   // float4s per thread: rows up to 1024 x 8 x 4 = 32
 
 // The row held as float4 v[i] at column 4 (threadIdx.x + i blockDim.x): min / max over its base columns, then every
 // column quantized into s (token t).
+// f(i, q) for each float4 i of the row a thread holds, at float4 column q = threadIdx.x + i blockDim.x < n4.
+template <int kVec, typename F>
+__device__ __forceinline__ void for_each_held(const float4 (&)[kVec], int n4, F&& f) {
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const int q = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
+    if (q < n4) f(i, q);
+  }
+}
+
 template <ActForm F, int kVec>
 __device__ __forceinline__ void quantize_held_row(const QuikDevice& w, const OutlierMap& om, const ActScratch& s,
                                                   int64_t t, const float4 (&v)[kVec], int n4) {
   float mn = FLT_MAX, mx = -FLT_MAX;
   if constexpr (kQuantized<F>) {
-#pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      const int q = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
-      if (q >= n4) continue;
+    for_each_held(v, n4, [&](int i, int q) {
       const float e[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
       for (int c = 0; c < 4; ++c)
         if (!om.outlier(4 * q + c)) mn = fminf(mn, e[c]), mx = fmaxf(mx, e[c]);
-    }
+    });
     block_min_max(mn, mx);
   }
   float sa, lo;
   row_params<F>(w, mn, mx, sa, lo);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    const int q = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
-    if (q >= n4) continue;
+  for_each_held(v, n4, [&](int i, int q) {
     const float e[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
     for (int c = 0; c < 4; ++c) put_column<F>(w, om, s, t, 4 * q + c, e[c], sa, lo);
-  }
+  });
   finish_row<F>(w, s, t, sa, lo);
 }
 
-// rmsnorm_kernel's arithmetic (gpu_ops.cu: the same thread count, loads, block_rms_inv and products, so y has the same
-// bits), then the row quantized for w.
+// rmsnorm_kernel's arithmetic (gpu_ops.cu: the same thread count and rms.cuh's load_residual_row, block_rms_inv and
+// rms_scale, so y has the same bits), then the row quantized for w.
 template <ActForm F, int kVec>
 __global__ void __launch_bounds__(1024) quik_rmsnorm_act_kernel(QuikDevice w, float* x, const float* delta, const float* nw,
                                                                 float* y, int dim, float eps, ActScratch s) {
@@ -70,31 +74,9 @@ __global__ void __launch_bounds__(1024) quik_rmsnorm_act_kernel(QuikDevice w, fl
   const float4* dr = delta != nullptr ? reinterpret_cast<const float4*>(delta + t * dim) : nullptr;
   const float4* w4 = reinterpret_cast<const float4*>(nw);
   float4 v[kVec];
-  float ss = 0.0f;
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    const int q = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
-    if (q < n4) {
-      v[i] = xr[q];
-      if (dr != nullptr) {
-        const float4 d = dr[q];
-        v[i].x += d.x, v[i].y += d.y, v[i].z += d.z, v[i].w += d.w;
-        xr[q] = v[i];
-      }
-      ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
-    }
-  }
-  const float inv = block_rms_inv(ss, dim, eps);
+  const float inv = block_rms_inv(load_residual_row(xr, dr, n4, v), dim, eps);
   float4* yr = reinterpret_cast<float4*>(y + t * dim);
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    const int q = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
-    if (q < n4) {
-      const float4 g = w4[q];
-      v[i] = make_float4(g.x * (v[i].x * inv), g.y * (v[i].y * inv), g.z * (v[i].z * inv), g.w * (v[i].w * inv));
-      yr[q] = v[i];
-    }
-  }
+  for_each_held(v, n4, [&](int i, int q) { yr[q] = v[i] = rms_scale(v[i], w4[q], inv); });
   quantize_held_row<F, kVec>(w, om, s, t, v, n4);
 }
 
@@ -110,15 +92,10 @@ __global__ void __launch_bounds__(1024) quik_swiglu_act_kernel(QuikDevice w, con
   const float4* ur = reinterpret_cast<const float4*>(u + t * ld);
   float4* orow = reinterpret_cast<float4*>(out + t * width);
   float4 v[kVec];
-#pragma unroll
-  for (int i = 0; i < kVec; ++i) {
-    const int q = static_cast<int>(threadIdx.x) + i * static_cast<int>(blockDim.x);
-    if (q < n4) {
-      const float4 a = gr[q], b = ur[q];
-      v[i] = make_float4(silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z), silu_mul(a.w, b.w));
-      orow[q] = v[i];
-    }
-  }
+  for_each_held(v, n4, [&](int i, int q) {
+    const float4 a = gr[q], b = ur[q];
+    orow[q] = v[i] = make_float4(silu_mul(a.x, b.x), silu_mul(a.y, b.y), silu_mul(a.z, b.z), silu_mul(a.w, b.w));
+  });
   quantize_held_row<F, kVec>(w, om, s, t, v, n4);
 }
 
@@ -173,9 +150,7 @@ ActScratch prepare(const QuikDevice& w, int64_t m, void* acts, cudaStream_t st) 
   const ActForm f = form_at(w, m);
   const int64_t rows = act_rows(w, m);
   const ActScratch s = act_layout(w, rows, f, acts);
-  if (rows > m)
-    LOWBIT_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(s.xq) + m * w.kbp * act_elem_bytes(f), 0,
-                                      static_cast<size_t>((rows - m) * w.kbp) * act_elem_bytes(f), st));
+  zero_padding_rows(w, s, m, rows, f, st);
   return s;
 }
 
