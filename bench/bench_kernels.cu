@@ -16,6 +16,7 @@
 #include "backend_cuda/dispatch/packed.h"
 #include "backend_cuda/mixed24a/cusparse_outliers.h"
 #include "backend_cuda/quik/quik_fused.h"
+#include "backend_cuda/uniform/uniform_fused.h"
 #include "core/knobs.h"
 
 namespace lowbit::cuda {
@@ -393,20 +394,21 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
       }
     }
     if (o.uniform) {
-      // GPTQ / RTN w4 and w3, groups of 128, asymmetric: the formats users bring most.
-      for (int ub : {4, 3}) {
+      // GPTQ / RTN w4, w8 and w3, groups of 128, asymmetric: the formats users bring most. Above batch 8 both the
+      // mixed-input GEMM (w4 / w8, Hopper) and dequantize + cuBLAS are timed.
+      for (int ub : {4, 8, 3}) {
         const int rot = rotation(static_cast<uint64_t>(n * k) * static_cast<uint64_t>(ub) / 8);
         std::vector<DevicePackedWeight> w;
         for (int i = 0; i < rot; ++i) w.push_back(DevicePackedWeight::random_uniform(n, k, ub, 128, 90 + static_cast<uint64_t>(i)));
         const std::string uf = "uniform w" + std::to_string(ub) + " g128";
-        const uint64_t ubytes = w[0].bytes();
+        const uint64_t ubytes = w[0].bytes_read(0);
         {
           __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
           dequant_row(uf, ubytes, [&](int i) { uniform_dequant_f16(w[static_cast<size_t>(i % rot)].uniform(), wd, s); });
         }
         for (size_t bi = 0; bi < o.batches.size(); ++bi) {
           const int64_t m = o.batches[bi];
-          const Kernel choice = print_choice(uf, {FormatId::Uniform, n, k, m, 0, kPreSplitInRuntime}, out).kernel;
+          const Kernel choice = print_choice(uf, {FormatId::Uniform, n, k, m, ub, kPreSplitInRuntime, 128}, out).kernel;
           if (m <= kMaxGemvBatch) {
             const double us = median_us(o.iters, [&](int i) {
               uniform_gemv(w[static_cast<size_t>(i % rot)].uniform(), xf.get(), static_cast<int>(m), yf.get(), s);
@@ -414,14 +416,26 @@ void run_kernel_bench(const KernelBenchOptions& o, std::ostream& out) {
             path_row(uf, uf + (uniform_gemv_tensor_core(w[0].uniform()) ? " (fp16 tensor cores)"
                                : uniform_gemv_chunked(w[0].uniform()) ? " (CUDA cores, chunked)" : " (CUDA cores, per column)"),
                      choice == Kernel::UniformGemv, m, us, base[bi], ubytes);
-          } else {
-            __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
-            const double us = median_us(o.iters, [&](int i) {
-              uniform_dequant_f16(w[static_cast<size_t>(i % rot)].uniform(), wd, s);
-              dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
-            });
-            path_row(uf, uf + " (dequant+cuBLAS)", choice == Kernel::DequantCublas, m, us, base[bi], ubytes);
+            continue;
           }
+#ifdef LOWBIT_WITH_CUTLASS
+          if (uniform_gemm_serves(w[0].uniform())) {   // each token tile; * on the one the runtime takes at this m
+            const int runtime_tile = uniform_fused_tile(m, n) == UniformFusedTile::T128 ? 128 : 256;
+            for (const auto& [tile, name] : {std::pair{128, "128-token tile"}, std::pair{256, "256-token tile"}}) {
+              const double us = median_us(o.iters, [&](int i) {
+                uniform_gemm(w[static_cast<size_t>(i % rot)].uniform(), xf.get(), m, yf.get(), ctx, tile);
+              });
+              path_row(uf, uf + " (mixed-input wgmma GEMM, " + name + ", x to fp16 included)",
+                       choice == Kernel::UniformFused && tile == runtime_tile, m, us, base[bi], ubytes);
+            }
+          }
+#endif
+          __half* wd = ctx.weight_scratch(static_cast<size_t>(n * k));
+          const double us = median_us(o.iters, [&](int i) {
+            uniform_dequant_f16(w[static_cast<size_t>(i % rot)].uniform(), wd, s);
+            dense_f16_matmul(wd, n, k, xf.get(), m, yf.get(), ctx);
+          });
+          path_row(uf, uf + " (dequant+cuBLAS)", choice == Kernel::DequantCublas, m, us, base[bi], ubytes);
         }
       }
     }

@@ -16,7 +16,7 @@ struct KernelBenchOptions {
   int iters = 50;
   double outlier_frac = 0.0035;                       // mixed24a fp16 outliers (fraction of weights)
   bool anyprec = true, mixed24a = true, fp16 = true;   // fp16: our dense GEMV beside cuBLAS (batch <= 8)
-  bool uniform = true;                                 // uniform w4 / w3 g128 (RTN / GPTQ)
+  bool uniform = true;                                 // uniform w4 / w8 / w3 g128 (RTN / GPTQ)
   bool quik = true;                                    // QUIK W4A8 / W8A8, k / 16 outlier columns
 };
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <tuple>
 
 #include "core/half.h"
 #include "core/knobs.h"
@@ -1291,6 +1292,112 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
     }
   }
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// The uniform mixed-input GEMM (above batch 8 on Hopper, uniform_fused.h) against two CPU twins on the same packed
+// bytes: (1) its own arithmetic, each weight fp16(q * s + fp16(-z * s)) times fp16(x), summed in fp64: within
+// the fp32-accumulation budget; (2) the format's reference forward (exact weights, fp32 x): within kMixedInputBudget.
+// 4 and 8 bits; groups of 64, 128 and whole rows; symmetric and not; k a multiple of 32 but not of the 64-column k tile
+// (a part last group); n a multiple of 8 not of the 128-row tile; batches 9 (one part token tile) to 300 (three), each
+// with the 128- and the 256-token tile.
+// packed_matmul takes it (asserted) and gives the same bits; LOWBIT_FUSED_GEMM=0 takes dequantize + cuBLAS. Weights it
+// does not serve (3 bits, act-order, groups of 32) are refused by uniform_gemm with a reason.
+TEST(CudaKernels, UniformFusedGemmMatchesCpuTwins) {
+  SKIP_WITHOUT_GPU();
+  // A widened weight differs from (q - z) s by one fp16 rounding of it plus the zero term's (half a unit of |z s|, up to
+  // 2^bits s against |(q - z) s|), and x is rounded to fp16: 4e-3 of sum |x| |w| bounds both with room.
+  constexpr double kMixedInputBudget = 4e-3;
+  if (!kCutlassBuilt || !cuda::sm90a_available()) GTEST_SKIP() << "needs the CUTLASS build and a compute capability 9.0 GPU";
+  struct Case {
+    int64_t n, k, group;
+    bool symmetric;
+  };
+  const Case cases[] = {{8, 64, 64, false},     {136, 1024, 128, false}, {72, 1120, 64, true},
+                        {264, 4096, 0, false},  {40, 2048, 256, false},  {1032, 576, 64, false}};
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  cudaStream_t st;
+  LOWBIT_CUDA_CHECK(cudaStreamCreate(&st));
+  {
+    cuda::GemmContext ctx(st);
+    uint32_t seed = 900;
+    for (const Case& c : cases)
+      for (int bits : {4, 8}) {
+        const UniformQuantized q = uniform_weight(c.n, c.k, bits, c.group, c.symmetric, false, seed++);
+        const PackedWeight pw = pack_uniform(q, storage);
+        const cuda::DevicePackedWeight dw(pw);
+        const cuda::UniformDevice u = dw.uniform();
+        const std::string what = "uniform fused w" + std::to_string(bits) + " " + std::to_string(c.n) + "x" +
+                                 std::to_string(c.k) + " g" + std::to_string(c.group) + (c.symmetric ? " sym" : "");
+        ASSERT_TRUE(cuda::uniform_gemm_serves(u)) << what;
+        ASSERT_NE(u.scales_mn, nullptr) << what;
+        // The widened weights, as the kernel forms them.
+        const int64_t G = q.groups();
+        std::vector<double> wide(static_cast<size_t>(c.n * c.k));
+        std::vector<float> wd(static_cast<size_t>(c.n * c.k));
+        q.dequantize(wd.data());
+        for (int64_t r = 0; r < c.n; ++r)
+          for (int64_t j = 0; j < c.k; ++j) {
+            const int64_t g = j / q.group_size;
+            const float sc = f16_to_f32(q.scales[static_cast<size_t>(r * G + g)]);
+            const float z = c.symmetric ? static_cast<float>(1 << (bits - 1)) : static_cast<float>(q.zeros[static_cast<size_t>(r * G + g)]);
+            // q s is exact in fp32, and so is its sum with the fp16 zero term (their exponents differ by at most 8):
+            // one rounding, as the kernel's fused multiply-add.
+            const float qs = static_cast<float>(q.codes[static_cast<size_t>(r * c.k + j)]) * sc;
+            wide[static_cast<size_t>(r * c.k + j)] = f16_to_f32(f32_to_f16(qs + f16_to_f32(f32_to_f16(-z * sc))));
+          }
+        for (int64_t m : {9, 64, 129, 300}) {
+          const std::vector<float> x = test::random_x(m, c.k, seed++);
+          std::vector<float> exact(static_cast<size_t>(m * c.n)), twin(exact.size());
+          make_packed_linear(pw, nullptr, "t")->forward_ref(x.data(), m, exact.data(), 0);
+          for (int64_t t = 0; t < m; ++t)
+            for (int64_t r = 0; r < c.n; ++r) {
+              double acc = 0;
+              for (int64_t j = 0; j < c.k; ++j)
+                acc += wide[static_cast<size_t>(r * c.k + j)] * f16_to_f32(f32_to_f16(x[static_cast<size_t>(t * c.k + j)]));
+              twin[static_cast<size_t>(t * c.n + r)] = static_cast<float>(acc);
+            }
+          const std::vector<double> scale = abs_scale(x, wd, m, c.n, c.k);
+          const auto got = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
+            cuda::uniform_gemm(u, xd, m, yd, ctx);
+          });
+          expect_close(got, twin, scale, kGemvBudget, what + " m" + std::to_string(m) + " (its arithmetic)");
+          expect_close(got, exact, scale, kMixedInputBudget, what + " m" + std::to_string(m) + " (the format)");
+          for (int tile : {128, 256}) {   // both token tiles, whichever the runtime takes at this m
+            const auto t = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
+              cuda::uniform_gemm(u, xd, m, yd, ctx, tile);
+            });
+            expect_close(t, twin, scale, kGemvBudget, what + " m" + std::to_string(m) + " tile " + std::to_string(tile));
+          }
+          const cuda::LinearProblem p{FormatId::Uniform, c.n, c.k, m, bits, true, c.group};
+          EXPECT_EQ(cuda::pick_kernel(p, cuda::runtime_gpu()), cuda::Kernel::UniformFused) << what << " m" << m;
+          const auto via = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
+            cuda::packed_matmul(dw, 0, xd, m, yd, ctx);
+            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+          });
+          EXPECT_EQ(via, got) << what << " m" << m << ": packed_matmul runs the same kernel";
+          if (m == 64) {
+            set_knob(Knob::FusedGemm, 0);
+            EXPECT_EQ(cuda::pick_kernel(p, cuda::runtime_gpu()), cuda::Kernel::DequantCublas) << what;
+            const auto deq = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
+              cuda::packed_matmul(dw, 0, xd, m, yd, ctx);
+              LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+            });
+            reset_knob(Knob::FusedGemm);
+            expect_close(deq, exact, scale, kCublasBudget, what + " m64 dequantize + cuBLAS");
+          }
+        }
+      }
+    // Not served: the reason, and nothing launched.
+    for (const auto& [bits, group, act_order] : {std::tuple{3, 128, false}, std::tuple{4, 128, true}, std::tuple{4, 32, false}}) {
+      const UniformQuantized q = uniform_weight(64, 512, bits, group, false, act_order, seed++);
+      const cuda::DevicePackedWeight dw(pack_uniform(q, storage));
+      EXPECT_FALSE(cuda::uniform_gemm_serves(dw.uniform()));
+      EXPECT_EQ(dw.uniform().scales_mn, nullptr) << "no MN-major operands derived for a weight the GEMM does not serve";
+      cuda::DeviceBuffer<float> xd(static_cast<size_t>(16 * 512)), yd(static_cast<size_t>(16 * 64));
+      test::expect_refused([&] { cuda::uniform_gemm(dw.uniform(), xd.get(), 16, yd.get(), ctx); }, "not served");
+    }
+  }
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(st));
 }
 
 // The fp16 dense GEMV (batch 1..8, dense_gemv.cu) against the fp64 product of the same fp16 weights: every batch, every

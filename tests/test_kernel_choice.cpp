@@ -79,7 +79,15 @@ TEST(KernelChoice, KnownChoices) {
   EXPECT_EQ(mx(4096, 4096, 16), Kernel::Mixed24aTwoTiles);
   EXPECT_EQ(choose_kernel({FormatId::Uniform, 28672, 8192, 1, 0, true}, h).kernel, Kernel::UniformGemv);
   EXPECT_EQ(choose_kernel({FormatId::Uniform, 576, 576, 8, 0, true}, h).kernel, Kernel::UniformGemv);
-  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 9, 0, true}, h).kernel, Kernel::DequantCublas);
+  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 9, 0, true}, h).kernel, Kernel::DequantCublas);   // width unknown
+  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 2048, 4, true, 128}, h).kernel, Kernel::UniformFused);
+  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 2048, 8, true, 0}, h).kernel, Kernel::UniformFused);
+  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 2048, 4, true, 128, true}, h).kernel, Kernel::DequantCublas);
+  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 2048, 3, true, 128}, h).kernel, Kernel::DequantCublas);
+  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 2048, 4, true, 32}, h).kernel, Kernel::DequantCublas);
+  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 2048, 4, true, 128}, ampere()).kernel, Kernel::DequantCublas);
+  EXPECT_EQ(choose_kernel({FormatId::Uniform, 4096, 4096, 2048, 4, true, 128}, GpuInfo{9, 0, 132, true, false}).kernel,
+            Kernel::DequantCublas);   // built without CUTLASS
   EXPECT_EQ(choose_kernel({FormatId::Quik, 4096, 4096, 8, 0, true}, h).kernel, Kernel::QuikGemv);
   EXPECT_EQ(choose_kernel({FormatId::Quik, 4096, 4096, 9, 0, true}, h).kernel, Kernel::QuikGemm);
   EXPECT_EQ(fp(4096, 4096, 1), Kernel::DenseGemv);

@@ -6,7 +6,8 @@
 #   scripts/device/cuda.sh e2e [ARGS]   lowbit bench --e2e ARGS; $OUT/bench-e2e.txt
 #   scripts/device/cuda.sh all          test, bench (defaults), e2e (Llama-2-7B and Llama-3-8B shapes), sanitize
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
-#   scripts/device/cuda.sh uniform      the packed uniform (RTN / GPTQ) kernels: tests, sanitizer, kernel and 7B timings
+#   scripts/device/cuda.sh uniform [tests|kernels|e2e|sanitize]  the packed uniform (RTN / GPTQ) kernels: tests, kernel
+#                                       timings (the mixed-input GEMM beside dequantize + cuBLAS), 7B / 70B prefill, memcheck
 #   scripts/device/cuda.sh quik [tests|kernels|e2e|e2e70b|sanitize]  the QUIK kernels (every activation form): the same
 #   scripts/device/cuda.sh serve [tests|fp16|anyprec|paged-tests|paged-load|mixed-tests]  continuous batching: GPU
 #                                       tests, sanitizer, bench --serve load (paged-*: the paged KV cache's tests, the
@@ -54,16 +55,36 @@ case "${1:-}" in
     bash "$0" e2e --model-shapes llama2-7b,llama3-8b
     bash "$0" sanitize --gtest_filter='CudaKernels.*'
     ;;
-  uniform)   # the packed uniform (RTN / GPTQ) path: its tests, kernel and end-to-end timings, sanitizer
-    step uniform-tests 300 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Uniform*:CudaKernels.Dequantize*:CudaKernels.LargeBatch*'
-    step uniform-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.GptqModelRunsPacked'
-    step uniform-bench 300 "$LB/pkg/lowbit" bench --kernels --formats uniform,anyprec --kernel-bits 3,4 --batch 1,2,4,8,16,512 \
-      --shapes 4096x4096,11008x4096,4096x11008,8192x8192,28672x8192,8192x28672
-    step uniform-e2e 400 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights uniform-w4g128,uniform-w3g128,anyprec \
-      --kernel-bits 3,4 --decode-batches 1,8
-    step uniform-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
-      --gtest_filter='CudaKernels.Uniform*'
-    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|uniform w[34] g128 .*\*|^llama2-7b \| (uniform|anyprec)" "$OUT"/uniform-*.txt | head -80
+  uniform)   # [tests | kernels | e2e | sanitize]: the packed uniform (RTN / GPTQ) path. Above batch 8 the mixed-input
+             # GEMM and dequantize + cuBLAS (LOWBIT_FUSED_GEMM=0) are timed in the same run
+    phase="${2:-all}"
+    if [ "$phase" = tests ] || [ "$phase" = all ]; then
+      step uniform-tests 300 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.Uniform*:CudaKernels.Dequantize*:CudaKernels.LargeBatch*'
+      step uniform-model 300 "$LB/pkg/test_cuda_model" --gtest_filter='CudaModel.GptqModelRunsPacked'
+    fi
+    if [ "$phase" = kernels ] || [ "$phase" = all ]; then
+      step uniform-bench 400 "$LB/pkg/lowbit" bench --kernels --formats uniform --batch 1,8,16,64,128,512,1024,2048,4096 \
+        --shapes 4096x4096,11008x4096,4096x11008,8192x8192,28672x8192,8192x28672
+    fi
+    if [ "$phase" = e2e ] || [ "$phase" = all ]; then
+      step uniform-e2e-2048 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,uniform-w4g128,uniform-w3g128 \
+        --kernel-bits 4 --prefill 2048 --decode-batches 1,8
+      step uniform-e2e-512 200 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,uniform-w4g128 \
+        --kernel-bits 4 --prefill 512 --decode-batches 1
+      for p in 512 2048; do   # the same weights with dequantize + cuBLAS above batch 8
+        step "uniform-e2e-dequant-$p" 200 env LOWBIT_FUSED_GEMM=0 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b \
+          --weights uniform-w4g128 --kernel-bits 4 --prefill "$p" --decode-batches 1
+      done
+      for p in 512 2048; do
+        step "uniform-e2e70b-$p" 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights uniform-w4g128 \
+          --kernel-bits 4 --prefill "$p" --decode-batches 1
+      done
+    fi
+    if [ "$phase" = sanitize ] || [ "$phase" = all ]; then
+      step uniform-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+        --gtest_filter='CudaKernels.UniformFused*'
+    fi
+    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|uniform w[34] g128 .*\*|^llama2-(7|70)b \| (fp16|uniform)" "$OUT"/uniform-*.txt | head -80
     ;;
   quik)      # [tests | kernels | e2e | e2e70b | sanitize]: QUIK on the GPU, every activation form. The fused CUTLASS
              # GEMM and the library GEMM + epilogue (LOWBIT_QUIK_FUSED=0) are timed in the same run

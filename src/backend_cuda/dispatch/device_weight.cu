@@ -10,6 +10,7 @@
 
 #include "backend_cuda/anyprec/int8_tables.h"
 #include "backend_cuda/common/launch.cuh"
+#include "backend_cuda/uniform/uniform.h"
 #include "formats/anyprec/layout.h"
 #include "formats/format_table.h"
 #include "formats/mixed24a/layout.h"
@@ -26,6 +27,19 @@ DevicePackedWeight::DevicePackedWeight(const PackedWeight& w)
   }
   for (const auto& [name, view] : w.parts) parts_.emplace(name, DeviceBuffer<uint8_t>(view.data, view.nbytes));
   if (format_ == FormatId::AnyPrec) derive_int8_tables();
+  if (format_ == FormatId::Uniform) derive_uniform_mn_operands();
+}
+
+// The mixed-input GEMM's scales and zero terms, MN-major (uniform.h): 4 bytes per row and group, made once here so
+// that no call allocates or transposes.
+void DevicePackedWeight::derive_uniform_mn_operands() {
+  const UniformDevice u = uniform();
+  if (!uniform_gemm_serves(u)) return;
+  const size_t bytes = static_cast<size_t>(u.n * u.G) * sizeof(__half);
+  auto& s = parts_.emplace("derived_s_mn", DeviceBuffer<uint8_t>(bytes)).first->second;
+  auto& z = parts_.emplace("derived_z_mn", DeviceBuffer<uint8_t>(bytes)).first->second;
+  uniform_mn_operands(u, reinterpret_cast<__half*>(s.get()), reinterpret_cast<__half*>(z.get()), nullptr);
+  LOWBIT_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 const uint8_t* DevicePackedWeight::part(const std::string& name) const {
@@ -45,6 +59,12 @@ uint64_t DevicePackedWeight::bytes() const {
 }
 
 uint64_t DevicePackedWeight::bytes_read(int bits) const {
+  if (format_ == FormatId::Uniform) {   // the GEMV reads the parts as stored, not the GEMM's derived ones
+    uint64_t b = bytes();
+    for (const char* p : {"derived_s_mn", "derived_z_mn"})
+      if (parts_.count(p)) b -= parts_.at(p).bytes();
+    return b;
+  }
   if (format_ != FormatId::AnyPrec) return bytes();
   const auto has = [&](const std::string& p) { return parts_.count(p) ? parts_.at(p).bytes() : 0; };
   const int planes = static_cast<int>(params_.at("planes"));
@@ -120,6 +140,10 @@ UniformDevice DevicePackedWeight::uniform() const {
   d.scales = reinterpret_cast<const __half*>(part("scales"));
   if (params_.at("symmetric") == 0) d.zeros = part("zeros");
   if (params_.at("act_order") == 1) d.g_idx = reinterpret_cast<const int32_t*>(part("g_idx"));
+  if (parts_.count("derived_s_mn") != 0) {
+    d.scales_mn = reinterpret_cast<const __half*>(part("derived_s_mn"));
+    d.zero_terms_mn = reinterpret_cast<const __half*>(part("derived_z_mn"));
+  }
   return d;
 }
 
@@ -352,6 +376,7 @@ DevicePackedWeight DevicePackedWeight::random_uniform(int64_t n, int64_t k, int 
   }
   auto& s = w.parts_.emplace("scales", DeviceBuffer<uint8_t>(static_cast<size_t>(2 * n * G))).first->second;
   fill_random_half(reinterpret_cast<__half*>(s.get()), n * G, ++sd, 1e-4f, 1e-3f);
+  w.derive_uniform_mn_operands();
   return w;
 }
 

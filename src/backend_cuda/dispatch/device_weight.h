@@ -61,6 +61,9 @@ struct UniformDevice {
   const __half* scales = nullptr;           // [n, G]
   const uint8_t* zeros = nullptr;           // [n, G], or null (symmetric: z = 2^(bits-1))
   const int32_t* g_idx = nullptr;           // [k] group of each column (act-order), or null (group = c / gs)
+  // Derived at upload where the mixed-input GEMM serves the weight (uniform_gemm_serves), else null:
+  const __half* scales_mn = nullptr;        // [G, n] the scales, rows fastest
+  const __half* zero_terms_mn = nullptr;    // [G, n] fp16(-z * scale)
 };
 
 // QUIK (formats/quik/layout.h), every activation form (integer abits 4 / 8, FP8 with W4, A16). The codes are re-laid at upload with each row padded to kbp
@@ -122,6 +125,7 @@ class DevicePackedWeight {
   // anyprec: the int8 tables of the served widths 2..4 (parts "derived_lut8_<b>", "derived_lut8s_<b>") from the fp16
   // LUTs; rebuilt, never concatenated, by concat_rows (their rows are padded to 16).
   void derive_int8_tables();
+  void derive_uniform_mn_operands();   // where uniform_gemm_serves
   // quik: the codes with rows padded to a multiple of 32 columns ("derived_wq"; the stored qweight part is not
   // uploaded) and the base columns' indices ("derived_base_idx").
   void upload_quik(const PackedWeight& w);

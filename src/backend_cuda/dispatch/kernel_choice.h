@@ -48,6 +48,13 @@ constexpr bool mixed24a_dp_fits(int64_t n, int64_t k, int m) {
 constexpr bool mixed24a_mma_fits(int64_t n, int64_t k, int m) {
   return n >= 1 && k % 256 == 0 && k >= 1024 && m >= 1 && m <= 8 && n * (k / 64) < (int64_t{1} << 31);
 }
+// The uniform mixed-input GEMM (uniform_fused.h): 4- or 8-bit codes (CUTLASS's narrow types), groups contiguous (no
+// g_idx) of a multiple of 64 columns (its k tile) or the whole row (group 0 or k), n a multiple of 8 and k of 32 (the
+// TMA's 16-byte rows of codes and MN-major scales).
+constexpr bool uniform_fused_fits(int bits, int64_t n, int64_t k, int64_t group, bool act_order) {
+  return (bits == 4 || bits == 8) && !act_order && (group == 0 || group >= k || group % 64 == 0) && n >= 8 &&
+         n % 8 == 0 && k >= 32 && k % 32 == 0 && n <= INT32_MAX && k <= INT32_MAX;
+}
 
 enum class Kernel : uint8_t {
   // fp16 dense weights.
@@ -68,6 +75,7 @@ enum class Kernel : uint8_t {
   Mixed24aCudaCores,        // CUDA-core FMAs
   // uniform (RTN / GPTQ) GEMV, batch 1..8 (backend_cuda/uniform/).
   UniformGemv,              // CUDA-core FMAs over the stored bit streams, every width 2..8
+  UniformFused,             // mixed-input wgmma GEMM (CUTLASS, Hopper) over the stored 4- / 8-bit codes, batch > 8
   // QUIK, integer activations (backend_cuda/quik/).
   QuikGemv,                 // per-token activations (int8 dp4a, FP8 integers, or fp32 for A16), batch 1..8
   QuikGemm,                 // tensor-core library GEMM (int8 / FP8 / fp16), outliers by a fp16 GEMM, epilogue, batch > 8
@@ -85,14 +93,17 @@ struct GpuInfo {
   int cc_major = 9, cc_minor = 0;
   int sms = 132;
   bool sm90a_kernels = true;   // this build holds the sm_90a (wgmma) kernels
+  bool cutlass_kernels = true; // ... and the CUTLASS ones (built where CMake found its headers)
   bool wgmma() const { return cc_major == 9 && cc_minor == 0 && sm90a_kernels; }
 };
 
 struct LinearProblem {
   std::optional<FormatId> format;   // nullopt: fp16 dense weights
   int64_t n = 0, k = 0, m = 0;      // weight [n, k], batch m
-  int bits = 0;                     // any-precision: the width read (a served width); ignored otherwise
+  int bits = 0;                     // any-precision: the width read (a served width); uniform: the code width
   bool presplit = true;             // the caller gives the xfrag scratch (the runtime always does)
+  int64_t group = 0;                // uniform: columns per group (0: the whole row)
+  bool act_order = false;           // uniform: a g_idx gives each column's group
 };
 
 struct KernelCandidate {

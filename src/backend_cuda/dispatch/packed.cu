@@ -13,6 +13,10 @@ int served_width(const DevicePackedWeight& w, int bits) {   // anyprec: 0 = the 
   return bits == 0 && w.format() == FormatId::AnyPrec ? static_cast<int>(31 - __builtin_clz(w.served_widths())) : bits;
 }
 LinearProblem problem_of(const DevicePackedWeight& w, int bits, int64_t m) {
+  if (w.format() == FormatId::Uniform) {
+    const UniformDevice u = w.uniform();
+    return {w.format(), w.n(), w.k(), m, u.bits, kPreSplitInRuntime, u.gs, u.g_idx != nullptr};
+  }
   return {w.format(), w.n(), w.k(), m, served_width(w, bits), kPreSplitInRuntime};
 }
 }  // namespace
@@ -26,6 +30,11 @@ const GpuInfo& runtime_gpu() {
     LOWBIT_CUDA_CHECK(cudaDeviceGetAttribute(&i.cc_minor, cudaDevAttrComputeCapabilityMinor, dev));
     i.sms = device_sm_count();
     i.sm90a_kernels = true;   // the library always carries its sm_90a build (CMakeLists.txt: lowbit_cuda_sm90a)
+#if LOWBIT_WITH_CUTLASS
+    i.cutlass_kernels = true;
+#else
+    i.cutlass_kernels = false;
+#endif
     return i;
   }();
   return g;
@@ -45,6 +54,7 @@ GemvPath gemv_path_of(Kernel k) {
     case Kernel::Mixed24aTc: return GemvPath::TensorCore;
     case Kernel::Mixed24aCudaCores: return GemvPath::Scalar;
     case Kernel::UniformGemv:
+    case Kernel::UniformFused:
     case Kernel::QuikGemv:
     case Kernel::QuikGemm:
     case Kernel::DenseGemv:
@@ -151,6 +161,7 @@ void packed_matmul(const DevicePackedWeight& w, int bits, const float* x, int64_
       return;
     }
     case Kernel::UniformGemv: return uniform_gemv(w.uniform(), x, mi, y, ctx.stream());
+    case Kernel::UniformFused: return uniform_gemm(w.uniform(), x, m, y, ctx);
     case Kernel::QuikGemv: return quik_gemv(w.quik(), x, mi, y, ctx);
     case Kernel::QuikGemm: return quik_gemm(w.quik(), x, m, y, ctx);
     case Kernel::AnyPrecTwoTiles: return anyprec_gemm(w.anyprec(), b, x, m, y, ctx, GemmKernel::TwoTiles);

@@ -12,10 +12,10 @@
 // This file is built for sm_90a only, and only when CMake found the CUTLASS headers (LOWBIT_WITH_CUTLASS).
 #include "backend_cuda/quik/quik_fused.h"
 
-#include <map>
-#include <mutex>
+#include <string>
 
 #include "backend_cuda/common/common.h"
+#include "backend_cuda/common/cutlass_gemm.cuh"
 #include "core/error.h"
 
 #include "cute/tensor.hpp"
@@ -68,18 +68,6 @@ struct FusedGemm {
                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // The device's SM count for the persistent scheduler: queried once per device, not per call.
-  static cutlass::KernelHardwareInfo hardware_info() {
-    int dev = 0;
-    LOWBIT_CUDA_CHECK(cudaGetDevice(&dev));
-    static std::mutex mu;
-    static std::map<int, cutlass::KernelHardwareInfo> known;
-    const std::lock_guard<std::mutex> lock(mu);
-    auto it = known.find(dev);
-    if (it == known.end()) it = known.emplace(dev, cutlass::KernelHardwareInfo::make_kernel_hardware_info<Kernel>(dev)).first;
-    return it->second;
-  }
-
   static typename Gemm::Arguments arguments(const QuikFusedArgs& a) {
     const int M = static_cast<int>(a.n), N = static_cast<int>(a.m), K = static_cast<int>(a.k);
     using StrideA = typename Kernel::StrideA;
@@ -97,21 +85,15 @@ struct FusedGemm {
                             {a.wred, 0.0f, {}},
                             {{{}, {a.sa, 1.0f, {}}, {}}, {reinterpret_cast<const cutlass::half_t*>(a.sw), cutlass::half_t(1.0f), {}}, {}},
                             {}};
-    args.hw_info = hardware_info();
+    args.hw_info = cutlass_hardware_info<Kernel>();
     return args;
   }
 
   static size_t workspace(const QuikFusedArgs& a) { return Gemm::get_workspace_size(arguments(a)); }
 
   static void run(const QuikFusedArgs& a, void* ws, size_t ws_bytes, cudaStream_t st) {
-    const typename Gemm::Arguments args = arguments(a);
-    LOWBIT_CHECK(Gemm::get_workspace_size(args) <= ws_bytes, "quik fused GEMM: workspace of ", ws_bytes, " bytes");
-    Gemm gemm;
-    LOWBIT_CHECK(gemm.can_implement(args) == cutlass::Status::kSuccess, "quik fused GEMM: ", a.n, " x ", a.k,
-                 " at batch ", a.m, " is not implementable");
-    LOWBIT_CHECK(gemm.initialize(args, ws, st) == cutlass::Status::kSuccess, "quik fused GEMM: initialize failed");
-    LOWBIT_CHECK(gemm.run(st) == cutlass::Status::kSuccess, "quik fused GEMM: launch failed");
-    LOWBIT_CUDA_CHECK(cudaGetLastError());
+    cutlass_run<Gemm>(arguments(a), ws, ws_bytes, st,
+                      "quik fused GEMM " + std::to_string(a.n) + " x " + std::to_string(a.k) + " at batch " + std::to_string(a.m));
   }
 };
 

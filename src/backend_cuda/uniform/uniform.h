@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "backend_cuda/dense/dense.h"
 #include "backend_cuda/dispatch/device_weight.h"
 
 namespace lowbit::cuda {
@@ -31,5 +32,15 @@ void uniform_gemv(const UniformDevice& w, const float* x, int m, float* y, cudaS
 
 // out [n, k] = the encoded weights rounded to fp16 (bit-exact against f32_to_f16(UniformQuantized::dequant)).
 void uniform_dequant_f16(const UniformDevice& w, __half* out, cudaStream_t s);
+
+// Above batch 8 on Hopper: whether the mixed-input GEMM (uniform_fused.h) was built, runs on this device and serves
+// this weight (4 / 8 bits, no g_idx, groups of a multiple of 64 columns or whole rows, n % 8 == 0, k % 32 == 0).
+bool uniform_gemm_serves(const UniformDevice& w);
+// Its MN-major operands ([G, n] each): the scales, and the zero terms fp16(-z * s). Derived once, at upload.
+void uniform_mn_operands(const UniformDevice& w, __half* scales_mn, __half* zero_terms_mn, cudaStream_t s);
+// y [m, n] fp32 = x [m, k] · Wᵀ through the mixed-input GEMM: x rounded to fp16, each weight widened in registers to
+// fp16(fp16(q * s) + fp16(-z * s)), fp32 accumulation. Needs uniform_gemm_serves and the derived operands.
+// tile: the kernel's token tile (uniform_fused.h; 0 = by m and n, else 128 or 256), for the benchmark to time both.
+void uniform_gemm(const UniformDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int tile = 0);
 
 }  // namespace lowbit::cuda

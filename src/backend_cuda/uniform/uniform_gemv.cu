@@ -69,7 +69,12 @@
 #include "backend_cuda/common/common.h"
 #include "backend_cuda/common/launch.cuh"
 #include "backend_cuda/common/stream.cuh"
+#include "backend_cuda/dense/dense.h"
+#include "backend_cuda/dispatch/kernel_choice.h"
 #include "core/error.h"
+#if LOWBIT_WITH_CUTLASS
+#include "backend_cuda/uniform/uniform_fused.h"
+#endif
 
 namespace lowbit::cuda {
 namespace {
@@ -879,7 +884,62 @@ void launch_tc_bits(const UniformDevice& w, const float* x, int m, float* y, cud
   }
 }
 
+// The mixed-input GEMM's MN-major operands: s_mn[g, r] = s[r, g] and zs_mn[g, r] = fp16(-z * s) (the product of an
+// integer below 2^8 and an fp16 scale is exact in fp32; rounded once). One thread per (row, group), rows fastest so the
+// writes coalesce.
+__global__ void uniform_mn_operands_kernel(UniformDevice w, __half* __restrict__ s_mn, __half* __restrict__ zs_mn) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= w.n * w.G) return;
+  const int64_t r = i % w.n, g = i / w.n;
+  const __half s = w.scales[r * w.G + g];
+  const float z = w.zeros != nullptr ? static_cast<float>(w.zeros[r * w.G + g]) : static_cast<float>(1 << (w.bits - 1));
+  s_mn[i] = s;
+  zs_mn[i] = __float2half_rn(-z * __half2float(s));
+}
+
 }  // namespace
+
+bool uniform_gemm_serves(const UniformDevice& w) {
+#if LOWBIT_WITH_CUTLASS
+  return uniform_fused_fits(w.bits, w.n, w.k, w.gs, w.g_idx != nullptr) && uniform_fused_available();
+#else
+  (void)w;
+  return false;
+#endif
+}
+
+void uniform_mn_operands(const UniformDevice& w, __half* scales_mn, __half* zero_terms_mn, cudaStream_t s) {
+  const int64_t count = w.n * w.G;
+  if (count == 0) return;
+  uniform_mn_operands_kernel<<<static_cast<unsigned>((count + 255) / 256), 256, 0, s>>>(w, scales_mn, zero_terms_mn);
+  LOWBIT_CUDA_CHECK(cudaGetLastError());
+}
+
+void uniform_gemm(const UniformDevice& w, const float* x, int64_t m, float* y, GemmContext& ctx, int tile) {
+#if LOWBIT_WITH_CUTLASS
+  LOWBIT_CHECK(uniform_gemm_serves(w) && w.scales_mn != nullptr && w.zero_terms_mn != nullptr,
+               "uniform_gemm: not served for a w", w.bits, " ", w.n, "x", w.k, " g", w.gs,
+               w.g_idx != nullptr ? " act-order" : "", " weight (uniform_gemm_serves, or its MN-major operands not derived)");
+  UniformFusedArgs a;
+  LOWBIT_CHECK(tile == 0 || tile == 128 || tile == 256, "uniform_gemm: tile ", tile, " (0, 128 or 256)");
+  a.tile = tile == 128 ? UniformFusedTile::T128 : tile == 256 ? UniformFusedTile::T256 : UniformFusedTile::Auto;
+  a.bits = w.bits;
+  a.m = m, a.n = w.n, a.k = w.k, a.group = std::min(w.gs, w.k);
+  a.codes = w.qweight;
+  a.scales_mn = w.scales_mn;
+  a.zero_terms_mn = w.zero_terms_mn;
+  __half* xh = ctx.act_scratch(static_cast<size_t>(m * w.k));
+  f32_to_f16(x, xh, m * w.k, ctx.stream());
+  a.x = xh;
+  a.y = y;
+  const size_t ws_bytes = uniform_fused_workspace_bytes(a);
+  void* ws = ws_bytes > 0 ? static_cast<void*>(ctx.weight_scratch((ws_bytes + 1) / 2)) : nullptr;
+  uniform_fused_gemm(a, ws, ws_bytes, ctx.stream());
+#else
+  (void)x, (void)m, (void)y, (void)ctx, (void)tile;
+  fail("uniform_gemm: this build has no CUTLASS kernels (a w", w.bits, " ", w.n, "x", w.k, " weight)");
+#endif
+}
 
 bool uniform_gemv_tensor_core(const UniformDevice& w) {
   return w.k % kTcBlock == 0 && w.g_idx == nullptr && w.gs % kTcBlock == 0 && w.bits >= 2 && w.bits <= 8 &&
