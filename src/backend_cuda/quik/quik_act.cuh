@@ -36,7 +36,9 @@ struct RowAct {
 inline size_t align16(size_t b) { return (b + 15) / 16 * 16; }
 
 // The activation scratch: values [m, kbp] of the form's element, then (sa, mn) [m], then the fused GEMM's per-token
-// vectors sa [m] and a2 = H sa + mn [m], then fp16 outlier activations [m, no].
+// vectors sa [m] and a2 = H sa + mn [m], then fp16 outlier activations [m, no]. tsa holds the scales of `act` again
+// because CUTLASS's row broadcast reads stride-1 vectors, while the GEMV and the library epilogue read each token's sa
+// and mn together (one 8-byte load); the copy is 4 bytes per token.
 struct ActScratch {
   void* xq;
   RowAct* act;
