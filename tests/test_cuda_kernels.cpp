@@ -73,6 +73,15 @@ std::vector<float> run_poisoned(const std::vector<float>& x, int64_t ysize, F f)
   return yd.download();
 }
 
+// y of packed_matmul (the runtime's kernel choice) on w at `bits` for x [m, k], y poisoned first, the stream synced.
+std::vector<float> run_packed(const cuda::DevicePackedWeight& w, int bits, const std::vector<float>& x, int64_t m,
+                              cuda::GemmContext& ctx) {
+  return run_poisoned(x, m * w.n(), [&](const float* xd, float* yd) {
+    cuda::packed_matmul(w, bits, xd, m, yd, ctx);
+    LOWBIT_CUDA_CHECK(cudaStreamSynchronize(ctx.stream()));
+  });
+}
+
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<double>& scale,
                   double budget, const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
@@ -726,10 +735,7 @@ TEST(CudaKernels, UniformGemvMatchesCpuTwin) {
           });
           expect_close(got, want, scale, kGemvBudget, what + " m" + std::to_string(m));
           if (m == 1 || m == 8) {
-            const auto via = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
-              cuda::packed_matmul(dw, 0, xd, m, yd, ctx);
-              LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
-            });
+            const auto via = run_packed(dw, 0, x, m, ctx);
             EXPECT_EQ(via, got) << what << " m" << m << ": packed_matmul runs the same kernel";
           }
         }
@@ -811,10 +817,7 @@ TEST(CudaKernels, QuikMatchesIntegerReference) {
             for (size_t i = 0; i < want_acc.size(); ++i) bad_acc += got_acc[i] != want_acc[i];
             EXPECT_EQ(bad_acc, 0) << at << ": integer sums that differ from the reference's";
           }
-          const auto via = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
-            cuda::packed_matmul(dw, 0, xd, m, yd, ctx);
-            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
-          });
+          const auto via = run_packed(dw, 0, x, m, ctx);
           EXPECT_EQ(via, got) << at << ": packed_matmul runs the same kernels";
           if (gemm) {
             const auto fused = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
@@ -1261,10 +1264,7 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
         std::vector<float> want(static_cast<size_t>(m * 96)), wd(96 * 1100);
         make_packed_linear(pa, nullptr, "t")->forward_ref(x.data(), m, want.data(), bits);
         qa.dequantize(bits, wd.data());
-        const auto got = run_poisoned(x, m * 96, [&](const float* xd, float* yd) {
-          cuda::packed_matmul(dw, bits, xd, m, yd, ctx);
-          LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
-        });
+        const auto got = run_packed(dw, bits, x, m, ctx);
         expect_close(got, want, abs_scale(x, wd, m, 96, 1100), kCublasBudget, "anyprec cuBLAS m" + std::to_string(m));
       }
       const cuda::DevicePackedWeight dm(pm);
@@ -1272,10 +1272,7 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
       std::vector<float> want(static_cast<size_t>(m * 80)), wd(80 * 640);
       mixed24a_gemm_packed_ref(pm, x.data(), m, nullptr, want.data());
       qm.dequantize(wd.data());
-      const auto got = run_poisoned(x, m * 80, [&](const float* xd, float* yd) {
-        cuda::packed_matmul(dm, 0, xd, m, yd, ctx);
-        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
-      });
+      const auto got = run_packed(dm, 0, x, m, ctx);
       expect_close(got, want, abs_scale(x, wd, m, 80, 640), kCublasBudget, "mixed24a cuBLAS m" + std::to_string(m));
       const UniformQuantized qu = uniform_weight(72, 1100, 4, 128, false, true, static_cast<uint32_t>(m));
       const PackedWeight pu = pack_uniform(qu, storage);
@@ -1284,10 +1281,7 @@ TEST(CudaKernels, LargeBatchPathMatchesCpuTwin) {
       std::vector<float> want_u(static_cast<size_t>(m * 72)), wdu(72 * 1100);
       make_packed_linear(pu, nullptr, "t")->forward_ref(xu.data(), m, want_u.data(), 0);
       qu.dequantize(wdu.data());
-      const auto got_u = run_poisoned(xu, m * 72, [&](const float* xd, float* yd) {
-        cuda::packed_matmul(du, 0, xd, m, yd, ctx);
-        LOWBIT_CUDA_CHECK(cudaStreamSynchronize(s));
-      });
+      const auto got_u = run_packed(du, 0, xu, m, ctx);
       expect_close(got_u, want_u, abs_scale(xu, wdu, m, 72, 1100), kCublasBudget, "uniform cuBLAS m" + std::to_string(m));
     }
   }
@@ -1370,18 +1364,12 @@ TEST(CudaKernels, UniformFusedGemmMatchesCpuTwins) {
           }
           const cuda::LinearProblem p{FormatId::Uniform, c.n, c.k, m, bits, true, c.group};
           EXPECT_EQ(cuda::pick_kernel(p, cuda::runtime_gpu()), cuda::Kernel::UniformFused) << what << " m" << m;
-          const auto via = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
-            cuda::packed_matmul(dw, 0, xd, m, yd, ctx);
-            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
-          });
+          const auto via = run_packed(dw, 0, x, m, ctx);
           EXPECT_EQ(via, got) << what << " m" << m << ": packed_matmul runs the same kernel";
           if (m == 64) {
             set_knob(Knob::FusedGemm, 0);
             EXPECT_EQ(cuda::pick_kernel(p, cuda::runtime_gpu()), cuda::Kernel::DequantCublas) << what;
-            const auto deq = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
-              cuda::packed_matmul(dw, 0, xd, m, yd, ctx);
-              LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
-            });
+            const auto deq = run_packed(dw, 0, x, m, ctx);
             reset_knob(Knob::FusedGemm);
             expect_close(deq, exact, scale, kCublasBudget, what + " m64 dequantize + cuBLAS");
           }

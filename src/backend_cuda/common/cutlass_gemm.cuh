@@ -11,6 +11,7 @@
 
 #include "backend_cuda/common/common.h"
 #include "core/error.h"
+#include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/kernel_hardware_info.h"
 
@@ -26,6 +27,19 @@ cutlass::KernelHardwareInfo cutlass_hardware_info() {
   auto it = known.find(dev);
   if (it == known.end()) it = known.emplace(dev, cutlass::KernelHardwareInfo::make_kernel_hardware_info<Kernel>(dev)).first;
   return it->second;
+}
+
+// The backend's GEMM orientation: A the weights [n, k] K-major, B the tokens [m, k] K-major, D the output y [m, n]
+// row-major, which is the GEMM's column-major [n, m] (M = n, N = m).
+template <class GemmKernel>
+struct WeightsTokensStrides {
+  typename GemmKernel::StrideA a;
+  typename GemmKernel::StrideB b;
+  typename GemmKernel::StrideD d;
+};
+template <class GemmKernel>
+WeightsTokensStrides<GemmKernel> weights_tokens_strides(int64_t M, int64_t N, int64_t K) {
+  return {{K, cute::_1{}, M * K}, {K, cute::_1{}, N * K}, {cute::_1{}, M, M * N}};
 }
 
 // `what` names the GEMM and its shape in the one-line errors.

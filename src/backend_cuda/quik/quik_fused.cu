@@ -70,16 +70,11 @@ struct FusedGemm {
 
   static typename Gemm::Arguments arguments(const QuikFusedArgs& a) {
     const int M = static_cast<int>(a.n), N = static_cast<int>(a.m), K = static_cast<int>(a.k);
-    using StrideA = typename Kernel::StrideA;
-    using StrideB = typename Kernel::StrideB;
-    using StrideD = typename Kernel::StrideD;
-    const StrideA sa{static_cast<int64_t>(K), _1{}, static_cast<int64_t>(M) * K};
-    const StrideB sb{static_cast<int64_t>(K), _1{}, static_cast<int64_t>(N) * K};
-    const StrideD sd{_1{}, static_cast<int64_t>(M), static_cast<int64_t>(M) * N};
+    const auto st = weights_tokens_strides<Kernel>(M, N, K);
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {M, N, K, 1},
-                                  {static_cast<const ElementW*>(a.w), sa, static_cast<const ElementIn*>(a.x), sb},
-                                  {{}, nullptr, {}, a.y, sd}};
+                                  {static_cast<const ElementW*>(a.w), st.a, static_cast<const ElementIn*>(a.x), st.b},
+                                  {{}, nullptr, {}, a.y, st.d}};
     // Each node's arguments: its children's in order, then its own op's (a2, wred, (acc sa) sw, fma).
     args.epilogue.thread = {{a.a2, 0.0f, {}},
                             {a.wred, 0.0f, {}},

@@ -56,20 +56,14 @@ struct UniformGemm {
   static typename Gemm::Arguments arguments(const UniformFusedArgs& a) {
     const int M = static_cast<int>(a.n), N = static_cast<int>(a.m), K = static_cast<int>(a.k);
     const int64_t groups = (a.k + a.group - 1) / a.group;
-    using StrideA = typename GemmKernel::StrideA;
-    using StrideB = typename GemmKernel::StrideB;
-    using StrideD = typename GemmKernel::StrideD;
-    using StrideS = typename Mainloop::StrideScale;
-    const StrideA sa{static_cast<int64_t>(K), _1{}, static_cast<int64_t>(M) * K};
-    const StrideB sb{static_cast<int64_t>(K), _1{}, static_cast<int64_t>(N) * K};
-    const StrideD sd{_1{}, static_cast<int64_t>(M), static_cast<int64_t>(M) * N};
-    const StrideS ss{_1{}, static_cast<int64_t>(M), static_cast<int64_t>(M) * groups};
+    const auto st = weights_tokens_strides<GemmKernel>(M, N, K);
+    const typename Mainloop::StrideScale ss{_1{}, static_cast<int64_t>(M), static_cast<int64_t>(M) * groups};
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {M, N, K, 1},
-                                  {static_cast<const ElementW*>(a.codes), sa, reinterpret_cast<const Half*>(a.x), sb,
+                                  {static_cast<const ElementW*>(a.codes), st.a, reinterpret_cast<const Half*>(a.x), st.b,
                                    reinterpret_cast<const Half*>(a.scales_mn), ss, static_cast<int>(a.group),
                                    reinterpret_cast<const Half*>(a.zero_terms_mn)},
-                                  {{}, nullptr, {}, a.y, sd}};
+                                  {{}, nullptr, {}, a.y, st.d}};
     args.epilogue.thread.alpha = 1.0f;
     args.epilogue.thread.beta = 0.0f;
     args.hw_info = cutlass_hardware_info<GemmKernel>();
