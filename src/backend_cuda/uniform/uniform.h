@@ -1,8 +1,9 @@
 // The uniform (RTN / GPTQ) kernels over the stored layout (formats/uniform/layout.h: each row's codes as one
 // little-endian bit stream of `bits`-bit codes, fp16 scales and u8 zero points per row and group, g_idx with
-// act-order): a GEMV at batch 1..8 for every width 2..8 (tensor cores where the groups allow, CUDA cores otherwise),
-// and dequantize to fp16 for the large-batch path (dequantize + cuBLAS). Their CPU twin is the format's reference
-// forward (make_uniform_linear's forward_ref): tests/test_cuda_kernels.cpp compares them on the same packed bytes.
+// act-order): a GEMV at batch 1..8 for every width 2..8 (tensor cores where the groups allow, CUDA cores otherwise);
+// above batch 8 the mixed-input GEMM on Hopper where it serves the weight (uniform_gemm), else dequantize to fp16 +
+// cuBLAS. Their CPU twin is the format's reference forward (make_uniform_linear's forward_ref):
+// tests/test_cuda_kernels.cpp compares them on the same packed bytes.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

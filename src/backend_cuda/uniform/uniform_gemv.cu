@@ -56,10 +56,11 @@
 //   lane L takes columns L, L + 32, ..., each code read from the one or two words holding it. Lane partial sums are
 //   reduced across the warp with shuffles, in the same order for every row.
 //
-//   Dequantize to fp16 (the path above batch 8, before cuBLAS): one thread per 8 consecutive columns of a row (a 2D
-//   grid: no division per element), the 8 codes cut from one 64-bit window of the row's stream, (q - z) * scale in
-//   fp32 exactly as the format defines it (the product of a 9-bit integer and an 11-bit scale is exact), rounded once
-//   to fp16 and written as one 16-byte store (one store per value where k is not a multiple of 8).
+//   Dequantize to fp16 (above batch 8, before cuBLAS, where the mixed-input GEMM of uniform_fused.h does not serve):
+//   one thread per 8 consecutive columns of a row (a 2D grid: no division per element), the 8 codes cut from one
+//   64-bit window of the row's stream, (q - z) * scale in fp32 exactly as the format defines it (the product of a
+//   9-bit integer and an 11-bit scale is exact), rounded once to fp16 and written as one 16-byte store (one store per
+//   value where k is not a multiple of 8).
 #include "backend_cuda/uniform/uniform.h"
 
 #include <algorithm>
