@@ -23,6 +23,7 @@
 #include "backend_cuda/anyprec/int8_tables.h"
 #include "backend_cuda/dispatch/packed.h"
 #include "backend_cuda/ops/sampling.h"
+#include "backend_cuda/quik/quik.h"
 #include "formats/format_table.h"
 #include "formats/quik/layout.h"
 #include "formats/uniform/layout.h"
@@ -940,6 +941,123 @@ TEST(CudaKernels, QuikProducersQuantizeAsTheLinear) {
         }
       }
   }
+  LOWBIT_CUDA_CHECK(cudaStreamDestroy(st));
+}
+
+// Attention quantizing its output for a QUIK o projection (quik.h: QuikRowSink): every attention path writes the same
+// fp32 output as without the sink, the bytes of the activation quantization quik_matmul writes from that output, and
+// the o projection from them gives quik_matmul's y bit for bit. Paths: the tensor-core prefill (two sequences of 70
+// rows: a full and a part query tile each), the per-row kernel over 9 prefill rows, and decode (1 and 5 rows) unsplit,
+// split over 3 blocks merged in a cluster, and merged by the combine kernel. Shapes: 32 heads of 128 over 8 KV heads
+// with 41 outlier columns, 8 heads of 64 with none and with every column an outlier. Forms W4A8, W8A8, W4A4, W4-FP8,
+// W4A16. Each sink runs twice, so a row-group count the first launch left non-zero would show; the counts end at zero.
+TEST(CudaKernels, QuikAttentionQuantizesAsTheLinear) {
+  SKIP_WITHOUT_GPU();
+  struct Form {
+    int wbits, abits;
+    bool fp8;
+  };
+  const Form forms[] = {{4, 8, false}, {8, 8, false}, {4, 4, false}, {4, 8, true}, {4, 16, false}};
+  struct Shape {
+    int heads, kv_heads, hd, outliers;
+  };
+  const Shape shapes[] = {{32, 8, 128, 41}, {8, 8, 64, 0}, {8, 8, 64, 512}};
+  struct Path {
+    const char* name;
+    int seqs, n, splits;
+    bool cluster;
+  };
+  const Path paths[] = {{"tensor-core prefill", 2, 70, 1, false}, {"per-row prefill", 1, 9, 1, false},
+                        {"decode", 1, 1, 1, false},     {"decode", 5, 1, 1, false},
+                        {"decode, cluster", 5, 1, 3, true}, {"decode, combine kernel", 5, 1, 3, false}};
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> storage;
+  cudaStream_t st;
+  LOWBIT_CUDA_CHECK(cudaStreamCreate(&st));
+  const bool cluster_was = cuda::cluster_combine_enabled();
+  {
+    cuda::GemmContext ctx(st);
+    uint32_t seed = 5300;
+    for (const Shape& sh : shapes) {
+      const int k = sh.heads * sh.hd, kvd = sh.kv_heads * sh.hd, span = 100;
+      std::mt19937 rng(seed++);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      // One layer, a contiguous cache of `span` positions for each of up to 5 sequences.
+      cuda::KvMap map;
+      map.layers = 1;
+      map.block = span;
+      std::vector<uint16_t> kc(static_cast<size_t>(5) * span * kvd), vc(kc.size());
+      for (size_t i = 0; i < kc.size(); ++i) kc[i] = f32_to_f16(nd(rng)), vc[i] = f32_to_f16(nd(rng));
+      cuda::DeviceBuffer<uint16_t> kd(kc), vd(vc);
+      const auto* kh = reinterpret_cast<const __half*>(kd.get());
+      const auto* vh = reinterpret_cast<const __half*>(vd.get());
+      for (const Form& f : forms) {
+        const int64_t n_out = 24;
+        const QuikQuantized qw = test::random_quik(n_out, k, f.wbits, f.abits, f.fp8, sh.outliers, seed++);
+        const cuda::DevicePackedWeight dw(pack_quik(qw, storage));
+        const cuda::QuikDevice w = dw.quik();
+        ASSERT_TRUE(cuda::quik_attention_quantizes(w, k));
+        for (const Path& p : paths) {
+          const int rows = p.seqs * p.n;
+          const bool tc = p.n >= 16;
+          ASSERT_EQ(cuda::attention_on_tensor_cores(p.n, sh.hd), tc);
+          const std::string what = std::string(p.name) + ", " + std::to_string(rows) + " rows, " + std::to_string(sh.heads) +
+                                   " heads of " + std::to_string(sh.hd) + ", " + std::to_string(sh.outliers) + " outliers, W" +
+                                   std::to_string(f.wbits) + (f.fp8 ? "-FP8" : "A" + std::to_string(f.abits));
+          std::vector<float> q(static_cast<size_t>(rows) * k);
+          for (float& v : q) v = 1.5f * nd(rng);
+          std::vector<int32_t> seq(static_cast<size_t>(rows)), pos(static_cast<size_t>(rows));
+          for (int r = 0; r < rows; ++r) {
+            seq[static_cast<size_t>(r)] = r / p.n;
+            pos[static_cast<size_t>(r)] = p.n == 1 ? 40 + 11 * r : 20 + r % p.n;
+          }
+          cuda::DeviceBuffer<float> qd(q), scratch(static_cast<size_t>(rows) * sh.heads * p.splits * (sh.hd + 2));
+          cuda::DeviceBuffer<int32_t> sd(seq), pd(pos);
+          cuda::set_cluster_combine(p.cluster);
+          auto run = [&](float* out, const cuda::QuikRowSink* sink) {
+            LOWBIT_CUDA_CHECK(cudaMemset(out, 0xFF, static_cast<size_t>(rows) * k * sizeof(float)));
+            if (tc)
+              cuda::prefill_attention(qd.get(), sd.get(), pd.get(), p.seqs, p.n, sh.heads, sh.kv_heads, sh.hd, 0, map, 0, kh, vh,
+                                      out, st, sink);
+            else
+              cuda::attention(qd.get(), sd.get(), pd.get(), rows, sh.heads, sh.kv_heads, sh.hd, 0, map, 0, kh, vh, out,
+                              p.splits, scratch.get(), p.n == 1, st, nullptr, nullptr, sink);
+            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+          };
+          cuda::DeviceBuffer<float> plain(q.size()), sunk(q.size());
+          run(plain.get(), nullptr);
+          // quik_matmul's own quantization of the plain output (read back from the context's scratch) and its y.
+          const size_t bytes = cuda::quik_act_scratch_bytes(w, rows);
+          uint8_t* own = reinterpret_cast<uint8_t*>(ctx.act_scratch((bytes + 1) / 2));
+          LOWBIT_CUDA_CHECK(cudaMemsetAsync(own, 0, bytes, st));
+          cuda::DeviceBuffer<float> y_want(static_cast<size_t>(rows * n_out)), y_got(y_want.size());
+          cuda::quik_matmul(w, plain.get(), rows, y_want.get(), ctx);
+          LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+          std::vector<uint8_t> want_bytes(bytes);
+          LOWBIT_CUDA_CHECK(cudaMemcpy(want_bytes.data(), own, bytes, cudaMemcpyDeviceToHost));
+          cuda::DeviceBuffer<uint8_t> acts(bytes);
+          cuda::DeviceBuffer<unsigned> done(static_cast<size_t>(rows));
+          LOWBIT_CUDA_CHECK(cudaMemset(done.get(), 0, done.bytes()));
+          for (int rep = 0; rep < 2; ++rep) {
+            LOWBIT_CUDA_CHECK(cudaMemset(acts.get(), 0, bytes));
+            const cuda::QuikRowSink sink = cuda::quik_row_sink(w, rows, acts.get(), bytes, done.get(), rows, st);
+            run(sunk.get(), &sink);
+            const std::string r = what + (rep == 0 ? "" : ", again");
+            ASSERT_EQ(sunk.download(), plain.download()) << r << ": attention output";
+            ASSERT_EQ(acts.download(), want_bytes) << r << ": the quantized rows";
+            cuda::quik_matmul_quantized(w, acts.get(), rows, y_got.get(), ctx);
+            LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+            EXPECT_EQ(y_got.download(), y_want.download()) << r << ": the o projection from them";
+          }
+          const std::vector<unsigned> counts = done.download();
+          EXPECT_TRUE(std::all_of(counts.begin(), counts.end(), [](unsigned c) { return c == 0; })) << what << ": counts left";
+          // Refusals: too few counts, a weight of another width.
+          test::expect_refused([&] { cuda::quik_row_sink(w, rows, acts.get(), bytes, done.get(), rows - 1, st); }, "row-group counts");
+          test::expect_refused([&] { cuda::quik_row_sink(w, rows, acts.get(), bytes - 1, done.get(), rows, st); }, "needed");
+        }
+      }
+    }
+  }
+  cuda::set_cluster_combine(cluster_was);
   LOWBIT_CUDA_CHECK(cudaStreamDestroy(st));
 }
 

@@ -8,7 +8,7 @@
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
 #   scripts/device/cuda.sh uniform [tests|kernels|e2e|sanitize]  the packed uniform (RTN / GPTQ) kernels: tests, kernel
 #                                       timings (the mixed-input GEMM beside dequantize + cuBLAS), 7B / 70B prefill, memcheck
-#   scripts/device/cuda.sh quik [tests|kernels|e2e|e2e70b|sanitize]  the QUIK kernels (every activation form): the same
+#   scripts/device/cuda.sh quik [tests|kernels|e2e|e2e70b|sanitize|attention]  the QUIK kernels (every activation form): the same
 #   scripts/device/cuda.sh serve [tests|fp16|anyprec|paged-tests|paged-load|mixed-tests]  continuous batching: GPU
 #                                       tests, sanitizer, bench --serve load (paged-*: the paged KV cache's tests, the
 #                                       load at concurrency 8 and 64, and a KV pool of half the reserved contexts;
@@ -118,6 +118,16 @@ case "${1:-}" in
     if [ "$phase" = sanitize ] || [ "$phase" = all ]; then
       step quik-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
         --gtest_filter='CudaKernels.Quik*'
+    fi
+    if [ "$phase" = attention ]; then   # the o projection's input quantized inside attention: tests, memcheck, e2e
+      step quik-attention-tests 200 "$LB/pkg/test_cuda_kernels" \
+        --gtest_filter='CudaKernels.QuikAttention*:CudaKernels.QuikProducers*:CudaKernels.PrefillAttention*:CudaKernels.Attention*'
+      step quik-attention-model 200 "$LB/pkg/test_cuda_model" \
+        --gtest_filter='CudaModel.QuikModelRunsOnTheGpu:CudaModel.DecodeAndBatch*:CudaModel.PagedCache*:CudaModel.ContinuousBatch*'
+      step quik-attention-sanitizer 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+        --gtest_filter='CudaKernels.QuikAttention*'
+      step quik-attention-e2e-2048 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW \
+        --kernel-bits 4 --prefill 2048 --decode-batches 1,8
     fi
     grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48].* \*|^llama2-(7|70)b \| (fp16|quik|uniform)" "$OUT"/quik-*.txt | head -80
     ;;

@@ -42,14 +42,15 @@ int splits_for(int span, int rows, int heads, int sms) {
 // linears (packed.h: fused_gemm_enabled,
 // dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
 // fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled, group_gemv_enabled, gemv_balance_enabled, i8_pack_mode;
-// quik.h: quik_producer_act_enabled).
+// quik.h: quik_producer_act_enabled, quik_attention_act_enabled).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
          (producer_xmax_enabled() ? 0u : 0x100000u) | (fold_rope_enabled() ? 0u : 0x200000u) |
          (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u) |
          (group_gemv_enabled() ? 0u : 0x1000000u) | (gemv_balance_enabled() ? 0u : 0x2000000u) |
-         (static_cast<unsigned>(i8_pack_mode() + 1) << 26) | (quik_producer_act_enabled() ? 0u : 0x10000000u);
+         (static_cast<unsigned>(i8_pack_mode() + 1) << 26) | (quik_producer_act_enabled() ? 0u : 0x10000000u) |
+         (quik_attention_act_enabled() ? 0u : 0x20000000u);
 }
 
 // Drops the pages holding [p, p + n) from the process's resident set when they lie in one of ws's file mappings:
@@ -546,11 +547,14 @@ void GpuModel::ensure_workspace(int rows, int seqs, bool all_logits) {
   size_t acts = 0;
   for (const Layer& L : layers_)
     for (const DevicePackedWeight* w : {quik_act_shared({&L.q, &L.k, &L.v}, c_.dim), quik_act_shared({&L.gate, &L.up}, c_.dim),
-                                        quik_act_shared({&L.down}, c_.hidden_dim)})
+                                        quik_act_shared({&L.down}, c_.hidden_dim), quik_act_shared({&L.o}, c_.q_dim())})
       if (w != nullptr)
         for (const int64_t m : {std::min<int64_t>(static_cast<int64_t>(R), 8), static_cast<int64_t>(R)})
           acts = std::max(acts, quik_act_scratch_bytes(w->quik(), m));
   quik_acts_ = DeviceBuffer<uint8_t>(acts);
+  // Attention's row-group counts for the o projection's quantization (quik.h: QuikRowSink), zero between uses.
+  sink_done_ = DeviceBuffer<unsigned>(acts > 0 ? R : 0);
+  if (sink_done_.size() > 0) LOWBIT_CUDA_CHECK(cudaMemsetAsync(sink_done_.get(), 0, sink_done_.bytes(), stream_));
   logits_ = DeviceBuffer<float>(static_cast<size_t>(ws_logit_rows_) * c_.vocab_size);
   nll_ = DeviceBuffer<float>(R);
   argmax_keys_ = DeviceBuffer<uint64_t>(static_cast<size_t>(ws_logit_rows_) * kArgmaxSlices);
@@ -610,6 +614,11 @@ const DevicePackedWeight* GpuModel::quik_act_shared(const std::vector<const GpuL
 
 const DevicePackedWeight* GpuModel::quik_act_target(const std::vector<const GpuLinear*>& ls, int64_t width) const {
   return quik_producer_act_enabled() ? quik_act_shared(ls, width) : nullptr;
+}
+
+const DevicePackedWeight* GpuModel::quik_attention_target(const Layer& L) const {
+  const DevicePackedWeight* w = quik_attention_act_enabled() ? quik_act_target({&L.o}, c_.q_dim()) : nullptr;
+  return w != nullptr && quik_attention_quantizes(w->quik(), c_.q_dim()) ? w : nullptr;
 }
 
 void GpuModel::run_linear(const GpuLinear& l, const float* x, const __half* xh, int64_t m, float* y, int bits, const float* x_max,
@@ -699,15 +708,22 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
                     rope_sin_.get(), l, cache.map(), cache.k.get(), cache.v.get(), s);
     }
     mark("attention");
+    // QUIK: attention quantizes the o projection's input on the way out (quik.h: QuikRowSink).
+    const DevicePackedWeight* o_target = slot_a == nullptr ? quik_attention_target(L) : nullptr;
+    QuikRowSink sink;
+    if (o_target != nullptr)
+      sink = quik_row_sink(o_target->quik(), rows, quik_acts_.get(), quik_acts_.bytes(), sink_done_.get(),
+                           static_cast<int64_t>(sink_done_.size()), s);
+    const QuikRowSink* sk = o_target != nullptr ? &sink : nullptr;
     if (slot_a == nullptr && attention_on_tensor_cores(n, hd))
       prefill_attention(q_.get(), seq_dev_.get(), pos_dev_.get(), seqs, n, H, KVH, hd, l, cache.map(), c_.sliding_window,
-                        cache.k.get(), cache.v.get(), att_.get(), s);
+                        cache.k.get(), cache.v.get(), att_.get(), s, sk);
     else
       attention(q_.get(), seq_dev_.get(), pos_dev_.get(), rows, H, KVH, hd, l, cache.map(), c_.sliding_window, cache.k.get(),
                 cache.v.get(), att_.get(), splits, attn_scratch_.get(), n == 1, s, reinterpret_cast<unsigned*>(slot_a),
-                fold ? &rope : nullptr);
+                fold ? &rope : nullptr, sk);
     mark("o linear");
-    run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits, slot_a);
+    run_linear(L.o, att_.get(), nullptr, rows, tmp_.get(), bits, slot_a, sk != nullptr ? quik_acts_.get() : nullptr);
     mark("norms + residuals");
     acts = norm(tmp_.get(), L.ffn_norm.get(), xh, slot_n, slot_s, quik_act_target({&L.gate, &L.up}, dim));   // x += attention out
     mark("gate/up linears");

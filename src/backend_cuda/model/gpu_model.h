@@ -182,6 +182,8 @@ class GpuModel {
   void fuse_linears();
   // The linears that hold the layer's weights (the stacked ones in place of their parts).
   static std::vector<const GpuLinear*> linears(const Layer& L);
+  // The o projection whose input attention quantizes (quik_attention_act_enabled and the producers' switch on), or null.
+  const DevicePackedWeight* quik_attention_target(const Layer& L) const;
   ModelConfig c_;
   cudaStream_t stream_ = nullptr;
   int sms_ = 1;   // multiprocessors of the device (attention's key splitting)
@@ -200,6 +202,7 @@ class GpuModel {
   DeviceBuffer<float> xmax_;   // [3][kMaxGemvBatch]: the rows' max |x| slots of forward_device
   DeviceBuffer<float> x_, xn_, q_, kk_, vv_, att_, g_, u_, tmp_, logits_, attn_scratch_, nll_;
   DeviceBuffer<uint8_t> quik_acts_;   // the producers' QUIK activation quantization (quik_act_target)
+  DeviceBuffer<unsigned> sink_done_;  // attention's row-group counts when it quantizes for the o projection
   DeviceBuffer<float> qkv_, gu_;   // outputs of the stacked linears [rows, qd + 2 kvd] / [rows, 2 hidden]
   DeviceBuffer<int32_t> tok_in_, seq_dev_, pos_dev_, tok_dev_, hit_;
   DeviceBuffer<int32_t> row_bits_dev_;   // a mixed-width decode step's width per row

@@ -11,6 +11,7 @@
 #include "backend_cuda/ops/kv_row.cuh"
 #include "backend_cuda/ops/rms.cuh"
 #include "backend_cuda/ops/swiglu.cuh"
+#include "backend_cuda/quik/quik_row_sink.cuh"
 #include "core/knobs.h"
 
 namespace lowbit::cuda {
@@ -224,7 +225,7 @@ template <int HD, bool kPrefetch, bool kPaged>
 __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD == 128) ? 3 : 0) attention_kernel(
     const float* q, const int32_t* seq, const int32_t* pos, int heads, int kv_heads, int hd, int layer, KvMap map,
     int window, const __half* kc, const __half* vc, float* out, int splits, float* scratch,
-    int single_token, unsigned* xmax_bits, RopeIn rope, int cluster) {
+    int single_token, unsigned* xmax_bits, RopeIn rope, int cluster, QuikRowSink sink) {
   pdl_launch_dependents();
   constexpr bool kPrefetchV = kPrefetch && (HD == 64 || HD == 128);
   // Early loads (the decode form, one new token per sequence): every key but the row's own position p was written by
@@ -519,26 +520,35 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
     }
   }
   if (splits == 1 && xmax_bits != nullptr) warp_atomic_absmax(xmax_bits + r, omax);
+  // The row's quantization for a QUIK o projection, in the outlier map's place the warps' accumulators leave.
+  uint32_t* map_smem = reinterpret_cast<uint32_t*>(&wacc[0][0]);
+  static_assert(sizeof(wacc) >= kSinkMapBytes);
+  if (splits == 1 && sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem);
   if (splits > 1 && cluster != 0) {
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
     cl.sync();   // every split's partial is in its block's shared memory
-    if (cl.block_rank() == 0)
+    if (cl.block_rank() == 0) {
       combine_splits([&](int sp) { return static_cast<const float*>(cl.map_shared_rank(part, sp)); }, splits, hd,
                      out + (static_cast<int64_t>(r) * heads + h) * hd, xmax_bits != nullptr ? xmax_bits + r : nullptr);
+      if (sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem);
+    }
     cl.sync();   // the partials stay until the first block has read them
   }
 }
 
 // xmax_bits (attention_kernel with splits == 1, attention_combine_kernel): max |out| of each row atomically into
 // xmax_bits[row] (as abs_bits; zeroed earlier in the step), one atomic per warp.
-__global__ void attention_combine_kernel(int heads, int hd, int splits, const float* scratch, float* out, unsigned* xmax_bits) {
+__global__ void attention_combine_kernel(int heads, int hd, int splits, const float* scratch, float* out, unsigned* xmax_bits,
+                                         QuikRowSink sink) {
   pdl_launch_dependents();
   pdl_wait();
   const int r = blockIdx.x, h = blockIdx.y;
   const float* sp = scratch + (static_cast<int64_t>(r) * heads + h) * splits * (hd + 2);
   combine_splits([&](int s) { return sp + s * (hd + 2); }, splits, hd, out + (static_cast<int64_t>(r) * heads + h) * hd,
                  xmax_bits != nullptr ? xmax_bits + r : nullptr);
+  __shared__ uint32_t map_smem[kSinkMapBytes / 4];
+  if (sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem);
 }
 
 // xmax_bits != nullptr (width % 32 == 0: a warp's lanes in one row): max |out| of each row atomically into
@@ -678,8 +688,13 @@ bool attention_folds_rope(int rows, int hd, bool single_token) {
 }
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
-               int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits, const RopeIn* rope) {
+               int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits, const RopeIn* rope,
+               const QuikRowSink* sink) {
   LOWBIT_CHECK(hd <= kMaxHd && hd % 2 == 0, "CUDA attention: head_dim ", hd, " unsupported (even, <= ", kMaxHd, ")");
+  LOWBIT_CHECK(sink == nullptr || (sink->w.k == static_cast<int64_t>(heads) * hd && sink->groups >= rows),
+               "CUDA attention: a sink for ", sink != nullptr ? sink->w.k : 0, " columns and ",
+               sink != nullptr ? sink->groups : 0, " rows takes ", rows, " rows of ", heads, " x ", hd);
+  const QuikRowSink sk = sink != nullptr ? *sink : QuikRowSink{};
   const dim3 grid(rows, heads, splits);
   const bool decode = rows <= 8;   // one row per sequence: a grid too small to hide memory latency by occupancy
   const bool paged = map.table != nullptr;
@@ -698,9 +713,9 @@ void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows,
   const bool cluster = attention_combines_in_cluster(splits);
   launch_pdl(kPdlOps, kern, grid, kAttnWarps * 32, 0, s, dim3(1, 1, cluster ? splits : 1), q, seq, pos, heads, kv_heads, hd,
              layer, map, window, kc, vc, out, splits, scratch, single_token ? 1 : 0, xmax_bits,
-             rope != nullptr ? *rope : RopeIn{}, cluster ? 1 : 0);
+             rope != nullptr ? *rope : RopeIn{}, cluster ? 1 : 0, sk);
   if (splits > 1 && !cluster)
-    launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out, xmax_bits);
+    launch_pdl(kPdlOps, attention_combine_kernel, dim3(rows, heads), 128, 0, s, heads, hd, splits, scratch, out, xmax_bits, sk);
 }
 void swiglu_rows(const float* g, const float* u, int64_t ld, float* out, int rows, int64_t width, cudaStream_t s,
                  unsigned* xmax_bits) {

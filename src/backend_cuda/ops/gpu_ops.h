@@ -9,6 +9,8 @@
 
 namespace lowbit::cuda {
 
+struct QuikRowSink;   // quik.h: the attention output quantized for a QUIK o projection inside attention
+
 // x [rows, dim] = fp32(emb[tokens[r]]) (emb fp16 [vocab, dim]).
 void embed_rows(const __half* emb, const int32_t* tokens, int rows, int dim, float* x, cudaStream_t s);
 // Per row: x += delta when delta != nullptr (the residual add, written back), then y = x / rms(x) * w (fp32,
@@ -76,19 +78,23 @@ bool cluster_combine_enabled();
 void set_cluster_combine(bool on);
 // rope != nullptr (attention_folds_rope): q is ignored (rope->q is rotated in the kernel) and rope_kv_store must not
 // have run for this step's positions.
+// sink != nullptr (quik_row_sink for `rows` rows, heads * hd == sink->w.k): out is written as without it, and each row,
+// once its heads are all written, is quantized into the sink (a row per group; the combine kernel, the cluster's first
+// block or, unsplit, the head's block counts).
 void attention(const float* q, const int32_t* seq, const int32_t* pos, int rows, int heads, int kv_heads, int hd,
                int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
                int splits, float* scratch, bool single_token, cudaStream_t s, unsigned* xmax_bits = nullptr,
-               const RopeIn* rope = nullptr);
+               const RopeIn* rope = nullptr, const QuikRowSink* sink = nullptr);
 // Prefill attention on tensor cores (prefill_attention.cu): the rows of `seqs` sequences of n new tokens each, row
 // b * n + i at position pos[b * n] + i of sequence seq[b * n] (the forward's layout), keys and mask as attention()'s;
 // head dimension 64 or 128. q and the softmax weights are each split into fp16 hi + lo for the tensor cores (fp32
 // accumulation). attention_on_tensor_cores(n, hd): whether the forward takes it for a step of n tokens per sequence
 // (n >= 16, head dim 64 or 128, LOWBIT_TC_ATTENTION not 0; set_tc_attention() overrides it: tests and bench compare
-// both kernels).
+// both kernels). sink: as attention()'s, a query tile of 64 rows per group; the grid then runs a tile's heads side by
+// side (head fastest) so that its last block comes soon after its first and finds the rows in L2.
 void prefill_attention(const float* q, const int32_t* seq, const int32_t* pos, int seqs, int n, int heads, int kv_heads,
                        int hd, int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
-                       cudaStream_t s);
+                       cudaStream_t s, const QuikRowSink* sink = nullptr);
 bool attention_on_tensor_cores(int n, int hd);
 bool tc_attention_enabled();
 void set_tc_attention(bool on);

@@ -20,6 +20,7 @@
 #include "backend_cuda/common/stream.cuh"
 #include "backend_cuda/ops/gpu_ops.h"
 #include "backend_cuda/ops/kv_row.cuh"
+#include "backend_cuda/quik/quik_row_sink.cuh"
 #include "core/knobs.h"
 
 namespace lowbit::cuda {
@@ -53,14 +54,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t addr, uint32_t (&r)[4
 // The first key a query at position p attends to.
 __device__ __forceinline__ int first_key(int p, int window) { return window > 0 ? max(0, p - window + 1) : 0; }
 
-// grid (query tiles, heads, sequences): block (x, h, b) takes rows b * n + t0 .. (t0 = 64 x, heaviest tiles first), the
-// rows of sequence seq[b * n] at consecutive positions pos[b * n] + i (the forward's layout, gpu_model.cu). Warp w
-// owns rows 16 w .. 16 w + 15 of the tile; lane 4 g + t holds rows g and g + 8 of them (mma.cuh's fragment layout).
+// grid (query tiles, heads, sequences), or (heads, query tiles, sequences) with a sink: block (tile x, head h, b) takes
+// rows b * n + t0 .. (t0 = 64 x, heaviest tiles first), the rows of sequence seq[b * n] at consecutive positions
+// pos[b * n] + i (the forward's layout, gpu_model.cu). Warp w owns rows 16 w .. 16 w + 15 of the tile; lane 4 g + t
+// holds rows g and g + 8 of them (mma.cuh's fragment layout).
 template <int HD>
 __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(
     const float* __restrict__ q, const int32_t* __restrict__ seq, const int32_t* __restrict__ pos, int n, int heads,
     int kv_heads, int layer, KvMap map, int window, const __half* __restrict__ kc, const __half* __restrict__ vc,
-    float* __restrict__ out) {
+    float* __restrict__ out, QuikRowSink sink) {
   pdl_launch_dependents();
   pdl_wait();
   extern __shared__ __align__(16) __half smem[];
@@ -69,7 +71,10 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(
   constexpr int DT = HD / 8;    // n8 tiles of the output
   constexpr int ST = kKeysPerTile / 8;   // n8 tiles of the scores
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int tile = static_cast<int>(gridDim.x - 1 - blockIdx.x), h = blockIdx.y, b = blockIdx.z;
+  const bool by_head = sink.done != nullptr;
+  const int tiles_n = static_cast<int>(by_head ? gridDim.y : gridDim.x);
+  const int tile = tiles_n - 1 - static_cast<int>(by_head ? blockIdx.y : blockIdx.x);
+  const int h = static_cast<int>(by_head ? blockIdx.x : blockIdx.y), b = blockIdx.z;
   const int t0 = tile * kRowsPerBlock, cnt = min(kRowsPerBlock, n - t0);
   const int64_t row0 = static_cast<int64_t>(b) * n + t0;
   const int p_lo = pos[row0], p_hi = pos[row0 + cnt - 1];
@@ -254,17 +259,24 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(
     if (pa >= 0) *reinterpret_cast<float2*>(oa + d) = make_float2(o[dt][0] * ia, o[dt][1] * ia);
     if (pb >= 0) *reinterpret_cast<float2*>(ob + d) = make_float2(o[dt][2] * ib, o[dt][3] * ib);
   }
+  // The tile's rows quantized for a QUIK o projection once all heads wrote them (the stages' shared memory is free).
+  if (by_head)
+    quik_sink_part_done(sink, heads, static_cast<int64_t>(b) * tiles_n + tile, out, row0, cnt, reinterpret_cast<uint32_t*>(smem));
 }
 
 template <int HD>
 void launch_prefill(const float* q, const int32_t* seq, const int32_t* pos, int seqs, int n, int heads, int kv_heads,
-                    int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out, cudaStream_t s) {
+                    int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out, cudaStream_t s,
+                    const QuikRowSink& sink) {
   auto kern = prefill_attention_kernel<HD>;
+  static_assert(kSmemBytes<HD> >= kSinkMapBytes);
   // On every call, not once per process: the attribute is per device (a host call of a few microseconds).
   LOWBIT_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes<HD>)));
-  const dim3 grid(static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(heads),
-                  static_cast<unsigned>(seqs));
-  launch_pdl(kPdlOps, kern, grid, kThreads, kSmemBytes<HD>, s, q, seq, pos, n, heads, kv_heads, layer, map, window, kc, vc, out);
+  const unsigned tiles = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  const dim3 grid = sink.done != nullptr ? dim3(static_cast<unsigned>(heads), tiles, static_cast<unsigned>(seqs))
+                                         : dim3(tiles, static_cast<unsigned>(heads), static_cast<unsigned>(seqs));
+  launch_pdl(kPdlOps, kern, grid, kThreads, kSmemBytes<HD>, s, q, seq, pos, n, heads, kv_heads, layer, map, window, kc, vc, out,
+             sink);
 }
 
 bool& tc_state() {   // from the environment on first use
@@ -283,12 +295,16 @@ bool attention_on_tensor_cores(int n, int hd) {
 
 void prefill_attention(const float* q, const int32_t* seq, const int32_t* pos, int seqs, int n, int heads, int kv_heads,
                        int hd, int layer, const KvMap& map, int window, const __half* kc, const __half* vc, float* out,
-                       cudaStream_t s) {
+                       cudaStream_t s, const QuikRowSink* sink) {
   LOWBIT_CHECK(hd == 64 || hd == 128, "CUDA prefill attention: head_dim ", hd, " unsupported (64 or 128)");
   LOWBIT_CHECK(n >= 1 && seqs >= 1 && seqs <= 65535 && heads >= 1 && heads <= 65535 && kv_heads >= 1 && heads % kv_heads == 0,
                "CUDA prefill attention: ", seqs, " x ", n, " rows, ", heads, " heads over ", kv_heads, " KV heads");
+  LOWBIT_CHECK(sink == nullptr || (sink->w.k == static_cast<int64_t>(heads) * hd &&
+                                   sink->groups >= static_cast<int64_t>(seqs) * ((n + kRowsPerBlock - 1) / kRowsPerBlock)),
+               "CUDA prefill attention: a sink for ", sink != nullptr ? sink->w.k : 0, " columns and ",
+               sink != nullptr ? sink->groups : 0, " row groups takes ", seqs, " x ", n, " rows of ", heads, " x ", hd);
   (hd == 64 ? launch_prefill<64> : launch_prefill<128>)(q, seq, pos, seqs, n, heads, kv_heads, layer, map, window, kc, vc,
-                                                       out, s);
+                                                       out, s, sink != nullptr ? *sink : QuikRowSink{});
 }
 
 }  // namespace lowbit::cuda

@@ -25,6 +25,7 @@
 
 #include "backend_cuda/dense/dense.h"
 #include "backend_cuda/dispatch/device_weight.h"
+#include "backend_cuda/quik/quik_act_layout.h"
 
 namespace lowbit::cuda {
 
@@ -50,8 +51,8 @@ void quik_gemm(const QuikDevice& w, const float* x, int64_t m, float* y, GemmCon
 // rmsnorm() does (the same bits) and SwiGLU out as swiglu_rows() (out may be g when ld == width), and both write the row quantized for w into acts
 // (quik_act_scratch_bytes(w, m) bytes) exactly as quik_matmul's activation step would from that output;
 // quik_matmul_quantized then runs w's product from acts. quik_producer_quantizes: rows of `width` columns (a multiple of
-// 4, at most 32768) for a weight of that input width (SwiGLU). Activations of the attention output are not produced this way:
-// a row is written by one block per head, so its min / max would need a second pass anyway.
+// 4, at most 32768) for a weight of that input width (SwiGLU). The attention output's row is written by one block per
+// head, so attention quantizes it through a QuikRowSink (below).
 bool quik_producer_quantizes(const QuikDevice& w, int64_t width);
 // The RMSNorm's form also needs the row in rmsnorm()'s float4 kernel (rmsnorm_writes_xmax: up to 16384 columns), whose
 // arithmetic it repeats.
@@ -63,6 +64,33 @@ void quik_swiglu_quantize(const QuikDevice& w, const float* g, const float* u, i
                           void* acts, size_t acts_bytes, cudaStream_t s);
 void quik_matmul_quantized(const QuikDevice& w, const void* acts, int64_t m, float* y, GemmContext& ctx,
                            int64_t* acc_out = nullptr);
+// The attention output quantized inside the attention kernels (gpu_ops.h: attention, prefill_attention take a sink):
+// a row of heads x hd columns is written by one block per head, so no block holds a row. Each block, once its share of
+// a group of rows is written (a query tile of prefill_attention, a row of attention), counts itself in done[group]
+// (a device-wide fence first); the last of the group's `heads` blocks reads the group's rows back through L2 and
+// quantizes them one warp per row, by quik_act.cuh's arithmetic, into acts: the bytes quik_matmul's activation step
+// writes from those rows (tested). The o projection then runs quik_matmul_quantized(w, acts): the separate pass over
+// [m, heads x hd] fp32 and its launch are gone. The last block resets its count (atomicInc wraps at heads), so the
+// counts stay zero between launches and a captured graph replays.
+struct QuikRowSink {
+  QuikDevice w;
+  quik_act::ActScratch s{};
+  quik_act::ActForm form = quik_act::ActForm::Int8;
+  unsigned* done = nullptr;   // nullptr: no sink (the kernels write out alone)
+  int64_t groups = 0;         // counts in done, each zero when unused
+};
+// Whether attention can quantize rows of `width` columns for w: quik_producer_quantizes, and the outlier map fits the
+// 4 KB of shared memory the attention kernels lend it (w.k <= 16384).
+bool quik_attention_quantizes(const QuikDevice& w, int64_t width);
+// The sink for m rows of attention output quantized for w into acts (acts_bytes >= quik_act_scratch_bytes(w, m); the
+// GEMM's padding rows zeroed here); done: `groups` >= m counts, zeroed when allocated.
+QuikRowSink quik_row_sink(const QuikDevice& w, int64_t m, void* acts, size_t acts_bytes, unsigned* done, int64_t groups,
+                          cudaStream_t s);
+// Whether the GPU forward has attention quantize the o projection's input (with the producers' quantization on):
+// LOWBIT_QUIK_ATTENTION_ACT (default on, read once); set_quik_attention_act() overrides it (bench --e2e and the tests
+// compare both).
+bool quik_attention_act_enabled();
+void set_quik_attention_act(bool on);
 // Same input width, activation bits and form, and outlier columns.
 bool quik_same_activations(const DevicePackedWeight& a, const DevicePackedWeight& b);
 // Whether the GPU forward quantizes QUIK activations in their producers: LOWBIT_QUIK_PRODUCER_ACT (default on, read

@@ -15,6 +15,7 @@
 #include "backend_cuda/ops/swiglu.cuh"
 #include "backend_cuda/quik/quik.h"
 #include "backend_cuda/quik/quik_act.cuh"
+#include "backend_cuda/quik/quik_row_sink.cuh"
 #include "core/error.h"
 #include "core/knobs.h"
 #include "formats/format_id.h"
@@ -158,11 +159,37 @@ bool& producer_act_state() {   // from the environment on first use
   static bool on = knob_bool(Knob::QuikProducerAct);
   return on;
 }
+bool& attention_act_state() {
+  static bool on = knob_bool(Knob::QuikAttentionAct);
+  return on;
+}
 
 }  // namespace
 
 bool quik_producer_act_enabled() { return producer_act_state(); }
 void set_quik_producer_act(bool on) { producer_act_state() = on; }
+bool quik_attention_act_enabled() { return attention_act_state(); }
+void set_quik_attention_act(bool on) { attention_act_state() = on; }
+
+bool quik_attention_quantizes(const QuikDevice& w, int64_t width) {
+  return quik_producer_quantizes(w, width) && outlier_map_bytes(w) <= static_cast<size_t>(kSinkMapBytes);
+}
+
+QuikRowSink quik_row_sink(const QuikDevice& w, int64_t m, void* acts, size_t acts_bytes, unsigned* done, int64_t groups,
+                          cudaStream_t s) {
+  LOWBIT_CHECK(quik_attention_quantizes(w, w.k) && m >= 1, "quik attention sink: ", m, " rows do not quantize for a weight of ",
+               w.k, " inputs");
+  LOWBIT_CHECK(acts != nullptr && acts_bytes >= quik_act_scratch_bytes(w, m), "quik attention sink: ", acts_bytes,
+               " bytes for the quantized rows (", quik_act_scratch_bytes(w, m), " needed)");
+  LOWBIT_CHECK(done != nullptr && groups >= m, "quik attention sink: ", groups, " row-group counts for ", m, " rows");
+  QuikRowSink sk;
+  sk.w = w;
+  sk.s = prepare(w, m, acts, s);
+  sk.form = form_at(w, m);
+  sk.done = done;
+  sk.groups = groups;
+  return sk;
+}
 
 bool quik_same_activations(const DevicePackedWeight& a, const DevicePackedWeight& b) {
   if (a.format() != FormatId::Quik || b.format() != FormatId::Quik) return false;
