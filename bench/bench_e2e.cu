@@ -175,11 +175,11 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
   out << "'prefill tok/s, per-row attention': the same prefill timed in the same run with attention in the per-row\n"
          "CUDA-core kernel instead of the tensor-core kernel (LOWBIT_TC_ATTENTION=0); 'QUIK act. by each linear': QUIK\n"
          "weights, the same prefill with each linear quantizing its input itself instead of the RMSNorm / SwiGLU before it\n"
-         "(LOWBIT_QUIK_PRODUCER_ACT=0); 'QUIK o act. by the o linear' (prefill and decode): the same with attention's\n"
-         "output quantized by the o projection itself instead of inside attention (LOWBIT_QUIK_ATTENTION_ACT=0)\n";
+         "(LOWBIT_QUIK_PRODUCER_ACT=0); 'QUIK o act. inside attention': the same prefill (decode) with attention quantizing\n"
+         "the o projection's input instead of the o projection itself (LOWBIT_QUIK_ATTENTION_ACT=1, -1)\n";
   out << "shape | weights | bits | weight GB on GPU | GB read per decode step | prefill tok/s | prefill tok/s, per-row attention"
-         " | prefill tok/s, QUIK act. by each linear | prefill tok/s, QUIK o act. by the o linear | decode batch | decode tok/s"
-         " | decode tok/s, QUIK o act. by the o linear"
+         " | prefill tok/s, QUIK act. by each linear | prefill tok/s, QUIK o act. inside attention | decode batch | decode tok/s"
+         " | decode tok/s, QUIK o act. inside attention"
          " | decode tok/s, no PDL | decode tok/s, int8 tables toggled | decode tok/s, x max by own kernel | decode tok/s, RoPE kernel kept | decode tok/s, SwiGLU kernel kept | decode tok/s, combine kernel kept | KV cache GB | decode tok/s, dequant+cuBLAS or cuBLAS GEMV | decode tok/s, ungrouped 2/4/16 GEMVs\n";
   for (const std::string& shape : o.shapes) {
     const ModelConfig c = shape_config(shape);
@@ -216,8 +216,12 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
             prefill_flipped(attention_on_tensor_cores(o.prefill, c.head_dim), tc_attention_enabled, set_tc_attention);
         const std::string act_by_linear = prefill_flipped(quik && quik_producer_act_enabled(),
                                                           quik_producer_act_enabled, set_quik_producer_act);
-        const bool attention_act = quik && quik_producer_act_enabled() && quik_attention_act_enabled();
-        const std::string o_act_by_linear = prefill_flipped(attention_act, quik_attention_act_enabled, set_quik_attention_act);
+        // QUIK under the default attention mode (0: the o projection quantizes its own input): the prefill with attention
+        // quantizing it (mode 1), and below the decode (mode -1).
+        const bool attention_act = quik && quik_producer_act_enabled() && quik_attention_act_mode() == 0;
+        const std::string o_act_in_attention = prefill_flipped(
+            attention_act, [] { return quik_attention_act_mode() == 1; },
+            [](bool all) { set_quik_attention_act_mode(all ? 1 : 0); });
         for (int batch : o.batches) {
           double kv_bytes = 0;
           const double decode_tok_s = time_decode(m, b, o.prompt, o.decode, batch, &kv_bytes);
@@ -259,11 +263,13 @@ void run_e2e_bench(const E2EBenchOptions& o, std::ostream& out) {
           std::string dequant = flipped(!fp16 && batch > kMaxGemvBatch && fused_gemm_enabled(), fused_gemm_enabled, set_fused_gemm, false);
           if (fp16)
             dequant = flipped(pick_kernel({std::nullopt, c.dim, c.dim, batch, 0, true}, runtime_gpu()) == Kernel::DenseGemv, dense_gemv_enabled, set_dense_gemv, false);
-          const std::string o_act_decode = flipped(attention_act, quik_attention_act_enabled, set_quik_attention_act, false);
+          const std::string o_act_decode = flipped(
+              attention_act && batch <= kQuikAttentionActRows, [] { return quik_attention_act_mode() != 0; },
+              [](bool on) { set_quik_attention_act_mode(on ? -1 : 0); }, true);
           std::snprintf(line, sizeof line, "%s | %s | %s | %.2f | %.2f | %.0f | %s | %s | %s | %d | %.1f | %s | %.1f | %s | %s | %s | %s | %s | %.2f | %s | %s\n", shape.c_str(),
                         kind.c_str(), b == 0 ? "-" : std::to_string(b).c_str(), static_cast<double>(m.weight_bytes()) / 1e9,
                         static_cast<double>(m.weight_bytes_per_token(b)) / 1e9, prefill_tok_s, per_row_attention.c_str(),
-                        act_by_linear.c_str(), o_act_by_linear.c_str(), batch, decode_tok_s, o_act_decode.c_str(),
+                        act_by_linear.c_str(), o_act_in_attention.c_str(), batch, decode_tok_s, o_act_decode.c_str(),
                         plain_tok_s, int8_toggled.c_str(), own_max.c_str(), rope_kernel.c_str(), swiglu_kernel.c_str(), combine_kernel.c_str(), kv_bytes / 1e9, dequant.c_str(), ungrouped.c_str());
           out << line << std::flush;
         }

@@ -920,24 +920,26 @@ TEST(CudaModel, QuikModelRunsOnTheGpu) {
     std::printf("[ %s ] GPU vs CPU: max |dlogit| / max|logit| = %.2e (budget %.2e; the CPU's own movement under 2^-11 "
                 "noise %.2e), argmax agreement %.4f over %zu positions\n",
                 what.c_str(), err, budget, floor, agree, ids.size());
-    // The activations quantized by RMSNorm / SwiGLU / attention (the default), by RMSNorm / SwiGLU with the o projection
-    // quantizing its own input, or by each linear: the same bits, prefill and decode.
+    // The activations quantized by RMSNorm / SwiGLU with attention quantizing the o projection's input (in every step,
+    // in decode steps only) or the o projection quantizing its own (the default), or by each linear: the same bits,
+    // prefill and decode.
     ASSERT_TRUE(cuda::quik_producer_act_enabled());
-    ASSERT_TRUE(cuda::quik_attention_act_enabled());
+    ASSERT_EQ(cuda::quik_attention_act_mode(), 0);
     for (const int rows : {static_cast<int>(ids.size()), 1}) {
       std::vector<std::vector<float>> runs;
-      for (const auto& [producers, attention] : {std::pair{true, true}, std::pair{true, false}, std::pair{false, true}}) {
+      for (const auto& [producers, attention] : {std::pair{true, 1}, std::pair{true, -1}, std::pair{true, 0}, std::pair{false, 1}}) {
         cuda::set_quik_producer_act(producers);
-        cuda::set_quik_attention_act(attention);
+        cuda::set_quik_attention_act_mode(attention);
         cuda::GpuKVCache kv = gpu.new_cache(1, static_cast<int>(ids.size()));
         if (rows == 1) gpu.forward(ids.data(), 1, static_cast<int>(ids.size()) - 1, kv, false, 0);
         const int32_t* first = rows == 1 ? ids.data() + ids.size() - 1 : ids.data();
         runs.push_back(download(gpu, gpu.forward(first, 1, rows, kv, true, 0), static_cast<size_t>(rows) * V));
       }
       cuda::set_quik_producer_act(true);
-      cuda::set_quik_attention_act(true);
-      EXPECT_EQ(runs[0], runs[1]) << what << ", " << rows << " rows: attention's quantization against the o projection's";
-      EXPECT_EQ(runs[0], runs[2]) << what << ", " << rows << " rows: producers' quantization against each linear's";
+      cuda::set_quik_attention_act_mode(0);
+      EXPECT_EQ(runs[0], runs[1]) << what << ", " << rows << " rows: attention's quantization in every step against decode only";
+      EXPECT_EQ(runs[0], runs[2]) << what << ", " << rows << " rows: attention's quantization against the o projection's";
+      EXPECT_EQ(runs[0], runs[3]) << what << ", " << rows << " rows: producers' quantization against each linear's";
     }
   }
 }

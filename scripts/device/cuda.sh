@@ -126,8 +126,15 @@ case "${1:-}" in
         --gtest_filter='CudaModel.QuikModelRunsOnTheGpu:CudaModel.DecodeAndBatch*:CudaModel.PagedCache*:CudaModel.ContinuousBatch*'
       step quik-attention-sanitizer 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
         --gtest_filter='CudaKernels.QuikAttention*'
+      step quik-attention-synccheck 200 compute-sanitizer --tool synccheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+        --gtest_filter='CudaKernels.QuikAttention*'
+      # attention alone, with and without the sink, on the test's shapes (32 heads of 128 first): durations in ns
+      step quik-attention-ncu 200 ncu --kernel-name regex:attention --launch-count 26 --metrics gpu__time_duration.sum \
+        --csv "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.QuikAttention*'
       step quik-attention-e2e-2048 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b --weights fp16,$QW \
         --kernel-bits 4 --prefill 2048 --decode-batches 1,8
+      step quik-attention-e2e70b 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights quik-w4a8 \
+        --kernel-bits 4 --prefill 512 --decode-batches 1
     fi
     grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48].* \*|^llama2-(7|70)b \| (fp16|quik|uniform)" "$OUT"/quik-*.txt | head -80
     ;;

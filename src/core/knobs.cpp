@@ -36,9 +36,9 @@ constexpr KnobInfo kKnobs[] = {
     {Knob::QuikProducerAct, "LOWBIT_QUIK_PRODUCER_ACT", KnobType::Bool, "1", "0 | 1",
      "QUIK activations quantized by the RMSNorm / SwiGLU that produce them (one quantization per shared input) instead "
      "of by each linear"},
-    {Knob::QuikAttentionAct, "LOWBIT_QUIK_ATTENTION_ACT", KnobType::Bool, "1", "0 | 1",
+    {Knob::QuikAttentionAct, "LOWBIT_QUIK_ATTENTION_ACT", KnobType::Int, "0", "-1 | 0 | 1",
      "QUIK: the attention kernel quantizes the o projection's input (its last block per row group) instead of the o "
-     "projection"},
+     "projection: 0 never (measured slower), -1 in decode steps (batch 1..8), 1 at every row count"},
     {Knob::GroupGemv, "LOWBIT_GROUP_GEMV", KnobType::Bool, "1", "0 | 1",
      "2/4/16 q/k/v and gate/up each in one GEMV launch where the int8 GEMVs run"},
     {Knob::FoldSwiglu, "LOWBIT_FOLD_SWIGLU", KnobType::Bool, "1", "0 | 1",

@@ -24,7 +24,7 @@ enum class Knob : uint8_t {
   DenseGemv,            // bool
   QuikFused,            // int: -1 rule, 0, 1
   QuikProducerAct,      // bool
-  QuikAttentionAct,     // bool
+  QuikAttentionAct,     // int: 0 off, -1 decode steps, 1 always
   // GPU kernel forms and fusions.
   GroupGemv,            // bool
   FoldSwiglu,           // bool

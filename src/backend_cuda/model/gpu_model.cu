@@ -42,7 +42,7 @@ int splits_for(int span, int rows, int heads, int sms) {
 // linears (packed.h: fused_gemm_enabled,
 // dense_gemv_enabled, int8_tables_enabled, producer_xmax_enabled; gpu_ops.h:
 // fold_rope_enabled, cluster_combine_enabled; packed.h: fold_swiglu_enabled, group_gemv_enabled, gemv_balance_enabled, i8_pack_mode;
-// quik.h: quik_producer_act_enabled, quik_attention_act_enabled).
+// quik.h: quik_producer_act_enabled, quik_attention_act_mode).
 unsigned graph_launch_key() {
   return pdl_launch_classes() | (fused_gemm_enabled() ? 0u : 0x20000u) |
          (dense_gemv_enabled() ? 0u : 0x40000u) | (int8_tables_enabled() ? 0u : 0x80000u) |
@@ -50,7 +50,7 @@ unsigned graph_launch_key() {
          (fold_swiglu_enabled() ? 0u : 0x400000u) | (cluster_combine_enabled() ? 0u : 0x800000u) |
          (group_gemv_enabled() ? 0u : 0x1000000u) | (gemv_balance_enabled() ? 0u : 0x2000000u) |
          (static_cast<unsigned>(i8_pack_mode() + 1) << 26) | (quik_producer_act_enabled() ? 0u : 0x10000000u) |
-         (quik_attention_act_enabled() ? 0u : 0x20000000u);
+         (static_cast<unsigned>(quik_attention_act_mode() + 1) << 29);
 }
 
 // Drops the pages holding [p, p + n) from the process's resident set when they lie in one of ws's file mappings:
@@ -617,7 +617,7 @@ const DevicePackedWeight* GpuModel::quik_act_target(const std::vector<const GpuL
 }
 
 const DevicePackedWeight* GpuModel::quik_attention_target(const Layer& L) const {
-  const DevicePackedWeight* w = quik_attention_act_enabled() ? quik_act_target({&L.o}, c_.q_dim()) : nullptr;
+  const DevicePackedWeight* w = quik_act_target({&L.o}, c_.q_dim());
   return w != nullptr && quik_attention_quantizes(w->quik(), c_.q_dim()) ? w : nullptr;
 }
 
@@ -709,7 +709,7 @@ void GpuModel::forward_device(int rows, int seqs, int n, GpuKVCache& cache, bool
     }
     mark("attention");
     // QUIK: attention quantizes the o projection's input on the way out (quik.h: QuikRowSink).
-    const DevicePackedWeight* o_target = slot_a == nullptr ? quik_attention_target(L) : nullptr;
+    const DevicePackedWeight* o_target = slot_a == nullptr && quik_attention_act_at(rows) ? quik_attention_target(L) : nullptr;
     QuikRowSink sink;
     if (o_target != nullptr)
       sink = quik_row_sink(o_target->quik(), rows, quik_acts_.get(), quik_acts_.bytes(), sink_done_.get(),

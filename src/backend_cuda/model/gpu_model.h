@@ -182,7 +182,7 @@ class GpuModel {
   void fuse_linears();
   // The linears that hold the layer's weights (the stacked ones in place of their parts).
   static std::vector<const GpuLinear*> linears(const Layer& L);
-  // The o projection whose input attention quantizes (quik_attention_act_enabled and the producers' switch on), or null.
+  // The o projection whose input attention can quantize (a QUIK weight, the producers' switch on), or null.
   const DevicePackedWeight* quik_attention_target(const Layer& L) const;
   ModelConfig c_;
   cudaStream_t stream_ = nullptr;

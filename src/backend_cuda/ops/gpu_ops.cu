@@ -523,7 +523,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
   // The row's quantization for a QUIK o projection, in the outlier map's place the warps' accumulators leave.
   uint32_t* map_smem = reinterpret_cast<uint32_t*>(&wacc[0][0]);
   static_assert(sizeof(wacc) >= kSinkMapBytes);
-  if (splits == 1 && sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem);
+  if (splits == 1 && sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem, true);
   if (splits > 1 && cluster != 0) {
     namespace cg = cooperative_groups;
     cg::cluster_group cl = cg::this_cluster();
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32, kPrefetch && (HD == 64 || HD 
     if (cl.block_rank() == 0) {
       combine_splits([&](int sp) { return static_cast<const float*>(cl.map_shared_rank(part, sp)); }, splits, hd,
                      out + (static_cast<int64_t>(r) * heads + h) * hd, xmax_bits != nullptr ? xmax_bits + r : nullptr);
-      if (sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem);
+      if (sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem, true);
     }
     cl.sync();   // the partials stay until the first block has read them
   }
@@ -548,7 +548,7 @@ __global__ void attention_combine_kernel(int heads, int hd, int splits, const fl
   combine_splits([&](int s) { return sp + s * (hd + 2); }, splits, hd, out + (static_cast<int64_t>(r) * heads + h) * hd,
                  xmax_bits != nullptr ? xmax_bits + r : nullptr);
   __shared__ uint32_t map_smem[kSinkMapBytes / 4];
-  if (sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem);
+  if (sink.done != nullptr) quik_sink_part_done(sink, heads, r, out, r, 1, map_smem, true);
 }
 
 // xmax_bits != nullptr (width % 32 == 0: a warp's lanes in one row): max |out| of each row atomically into

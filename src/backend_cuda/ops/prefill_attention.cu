@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(
   }
   // The tile's rows quantized for a QUIK o projection once all heads wrote them (the stages' shared memory is free).
   if (by_head)
-    quik_sink_part_done(sink, heads, static_cast<int64_t>(b) * tiles_n + tile, out, row0, cnt, reinterpret_cast<uint32_t*>(smem));
+    quik_sink_part_done(sink, heads, static_cast<int64_t>(b) * tiles_n + tile, out, row0, cnt, reinterpret_cast<uint32_t*>(smem), cnt <= 2);
 }
 
 template <int HD>

@@ -86,11 +86,16 @@ bool quik_attention_quantizes(const QuikDevice& w, int64_t width);
 // GEMM's padding rows zeroed here); done: `groups` >= m counts, zeroed when allocated.
 QuikRowSink quik_row_sink(const QuikDevice& w, int64_t m, void* acts, size_t acts_bytes, unsigned* done, int64_t groups,
                           cudaStream_t s);
-// Whether the GPU forward has attention quantize the o projection's input (with the producers' quantization on):
-// LOWBIT_QUIK_ATTENTION_ACT (default on, read once); set_quik_attention_act() overrides it (bench --e2e and the tests
-// compare both).
-bool quik_attention_act_enabled();
-void set_quik_attention_act(bool on);
+// Whether the GPU forward has attention quantize the o projection's input (with the producers' quantization on) for a
+// step of `rows` rows, by the mode LOWBIT_QUIK_ATTENTION_ACT sets (read once; set_quik_attention_act_mode() overrides
+// it: bench --e2e and the tests compare them): 0, the default, never; -1 in decode-shaped steps (rows <=
+// kQuikAttentionActRows, a row per group); 1 at every row count (a 64-row query tile per group in prefill). Both were
+// measured slower than the o projection's own pass on the H200 (docs/PERF.md): the group's quantization runs on the 4
+// warps of one block, latency-bound, where the separate kernel spreads the rows over the whole GPU.
+inline constexpr int64_t kQuikAttentionActRows = 8;
+bool quik_attention_act_at(int64_t rows);
+int quik_attention_act_mode();
+void set_quik_attention_act_mode(int mode);
 // Same input width, activation bits and form, and outlier columns.
 bool quik_same_activations(const DevicePackedWeight& a, const DevicePackedWeight& b);
 // Whether the GPU forward quantizes QUIK activations in their producers: LOWBIT_QUIK_PRODUCER_ACT (default on, read

@@ -159,17 +159,24 @@ bool& producer_act_state() {   // from the environment on first use
   static bool on = knob_bool(Knob::QuikProducerAct);
   return on;
 }
-bool& attention_act_state() {
-  static bool on = knob_bool(Knob::QuikAttentionAct);
-  return on;
+int& attention_act_state() {   // from the environment on first use
+  static int mode = static_cast<int>(knob_int(Knob::QuikAttentionAct));
+  return mode;
 }
 
 }  // namespace
 
 bool quik_producer_act_enabled() { return producer_act_state(); }
 void set_quik_producer_act(bool on) { producer_act_state() = on; }
-bool quik_attention_act_enabled() { return attention_act_state(); }
-void set_quik_attention_act(bool on) { attention_act_state() = on; }
+int quik_attention_act_mode() { return attention_act_state(); }
+void set_quik_attention_act_mode(int mode) {
+  LOWBIT_CHECK(mode >= -1 && mode <= 1, "QUIK attention quantization mode ", mode, " (-1, 0 or 1)");
+  attention_act_state() = mode;
+}
+bool quik_attention_act_at(int64_t rows) {
+  const int mode = attention_act_state();
+  return mode == 1 || (mode == -1 && rows <= kQuikAttentionActRows);
+}
 
 bool quik_attention_quantizes(const QuikDevice& w, int64_t width) {
   return quik_producer_quantizes(w, width) && outlier_map_bytes(w) <= static_cast<size_t>(kSinkMapBytes);
