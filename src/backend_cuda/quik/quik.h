@@ -67,11 +67,12 @@ void quik_matmul_quantized(const QuikDevice& w, const void* acts, int64_t m, flo
 // The attention output quantized inside the attention kernels (gpu_ops.h: attention, prefill_attention take a sink):
 // a row of heads x hd columns is written by one block per head, so no block holds a row. Each block, once its share of
 // a group of rows is written (a query tile of prefill_attention, a row of attention), counts itself in done[group]
-// (a device-wide fence first); the last of the group's `heads` blocks reads the group's rows back through L2 and
-// quantizes them one warp per row, by quik_act.cuh's arithmetic, into acts: the bytes quik_matmul's activation step
-// writes from those rows (tested). The o projection then runs quik_matmul_quantized(w, acts): the separate pass over
-// [m, heads x hd] fp32 and its launch are gone. The last block resets its count (atomicInc wraps at heads), so the
-// counts stay zero between launches and a captured graph replays.
+// (one thread's acquire-release increment); the last of the group's `heads` blocks reads the group's rows back through
+// L2 and quantizes them (the block per row for one-row groups, a warp per row for query tiles), by quik_act.cuh's
+// arithmetic, into acts: the bytes quik_matmul's activation step writes from those rows (tested). The o projection then
+// runs quik_matmul_quantized(w, acts), without its own pass over [m, heads x hd] fp32 (off by default: measured slower,
+// below). The last block resets its count (the increment wraps at heads), so the counts stay zero between launches and
+// a captured graph replays.
 struct QuikRowSink {
   QuikDevice w;
   quik_act::ActScratch s{};

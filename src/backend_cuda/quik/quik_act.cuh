@@ -10,6 +10,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend_cuda/common/common.h"
 #include "backend_cuda/dispatch/device_weight.h"
@@ -69,14 +70,32 @@ __device__ inline OutlierMap build_outlier_map(const QuikDevice& w, uint32_t* sm
   return om;
 }
 
-// The block's min and max of each thread's (mn, mx) (blockDim a multiple of 32, at most 1024), returned to every thread.
-__device__ inline void block_min_max(float& mn, float& mx) {
-  __shared__ float smn[32], smx[32];
+// fn(std::integral_constant<ActForm, f>{}): a form known at run time handed to code templated on it (kernel launches,
+// and the attention kernels' one copy of the quantization loops for every form).
+template <typename Fn>
+__host__ __device__ __forceinline__ void by_form(ActForm f, Fn&& fn) {
+  switch (f) {
+    case ActForm::Int8: return fn(std::integral_constant<ActForm, ActForm::Int8>{});
+    case ActForm::Fp8Int: return fn(std::integral_constant<ActForm, ActForm::Fp8Int>{});
+    case ActForm::Fp8Byte: return fn(std::integral_constant<ActForm, ActForm::Fp8Byte>{});
+    case ActForm::F32: return fn(std::integral_constant<ActForm, ActForm::F32>{});
+    case ActForm::F16: return fn(std::integral_constant<ActForm, ActForm::F16>{});
+  }
+}
+
+// The warp's min and max of each lane's (mn, mx), returned to every lane.
+__device__ __forceinline__ void warp_min_max(float& mn, float& mx) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) {
     mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
   }
+}
+
+// The block's min and max of each thread's (mn, mx) (blockDim a multiple of 32, at most 1024), returned to every thread.
+__device__ inline void block_min_max(float& mn, float& mx) {
+  __shared__ float smn[32], smx[32];
+  warp_min_max(mn, mx);
   if ((threadIdx.x & 31) == 0) smn[threadIdx.x >> 5] = mn, smx[threadIdx.x >> 5] = mx;
   __syncthreads();
   mn = smn[0], mx = smx[0];

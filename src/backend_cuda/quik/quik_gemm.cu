@@ -272,13 +272,9 @@ ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, 
   const size_t smem = outlier_map_bytes(w);
   LOWBIT_CHECK(smem <= 48 * 1024, "quik GPU: ", w.k, " input columns (at most 196608)");
   cudaStream_t st = ctx.stream();
-  switch (f) {
-    case ActForm::Int8: quik_act_kernel<ActForm::Int8><<<grid, kActThreads, smem, st>>>(w, x, s); break;
-    case ActForm::Fp8Int: quik_act_kernel<ActForm::Fp8Int><<<grid, kActThreads, smem, st>>>(w, x, s); break;
-    case ActForm::Fp8Byte: quik_act_kernel<ActForm::Fp8Byte><<<grid, kActThreads, smem, st>>>(w, x, s); break;
-    case ActForm::F32: quik_act_kernel<ActForm::F32><<<grid, kActThreads, smem, st>>>(w, x, s); break;
-    case ActForm::F16: quik_act_kernel<ActForm::F16><<<grid, kActThreads, smem, st>>>(w, x, s); break;
-  }
+  by_form(f, [&](auto form) {
+    quik_act_kernel<decltype(form)::value><<<grid, kActThreads, smem, st>>>(w, x, s);
+  });
   LOWBIT_CUDA_CHECK(cudaGetLastError());
   return s;
 }

@@ -122,13 +122,7 @@ void dispatch(ActForm f, int vec, Args&&... args) {
       default: return Launch<F, kMaxVec>::run(args...);
     }
   };
-  switch (f) {
-    case ActForm::Int8: return by_vec(std::integral_constant<ActForm, ActForm::Int8>{});
-    case ActForm::Fp8Int: return by_vec(std::integral_constant<ActForm, ActForm::Fp8Int>{});
-    case ActForm::Fp8Byte: return by_vec(std::integral_constant<ActForm, ActForm::Fp8Byte>{});
-    case ActForm::F32: return by_vec(std::integral_constant<ActForm, ActForm::F32>{});
-    case ActForm::F16: return by_vec(std::integral_constant<ActForm, ActForm::F16>{});
-  }
+  by_form(f, by_vec);
 }
 
 template <ActForm F, int kVec>

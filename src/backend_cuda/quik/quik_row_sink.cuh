@@ -3,7 +3,6 @@
 #pragma once
 #include <cfloat>
 #include <cstdint>
-#include <type_traits>
 
 #include "backend_cuda/quik/quik.h"
 #include "backend_cuda/quik/quik_act.cuh"
@@ -14,19 +13,6 @@ namespace lowbit::cuda {
 inline constexpr int kSinkMapBytes = 4096;
 
 namespace quik_act {
-
-// quik_act's per-form pieces chosen at run time (the form is the same for the whole block): one copy of the loops
-// below in each attention kernel instead of one per form.
-template <typename F>
-__device__ __forceinline__ void by_form(ActForm f, F&& fn) {
-  switch (f) {
-    case ActForm::Int8: return fn(std::integral_constant<ActForm, ActForm::Int8>{});
-    case ActForm::Fp8Int: return fn(std::integral_constant<ActForm, ActForm::Fp8Int>{});
-    case ActForm::Fp8Byte: return fn(std::integral_constant<ActForm, ActForm::Fp8Byte>{});
-    case ActForm::F32: return fn(std::integral_constant<ActForm, ActForm::F32>{});
-    case ActForm::F16: return fn(std::integral_constant<ActForm, ActForm::F16>{});
-  }
-}
 
 // Rows t0 .. t0 + cnt - 1 of x (w.k floats each, 16-byte aligned) in form f, each by a team of threads: the whole
 // block (kBlock: one row at a time, the latency of one round of loads per row) or a warp (a row per warp, the warps'
@@ -69,15 +55,8 @@ __device__ __forceinline__ void quantize_rows_by_team(const QuikDevice& w, ActFo
             if (!om.outlier(4 * q + c)) mn = fminf(mn, e[c]), mx = fmaxf(mx, e[c]);
         }
       }
-      if constexpr (kBlock) {
-        block_min_max(mn, mx);
-      } else {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-          mn = fminf(mn, __shfl_xor_sync(0xffffffffu, mn, off));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        }
-      }
+      if constexpr (kBlock) block_min_max(mn, mx);
+      else warp_min_max(mn, mx);
     }
     by_form(f, [&](auto form) {
       constexpr ActForm F = decltype(form)::value;
