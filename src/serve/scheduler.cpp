@@ -105,6 +105,9 @@ void Scheduler::worker() {
       }
     }
     size_t ended = refused;
+    // Handlers are told their job finished only after the gauges were published: a client that has its response
+    // then reads running / KV figures that no longer count it.
+    std::vector<std::shared_ptr<Job>> finished;
     for (api::Batch::Finished& f : done) {
       const auto it = running_.find(f.id);
       if (it == running_.end()) continue;
@@ -120,9 +123,8 @@ void Scheduler::worker() {
       {
         std::lock_guard<std::mutex> lock(job.mu);
         job.result = std::move(f.result);
-        job.done = true;
-        job.cv.notify_all();
       }
+      finished.push_back(it->second);
       running_.erase(it);
       ++ended;
     }
@@ -137,7 +139,11 @@ void Scheduler::worker() {
     if (!failure.empty()) {
       // A failed round leaves the batch's sequences in an unknown state: every running job fails, the batch is
       // made anew.
-      for (auto& [id, job] : running_) finish(*job, {500, "generation failed: " + failure, "server_error", ""});
+      for (auto& [id, job] : running_) {
+        std::lock_guard<std::mutex> lock(job->mu);
+        job->error = {500, "generation failed: " + failure, "server_error", ""};
+        finished.push_back(job);
+      }
       ended += running_.size();
       running_.clear();
       batch_ = model_.new_batch(batch_params_);
@@ -146,6 +152,14 @@ void Scheduler::worker() {
       std::lock_guard<std::mutex> lock(mu_);
       inflight_ -= ended;
       publish_state();
+    }
+    for (const auto& job : finished) {
+      std::lock_guard<std::mutex> lock(job->mu);
+      job->done = true;
+      job->cv.notify_all();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
       if (stopping_ && queue_.empty() && running_.empty()) {
         cv_.notify_all();
         return;
