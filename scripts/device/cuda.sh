@@ -8,7 +8,7 @@
 #                                       (kernel tests), in that order, each log copied to $OUT as it finishes
 #   scripts/device/cuda.sh uniform [tests|kernels|e2e|sanitize]  the packed uniform (RTN / GPTQ) kernels: tests, kernel
 #                                       timings (the mixed-input GEMM beside dequantize + cuBLAS), 7B / 70B prefill, memcheck
-#   scripts/device/cuda.sh quik [tests|kernels|e2e|e2e70b|sanitize|attention]  the QUIK kernels (every activation form): the same
+#   scripts/device/cuda.sh quik [tests|kernels|e2e|e2e70b|sanitize|attention|gemv]  the QUIK kernels (every activation form): the same
 #   scripts/device/cuda.sh serve [tests|fp16|anyprec|paged-tests|paged-load|mixed-tests]  continuous batching: GPU
 #                                       tests, sanitizer, bench --serve load (paged-*: the paged KV cache's tests, the
 #                                       load at concurrency 8 and 64, and a KV pool of half the reserved contexts;
@@ -136,7 +136,23 @@ case "${1:-}" in
       step quik-attention-e2e70b 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-70b --weights quik-w4a8 \
         --kernel-bits 4 --prefill 512 --decode-batches 1
     fi
-    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48].* \*|^llama2-(7|70)b \| (fp16|quik|uniform)" "$OUT"/quik-*.txt | head -80
+    if [ "$phase" = gemv ]; then   # the integer GEMV's 16- and 32-code forms (LOWBIT_QUIK_GEMV_CHUNK) side by side
+      step quik-gemv-tests 200 "$LB/pkg/test_cuda_kernels" --gtest_filter='CudaKernels.QuikMatchesIntegerReference'
+      step quik-gemv-sanitizer 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$LB/pkg/test_cuda_kernels" \
+        --gtest_filter='CudaKernels.QuikMatchesIntegerReference'
+      for c in 16 32; do
+        LOWBIT_QUIK_GEMV_CHUNK=$c step quik-gemv-ncu-$c 200 ncu --kernel-name regex:quik_gemv --launch-count 400 \
+          --metrics gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread \
+          --csv "$LB/pkg/lowbit" bench --kernels --formats quik --batch 1,8 --iters 3 --shapes 4096x4096,11008x4096,4096x11008,8192x28672
+        LOWBIT_QUIK_GEMV_CHUNK=$c step quik-gemv-bench-$c 200 "$LB/pkg/lowbit" bench --kernels --formats quik \
+          --batch 1,2,4,8 --shapes "$SHAPES"
+      done
+      for c in 16 32; do
+        LOWBIT_QUIK_GEMV_CHUNK=$c step quik-gemv-e2e-$c 300 "$LB/pkg/lowbit" bench --e2e --model-shapes llama2-7b \
+          --weights anyprec,quik-w8a8,quik-w4a8 --kernel-bits 4 --prefill 512 --decode-batches 1,8
+      done
+    fi
+    grep -hE "^# exit|PASSED|FAILED|ERROR SUMMARY|QUIK W[48].* \*|^llama2-(7|70)b \| (fp16|quik|uniform|anyprec)" "$OUT"/quik-*.txt | head -80
     ;;
   quik-smollm2)   # [quantize | cpu | cuda | all]: the phases can run on different GPUs / the CPU side by side
     M="$LB/smollm2.gguf"; W="$LB/data/wiki.test.raw"; C="$LB/data/c4-validation.calib-docs-0-511.jsonl"

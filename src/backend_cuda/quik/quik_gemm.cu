@@ -13,7 +13,8 @@
 //   words of int8 (the activations' even and odd bytes gathered to match with byte permutes), then __dp4a into int32:
 //   exact (|code| <= 128, kb < 2^17: below 2^31). FP8: the activations as the reference's integers (e4m3 value x 512,
 //   |v| <= 229376) times the codes, 16 products summed in int32 (< 2^26) and the chunks in int64: exact. A16: fp32.
-//   The outlier columns are summed in fp64 by the same warp.
+//   The outlier columns are summed in fp64 by the same warp. Integer activations also have a 32-code form
+//   (LOWBIT_QUIK_GEMV_CHUNK=32): four chunks' codes loaded per lane before any is summed.
 //   GEMM (batch > 8): the library's tensor-core GEMM, "TN" (both operands K-contiguous, as the format stores them):
 //   cuBLAS int8 -> int32 (exact), cuBLASLt e4m3 x e4m3 -> fp32 (4-bit codes are exact e4m3 values), cuBLAS fp16 ->
 //   fp32 (A16; codes exact in fp16, x rounded to fp16). 4-bit codes are widened into the weight scratch per call, so
@@ -127,6 +128,35 @@ __device__ __forceinline__ int code_at(const uint4& c, int i) {   // signed byte
 template <ActForm F>
 using GemvAcc = std::conditional_t<F == ActForm::Int8, int, std::conditional_t<F == ActForm::Fp8Int, long long, float>>;
 
+// The end of a GEMV warp's row r: the outlier columns in fp64, the warp's sums reduced, y (and the raw sums) written.
+template <int M, ActForm F>
+__device__ __forceinline__ void gemv_row_tail(const QuikDevice& w, const ActScratch& s, int64_t r, int lane,
+                                              GemvAcc<F> (&acc)[M], float* __restrict__ y,
+                                              int64_t* __restrict__ acc_out) {
+  double outl[M];
+#pragma unroll
+  for (int b = 0; b < M; ++b) outl[b] = 0.0;
+  for (int64_t o = lane; o < w.no; o += 32) {
+    const double wo = __half2float(w.outlier_w[r * w.no + o]);
+#pragma unroll
+    for (int b = 0; b < M; ++b) outl[b] += static_cast<double>(__half2float(s.xo[b * w.no + o])) * wo;
+  }
+#pragma unroll
+  for (int b = 0; b < M; ++b)
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], off);
+      outl[b] += __shfl_xor_sync(0xffffffffu, outl[b], off);
+    }
+  if (lane == 0)
+#pragma unroll
+    for (int b = 0; b < M; ++b) {
+      y[b * w.n + r] = static_cast<float>(quik_main<F>(w, r, s.act[b], static_cast<double>(acc[b])) + outl[b]);
+      if constexpr (F != ActForm::F32)
+        if (acc_out != nullptr) acc_out[b * w.n + r] = static_cast<int64_t>(acc[b]);
+    }
+}
+
 template <int M, int WBITS, ActForm F>
 __global__ void __launch_bounds__(kWarps * 32) quik_gemv_kernel(QuikDevice w, ActScratch s, float* __restrict__ y,
                                                                 int64_t* __restrict__ acc_out) {
@@ -191,28 +221,66 @@ __global__ void __launch_bounds__(kWarps * 32) quik_gemv_kernel(QuikDevice w, Ac
       }
     }
   }
-  double outl[M];
+  gemv_row_tail<M, F>(w, s, r, lane, acc, y, acc_out);
+}
+
+// The integer-activation GEMV with 32-code chunks (LOWBIT_QUIK_GEMV_CHUNK=32): lane L takes chunks L, L + 32, ...,
+// kUnroll of them loaded before any is summed, so a lane has 64 bytes of 4-bit codes (128 of 8-bit) in flight instead
+// of the 16-code form's 16. The same int32 sums (exact, in any order), so y is bit-identical to the 16-code form's.
+template <int M, int WBITS>
+__global__ void __launch_bounds__(kWarps * 32) quik_gemv_wide_kernel(QuikDevice w, ActScratch s, float* __restrict__ y,
+                                                                     int64_t* __restrict__ acc_out) {
+  constexpr int kUnroll = 4;
+  constexpr int kWords = WBITS == 8 ? 2 : 1;   // uint4 words of codes per 32-code chunk
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  if (r >= w.n) return;   // whole warps
+  int acc[M];
 #pragma unroll
-  for (int b = 0; b < M; ++b) outl[b] = 0.0;
-  for (int64_t o = lane; o < w.no; o += 32) {
-    const double wo = __half2float(w.outlier_w[r * w.no + o]);
+  for (int b = 0; b < M; ++b) acc[b] = 0;
+  const int64_t chunks = w.kbp / 32;
+  const uint4* wrow = WBITS == 8 ? reinterpret_cast<const uint4*>(w.wq8 + r * w.kbp)
+                                  : reinterpret_cast<const uint4*>(w.wq4 + r * (w.kbp / 2));
+  const uint4* xq = static_cast<const uint4*>(s.xq);   // row b's chunk j: words 2 (b kbp / 32 + j), + 1
+  for (int64_t j0 = lane; j0 < chunks; j0 += 32 * kUnroll) {
+    uint4 wv[kUnroll][kWords];
 #pragma unroll
-    for (int b = 0; b < M; ++b) outl[b] += static_cast<double>(__half2float(s.xo[b * w.no + o])) * wo;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + 32 * u;
+#pragma unroll
+      for (int q = 0; q < kWords; ++q) wv[u][q] = j < chunks ? __ldg(wrow + kWords * j + q) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t j = j0 + 32 * u;
+      if (j >= chunks) break;
+#pragma unroll
+      for (int b = 0; b < M; ++b) {
+        const uint4 xa = __ldg(xq + 2 * (b * chunks + j)), xb = __ldg(xq + 2 * (b * chunks + j) + 1);
+        if constexpr (WBITS == 8) {
+          acc[b] = __dp4a(static_cast<int>(xa.x), static_cast<int>(wv[u][0].x), acc[b]);
+          acc[b] = __dp4a(static_cast<int>(xa.y), static_cast<int>(wv[u][0].y), acc[b]);
+          acc[b] = __dp4a(static_cast<int>(xa.z), static_cast<int>(wv[u][0].z), acc[b]);
+          acc[b] = __dp4a(static_cast<int>(xa.w), static_cast<int>(wv[u][0].w), acc[b]);
+          acc[b] = __dp4a(static_cast<int>(xb.x), static_cast<int>(wv[u][1].x), acc[b]);
+          acc[b] = __dp4a(static_cast<int>(xb.y), static_cast<int>(wv[u][1].y), acc[b]);
+          acc[b] = __dp4a(static_cast<int>(xb.z), static_cast<int>(wv[u][1].z), acc[b]);
+          acc[b] = __dp4a(static_cast<int>(xb.w), static_cast<int>(wv[u][1].w), acc[b]);
+        } else {
+          const uint32_t words[4] = {wv[u][0].x, wv[u][0].y, wv[u][0].z, wv[u][0].w};
+          const uint32_t xs[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {   // word q: columns 8q .. 8q + 7, even nibbles then odd
+            int even, odd;
+            widen4(words[q], even, odd);
+            acc[b] = __dp4a(static_cast<int>(__byte_perm(xs[2 * q], xs[2 * q + 1], 0x6420)), even, acc[b]);
+            acc[b] = __dp4a(static_cast<int>(__byte_perm(xs[2 * q], xs[2 * q + 1], 0x7531)), odd, acc[b]);
+          }
+        }
+      }
+    }
   }
-#pragma unroll
-  for (int b = 0; b < M; ++b)
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], off);
-      outl[b] += __shfl_xor_sync(0xffffffffu, outl[b], off);
-    }
-  if (lane == 0)
-#pragma unroll
-    for (int b = 0; b < M; ++b) {
-      y[b * w.n + r] = static_cast<float>(quik_main<F>(w, r, s.act[b], static_cast<double>(acc[b])) + outl[b]);
-      if constexpr (F != ActForm::F32)
-        if (acc_out != nullptr) acc_out[b * w.n + r] = static_cast<int64_t>(acc[b]);
-    }
+  gemv_row_tail<M, ActForm::Int8>(w, s, r, lane, acc, y, acc_out);
 }
 
 // The GEMM's epilogue, one thread per output: y = the scaled sum + the outliers (already in y from their GEMM, or
@@ -282,6 +350,12 @@ ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, 
 template <int M, ActForm F>
 void launch_gemv_form(const QuikDevice& w, const ActScratch& s, float* y, int64_t* acc_out, cudaStream_t st) {
   const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
+  if constexpr (F == ActForm::Int8)
+    if (knob_int(Knob::QuikGemvChunk) == 32) {
+      if (w.wbits == 8) quik_gemv_wide_kernel<M, 8><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
+      else quik_gemv_wide_kernel<M, 4><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
+      return;
+    }
   if (w.wbits == 8) quik_gemv_kernel<M, 8, F><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
   else quik_gemv_kernel<M, 4, F><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
 }
