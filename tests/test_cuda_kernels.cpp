@@ -820,17 +820,18 @@ TEST(CudaKernels, QuikMatchesIntegerReference) {
           }
           const auto via = run_packed(dw, 0, x, m, ctx);
           EXPECT_EQ(via, got) << at << ": packed_matmul runs the same kernels";
-          if (!gemm && f.abits != 16 && !f.fp8) {   // the 32-code GEMV: the same integer sums, so the same y
-            set_knob(Knob::QuikGemvChunk, 32);
-            LOWBIT_CUDA_CHECK(cudaMemset(acc.get(), 0xFF, acc.bytes()));
-            const auto wide = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
-              cuda::quik_matmul(dw.quik(), xd, m, yd, ctx, acc.get());
-              LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
-            });
-            reset_knob(Knob::QuikGemvChunk);
-            EXPECT_EQ(wide, got) << at << ": the 32-code GEMV";
-            EXPECT_EQ(acc.download(), want_acc) << at << ": the 32-code GEMV's integer sums";
-          }
+          if (!gemm && f.abits != 16 && !f.fp8)   // both GEMV forms forced: the same integer sums, so the same y
+            for (const int chunk : {16, 32}) {
+              set_knob(Knob::QuikGemvChunk, chunk);
+              LOWBIT_CUDA_CHECK(cudaMemset(acc.get(), 0xFF, acc.bytes()));
+              const auto forced = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
+                cuda::quik_matmul(dw.quik(), xd, m, yd, ctx, acc.get());
+                LOWBIT_CUDA_CHECK(cudaStreamSynchronize(st));
+              });
+              reset_knob(Knob::QuikGemvChunk);
+              EXPECT_EQ(forced, got) << at << ": the " << chunk << "-code GEMV";
+              EXPECT_EQ(acc.download(), want_acc) << at << ": the " << chunk << "-code GEMV's integer sums";
+            }
           if (gemm) {
             const auto fused = run_poisoned(x, m * c.n, [&](const float* xd, float* yd) {
               cuda::quik_gemm(dw.quik(), xd, m, yd, ctx, nullptr, cuda::OutlierPass::Epilogue);

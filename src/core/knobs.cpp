@@ -39,9 +39,9 @@ constexpr KnobInfo kKnobs[] = {
     {Knob::QuikAttentionAct, "LOWBIT_QUIK_ATTENTION_ACT", KnobType::Int, "0", "-1 | 0 | 1",
      "QUIK: the attention kernel quantizes the o projection's input (its last block per row group) instead of the o "
      "projection: 0 never (measured slower), -1 in decode steps (batch 1..8), 1 at every row count"},
-    {Knob::QuikGemvChunk, "LOWBIT_QUIK_GEMV_CHUNK", KnobType::Int, "16", "16 | 32",
+    {Knob::QuikGemvChunk, "LOWBIT_QUIK_GEMV_CHUNK", KnobType::Int, "0", "0 | 16 | 32",
      "QUIK's integer-activation GEMV (W4A8, W8A8 at batch 1..8): codes per lane and step, 32 with four steps' loads "
-     "issued ahead"},
+     "issued ahead; 0 by the rule (32 at batch 1..2, 16 above)"},
     {Knob::GroupGemv, "LOWBIT_GROUP_GEMV", KnobType::Bool, "1", "0 | 1",
      "2/4/16 q/k/v and gate/up each in one GEMV launch where the int8 GEMVs run"},
     {Knob::FoldSwiglu, "LOWBIT_FOLD_SWIGLU", KnobType::Bool, "1", "0 | 1",

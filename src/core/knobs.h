@@ -25,7 +25,7 @@ enum class Knob : uint8_t {
   QuikFused,            // int: -1 rule, 0, 1
   QuikProducerAct,      // bool
   QuikAttentionAct,     // int: 0 off, -1 decode steps, 1 always
-  QuikGemvChunk,        // int: 16 or 32 codes per lane and step of the integer-activation GEMV
+  QuikGemvChunk,        // int: 0 rule, 16 or 32 codes per lane and step of the integer-activation GEMV
   // GPU kernel forms and fusions.
   GroupGemv,            // bool
   FoldSwiglu,           // bool

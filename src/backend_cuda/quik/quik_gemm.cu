@@ -13,8 +13,8 @@
 //   words of int8 (the activations' even and odd bytes gathered to match with byte permutes), then __dp4a into int32:
 //   exact (|code| <= 128, kb < 2^17: below 2^31). FP8: the activations as the reference's integers (e4m3 value x 512,
 //   |v| <= 229376) times the codes, 16 products summed in int32 (< 2^26) and the chunks in int64: exact. A16: fp32.
-//   The outlier columns are summed in fp64 by the same warp. Integer activations also have a 32-code form
-//   (LOWBIT_QUIK_GEMV_CHUNK=32): four chunks' codes loaded per lane before any is summed.
+//   The outlier columns are summed in fp64 by the same warp. At batch 1..2 integer activations take a 32-code form
+//   (LOWBIT_QUIK_GEMV_CHUNK): four chunks' codes loaded per lane before any is summed.
 //   GEMM (batch > 8): the library's tensor-core GEMM, "TN" (both operands K-contiguous, as the format stores them):
 //   cuBLAS int8 -> int32 (exact), cuBLASLt e4m3 x e4m3 -> fp32 (4-bit codes are exact e4m3 values), cuBLAS fp16 ->
 //   fp32 (A16; codes exact in fp16, x rounded to fp16). 4-bit codes are widened into the weight scratch per call, so
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kWarps * 32) quik_gemv_kernel(QuikDevice w, Ac
   gemv_row_tail<M, F>(w, s, r, lane, acc, y, acc_out);
 }
 
-// The integer-activation GEMV with 32-code chunks (LOWBIT_QUIK_GEMV_CHUNK=32): lane L takes chunks L, L + 32, ...,
+// The integer-activation GEMV with 32-code chunks (batch 1..2; LOWBIT_QUIK_GEMV_CHUNK): lane L takes chunks L, L + 32, ...,
 // kUnroll of them loaded before any is summed, so a lane has 64 bytes of 4-bit codes (128 of 8-bit) in flight instead
 // of the 16-code form's 16. The same int32 sums (exact, in any order), so y is bit-identical to the 16-code form's.
 template <int M, int WBITS>
@@ -350,8 +350,11 @@ ActScratch quantize_activations(const QuikDevice& w, const float* x, int64_t m, 
 template <int M, ActForm F>
 void launch_gemv_form(const QuikDevice& w, const ActScratch& s, float* y, int64_t* acc_out, cudaStream_t st) {
   const unsigned grid = static_cast<unsigned>((w.n + kWarps - 1) / kWarps);
+  // 32-code chunks at batch 1..2, where the loads in flight pay (W4A8 7B decode 306.3 -> 320.6 tok/s, H200); from
+  // batch 3 the wider form's registers cost more than they bring (W8A8 at batch 8: 164 registers, 1.6x slower).
+  const int64_t chunk = knob_int(Knob::QuikGemvChunk);
   if constexpr (F == ActForm::Int8)
-    if (knob_int(Knob::QuikGemvChunk) == 32) {
+    if (chunk == 32 || (chunk == 0 && M <= 2)) {
       if (w.wbits == 8) quik_gemv_wide_kernel<M, 8><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
       else quik_gemv_wide_kernel<M, 4><<<grid, kWarps * 32, 0, st>>>(w, s, y, acc_out);
       return;
