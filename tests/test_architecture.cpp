@@ -67,7 +67,8 @@ TEST(Architecture, EnvironmentReadOnlyThroughKnobs) {
 TEST(Architecture, EveryKnobIsRead) {
   const std::vector<SourceFile> files = sources();
   const std::string names[] = {
-      "SharedDir", "Cache", "Int8Tables", "LutStream", "MixedMma", "FusedGemm", "DenseGemv", "QuikFused", "QuikProducerAct", "QuikAttentionAct", "GroupGemv",
+      "SharedDir", "Cache", "Int8Tables", "LutStream", "MixedMma", "FusedGemm", "DenseGemv", "QuikFused", "QuikProducerAct", "QuikAttentionAct", "QuikGemvChunk",
+      "GroupGemv",
       "FoldSwiglu", "ProducerXmax", "GemvBalance", "I8Pack", "I8Stages", "LutStreamRingX", "FoldRope", "MixedStep",
       "ClusterCombine", "AttnSplits", "TcAttention",
       "Pdl", "PdlMask", "SourceDir", "TokenizerJsonOut", "RssModel", "DemoCalib", "BuildDir"};
