@@ -6,12 +6,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
 scripts/setup.sh || { echo "[test] setup failed"; exit 1; }
-# Without a GPU the GPU tests skip, so the kernels only need to compile: unoptimized PTX builds in a tenth of the time.
+# Without a GPU the GPU tests skip, so the kernels only need to compile: PTX without the device optimizer (CMakeLists.txt,
+# LOWBIT_CUDA_DEVICE_CODE) skips most of their compile time.
 if [ -z "${LOWBIT_DEVICE_CODE:-}" ]; then
   if nvidia-smi -L >/dev/null 2>&1; then export LOWBIT_DEVICE_CODE=sass
   else
     export LOWBIT_DEVICE_CODE=check
-    echo "[test] no GPU here: CUDA kernels built as unoptimized PTX (compile check only; LOWBIT_DEVICE_CODE=sass for the full build)"
+    echo "[test] no GPU here: CUDA kernels built as PTX without the device optimizer (compile check only; LOWBIT_DEVICE_CODE=sass for the full build)"
   fi
 fi
 scripts/build.sh || { echo "[test] build failed"; exit 1; }

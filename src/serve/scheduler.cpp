@@ -9,11 +9,18 @@
 namespace lowbit::serve {
 
 namespace {
-void finish(Job& job, ApiError error) {
+void mark_done(Job& job) {
   std::lock_guard<std::mutex> lock(job.mu);
-  job.error = std::move(error);
   job.done = true;
   job.cv.notify_all();
+}
+
+void finish(Job& job, ApiError error) {
+  {
+    std::lock_guard<std::mutex> lock(job.mu);
+    job.error = std::move(error);
+  }
+  mark_done(job);
 }
 }  // namespace
 
@@ -148,24 +155,16 @@ void Scheduler::worker() {
       running_.clear();
       batch_ = model_.new_batch(batch_params_);
     }
+    bool exiting;
     {
       std::lock_guard<std::mutex> lock(mu_);
       inflight_ -= ended;
       publish_state();
+      exiting = stopping_ && queue_.empty() && running_.empty();
     }
-    for (const auto& job : finished) {
-      std::lock_guard<std::mutex> lock(job->mu);
-      job->done = true;
-      job->cv.notify_all();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_ && queue_.empty() && running_.empty()) {
-        cv_.notify_all();
-        return;
-      }
-    }
-    cv_.notify_all();   // drain() may be waiting for idleness
+    for (const auto& job : finished) mark_done(*job);
+    cv_.notify_all();   // drain() may be waiting for idleness, the destructor for the end
+    if (exiting) return;
   }
 }
 
